@@ -1,0 +1,62 @@
+"""replicas: run one XLA program on N replicas (Ray actors), with XLA's collectives, channels
+and feeds, and no silent hangs.
+
+    import replicas as rp
+    m = rp.parse_hlo(text)                 # or rp.load(path), or rp.XlaBuilder(...).build(root)
+    out = rp.run(m, args, num_replicas=4)  # one result per replica
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from replicas import shapes
+from replicas.errors import (
+    CollectiveMismatchError,
+    DeadlockError,
+    ExecutionTimeout,
+    ProgramError,
+    ReplicaFailure,
+    ReplicasError,
+)
+from replicas.hlo.ir import Computation, Instruction, Module
+from replicas.shapes import TOKEN, Layout, PrimitiveType, Shape
+
+__version__ = "0.1.0"
+
+# Heavier parts load on first use, so `import replicas` stays cheap (Ray actors import it too).
+_LAZY = {
+    "parse_hlo": "replicas.hlo.text",
+    "load": "replicas.hlo.files",
+    "save": "replicas.hlo.files",
+    "XlaBuilder": "replicas.hlo.builder",
+    "XlaOp": "replicas.hlo.builder",
+    "verify": "replicas.hlo.verify",
+    "compile": ("replicas.runtime.compile", "compile_module"),
+    "Executable": "replicas.runtime.compile",
+    "Interpreter": "replicas.runtime.interpreter",
+    "evaluate": "replicas.runtime.interpreter",
+    "run": "replicas.runtime.driver",
+    "launch": "replicas.runtime.driver",
+    "Job": "replicas.runtime.job",
+    "register_custom_call": "replicas.ops.custom_call",
+    "check": "replicas.diagnostics.check",
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'replicas' has no attribute {name!r}")
+    module_name, attr = target if isinstance(target, tuple) else (target, name)
+    value = getattr(importlib.import_module(module_name), attr)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "CollectiveMismatchError", "Computation", "DeadlockError", "ExecutionTimeout", "Instruction", "Layout",
+    "Module", "PrimitiveType", "ProgramError", "ReplicaFailure", "ReplicasError", "Shape", "TOKEN", "shapes",
+    *_LAZY,
+]

@@ -1,0 +1,1 @@
+"""Diagnostics: replica states, the monitor (wait-for graph), reports, flight recorder, traces."""

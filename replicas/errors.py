@@ -1,0 +1,71 @@
+"""The error classes of `replicas`. Every failure a user can cause is one of these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ReplicasError(Exception):
+    """Base class of every error raised by `replicas`."""
+
+    def __reduce__(self) -> tuple:
+        # Errors cross process boundaries (Ray actors -> driver) with their report and fields.
+        return (_rebuild, (type(self), str(self), dict(self.__dict__)))
+
+
+def _rebuild(cls: type, message: str, state: dict[str, Any]) -> ReplicasError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
+
+
+class ProgramError(ReplicasError):
+    """An invalid program, HLO text, file or argument. The message names the instruction or line."""
+
+    def __init__(self, message: str, *, instruction: str | None = None, line: int | None = None,
+                 column: int | None = None) -> None:
+        where = []
+        if line is not None:
+            where.append(f"line {line}" + (f", column {column}" if column is not None else ""))
+        if instruction is not None:
+            where.append(f"instruction {instruction}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+        self.instruction = instruction
+        self.line = line
+        self.column = column
+
+
+class _ReportError(ReplicasError):
+    def __init__(self, message: str, report: Any = None) -> None:
+        super().__init__(message if report is None else f"{message}\n{report}")
+        self.report = report
+
+
+class DeadlockError(_ReportError):
+    """Every unfinished replica is blocked and nothing in flight can unblock any of them."""
+
+
+class CollectiveMismatchError(_ReportError):
+    """The members of a replica group disagree about their k-th collective."""
+
+
+class ReplicaFailure(ReplicasError):
+    """A replica died or raised; names the replica and the cause."""
+
+    def __init__(self, message: str, replica: int | None = None, cause: BaseException | str | None = None):
+        super().__init__(message)
+        self.replica = replica
+        self.cause = cause
+
+
+class ExecutionTimeout(ReplicasError):
+    """The job was still running (not deadlocked) when its timeout expired."""
+
+    def __init__(self, message: str, report: Any = None) -> None:
+        super().__init__(message if report is None else f"{message}\n{report}")
+        self.report = report
+
+
+__all__ = ["ReplicasError", "ProgramError", "DeadlockError", "CollectiveMismatchError",
+           "ReplicaFailure", "ExecutionTimeout"]

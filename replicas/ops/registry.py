@@ -1,0 +1,73 @@
+"""The opcode -> kernel registry.
+
+A kernel is registered as a *factory*: `factory(inst, ctx) -> fn`. The factory runs once when a
+replica binds its executable; it reads the instruction's static attributes and shape and returns
+`fn(*operand_values) -> value`, which the interpreter calls on every execution. Precompute
+everything static in the factory: `fn` is the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from replicas.errors import ProgramError
+from replicas.hlo.ir import Computation, Instruction, Module
+from replicas.shapes import Shape
+
+Kernel = Callable[..., Any]
+
+
+class KernelContext(Protocol):
+    """What a kernel factory may ask of the replica it is bound for."""
+
+    module: Module
+    replica_id: int
+    num_replicas: int
+    fabric: Any  # the replica's fabric (collectives, channels, feeds); opaque to ops/
+
+    def computation(self, name: str) -> Kernel:
+        """The named computation compiled to `fn(*args) -> value`. Called with whole arrays where
+        the computation is written for scalars, it evaluates element-wise (every op in a scalar
+        computation is element-wise or broadcasts scalars)."""
+        ...
+
+    def computation_ir(self, name: str) -> Computation:
+        ...
+
+    def operand_shapes(self, inst: Instruction) -> list[Shape]:
+        """The static shapes of `inst`'s operands (valid during the factory call)."""
+        ...
+
+
+KernelFactory = Callable[[Instruction, KernelContext], Kernel]
+
+_REGISTRY: dict[str, KernelFactory] = {}
+
+
+def kernel(*opcodes: str) -> Callable[[KernelFactory], KernelFactory]:
+    """Register a kernel factory for one or more opcodes."""
+
+    def register(factory: KernelFactory) -> KernelFactory:
+        for opcode in opcodes:
+            if opcode in _REGISTRY:
+                raise RuntimeError(f"kernel for {opcode!r} registered twice")
+            _REGISTRY[opcode] = factory
+        return factory
+
+    return register
+
+
+def lookup(inst: Instruction) -> KernelFactory:
+    try:
+        return _REGISTRY[inst.opcode]
+    except KeyError:
+        raise inst.error(f"no kernel for opcode {inst.opcode!r}") from None
+
+
+def registered_opcodes() -> frozenset[str]:
+    return frozenset(_REGISTRY)
+
+
+def unsupported(inst: Instruction, why: str) -> ProgramError:
+    return inst.error(f"{inst.opcode} is not supported here: {why}")

@@ -1,0 +1,249 @@
+"""A running N-replica job: host feeds, results, cancel, and the monitor loop.
+
+The job is the same whatever runs the replicas; a *backend* (threads here, Ray actors in
+`ray_backend.py`) starts them, reports their states and delivers host messages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from replicas.diagnostics.monitor import Monitor, deadlock_error
+from replicas.diagnostics.report import Report
+from replicas.diagnostics.state import ReplicaState
+from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError
+from replicas.hlo.ir import Module
+from replicas.runtime.compile import Executable, compile_module
+from replicas.runtime.interpreter import check_arguments
+
+EVENTS_IN_REPORT = 20
+
+
+class Backend(Protocol):
+    num_replicas: int
+    poll_interval: float
+
+    def states(self) -> list[ReplicaState]: ...
+    def wait(self, timeout: float) -> None: ...  # returns early when something may have changed
+    def results(self) -> list[Any]: ...
+    def errors(self) -> dict[int, BaseException]: ...
+    def abort(self, exc: BaseException) -> None: ...
+    def shutdown(self) -> None: ...
+    def deliver_from_host(self, replica: int, key: tuple, value: Any) -> None: ...
+    def outfeed(self, replica: int, timeout: float | None) -> Any: ...
+    def from_channel(self, replica: int, channel_id: int, timeout: float | None) -> Any: ...
+    def events(self) -> dict[int, list[dict[str, Any]]]: ...
+
+
+class Job:
+    """Handle of a launched job. Use as a context manager: leaving the block cancels it."""
+
+    def __init__(self, backend: Backend, executable: Executable, *, timeout: float | None,
+                 host_may_send: bool, trace: str | None = None) -> None:
+        self._backend = backend
+        self.executable = executable
+        self.num_replicas = backend.num_replicas
+        self.timeout = timeout
+        self._host_may_send = host_may_send
+        self._trace = trace
+        self._started = time.monotonic()
+        self._infeed_seq = [0] * self.num_replicas
+        self._host_seq: dict[tuple[int, int], int] = {}
+        self._done = False
+        self._outcome: tuple[bool, Any] | None = None
+
+    # -- host side --------------------------------------------------------------------------------
+    def infeed(self, replica: int, value: Any) -> None:
+        """Queue `value` for the next Infeed of `replica`."""
+        self._check_replica(replica)
+        seq = self._infeed_seq[replica]
+        self._infeed_seq[replica] = seq + 1
+        self._backend.deliver_from_host(replica, ("infeed", seq), value)
+
+    def outfeed(self, replica: int, timeout: float | None = None) -> Any:
+        """The next value `replica` wrote to its outfeed; waits up to `timeout` seconds."""
+        self._check_replica(replica)
+        try:
+            return self._backend.outfeed(replica, timeout)
+        except TimeoutError:
+            raise ExecutionTimeout(f"replica {replica} wrote no outfeed value within {timeout} s") from None
+        except EOFError as e:
+            self._raise_if_failed()
+            raise ReplicasError(f"replica {replica} wrote no more outfeed values: {e}") from None
+
+    def send(self, replica: int, channel_id: int, value: Any) -> None:
+        """Host -> device: the value a Recv with is_host_transfer=true on `channel_id` receives."""
+        self._check_replica(replica)
+        seq = self._host_seq.get((replica, channel_id), 0)
+        self._host_seq[(replica, channel_id)] = seq + 1
+        self._backend.deliver_from_host(replica, ("host", channel_id, seq), value)
+
+    def recv(self, replica: int, channel_id: int, timeout: float | None = None) -> Any:
+        """Device -> host: the next value a Send with is_host_transfer=true on `channel_id` sent."""
+        self._check_replica(replica)
+        try:
+            return self._backend.from_channel(replica, channel_id, timeout)
+        except TimeoutError:
+            raise ExecutionTimeout(f"replica {replica} sent nothing to the host on channel {channel_id} "
+                                   f"within {timeout} s") from None
+        except EOFError as e:
+            self._raise_if_failed()
+            raise ReplicasError(f"replica {replica} sends nothing more on channel {channel_id}: {e}") from None
+
+    def _check_replica(self, replica: int) -> None:
+        if not 0 <= replica < self.num_replicas:
+            raise ProgramError(f"replica {replica} out of range: the job has {self.num_replicas} replicas")
+
+    # -- outcome ----------------------------------------------------------------------------------
+    def result(self, timeout: float | None = None) -> list[Any]:
+        """Wait for every replica; one result per replica. Raises the job's error, if any."""
+        if self._outcome is None:
+            self._outcome = self._wait(timeout)
+        ok, value = self._outcome
+        if not ok:
+            raise value
+        return value
+
+    def done(self) -> bool:
+        if self._outcome is not None:
+            return True
+        return all(s.status in ("finished", "failed", "cancelled") for s in self._backend.states())
+
+    def states(self) -> list[ReplicaState]:
+        return self._backend.states()
+
+    def cancel(self) -> None:
+        """Stop every replica and release everything. Safe to call twice."""
+        if self._outcome is None:
+            self._finish(False, ReplicasError("job cancelled"), cancel=True)
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:
+        try:
+            if self._outcome is None:
+                self._backend.shutdown()
+        except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to report to
+            pass
+
+    def _wait(self, timeout: float | None) -> tuple[bool, Any]:
+        budget = [t for t in (timeout, self.timeout) if t is not None]
+        deadline = time.monotonic() + min(budget) if budget else None
+        monitor = Monitor(self.num_replicas)
+        backend = self._backend
+        try:
+            while True:
+                states = backend.states()
+                if any(s.status == "failed" for s in states):
+                    return self._finish(False, self._failure(states))
+                if all(s.status == "finished" for s in states):
+                    return self._finish(True, backend.results())
+                report = monitor.observe(states, self._host_may_send)
+                if report is not None:
+                    report.events = backend.events()
+                    _trim_events(report)
+                    return self._finish(False, deadlock_error(report))
+                if deadline is not None and time.monotonic() >= deadline:
+                    report = Report(f"still running after {timeout if timeout is not None else self.timeout} s "
+                                    f"(not a deadlock: some replica is running or a message is in flight)",
+                                    states)
+                    report.events = backend.events()
+                    _trim_events(report)
+                    return self._finish(False, ExecutionTimeout(report.title, report))
+                backend.wait(backend.poll_interval)
+        except KeyboardInterrupt:
+            self._finish(False, ReplicasError("job interrupted"), cancel=True)
+            raise
+
+    def _failure(self, states: list[ReplicaState]) -> ReplicasError:
+        errors = self._backend.errors()
+        # The first replica that failed on its own (not woken by an abort) names the cause.
+        for r in sorted(errors):
+            e = errors[r]
+            if isinstance(e, ReplicasError):
+                return e
+            return ReplicaFailure(f"replica {r} failed: {type(e).__name__}: {e}", r, e)
+        failed = [s for s in states if s.status == "failed"]
+        s = failed[0]
+        return ReplicaFailure(f"replica {s.replica} failed: {s.error}", s.replica, s.error)
+
+    def _finish(self, ok: bool, value: Any, cancel: bool = False) -> tuple[bool, Any]:
+        self._outcome = (ok, value)
+        backend = self._backend
+        try:
+            if not ok:
+                backend.abort(value)
+            if self._trace:
+                from replicas.diagnostics.trace import write_trace
+
+                write_trace(self._trace, backend.events())
+        finally:
+            backend.shutdown()
+        return self._outcome
+
+    def _raise_if_failed(self) -> None:
+        states = self._backend.states()
+        if any(s.status == "failed" for s in states):
+            self.result(0)
+
+
+def _trim_events(report: Report) -> None:
+    report.events = {r: evs[-EVENTS_IN_REPORT:] for r, evs in report.events.items()}
+
+
+def per_replica_args(args: Sequence[Any] | None, num_replicas: int, num_params: int) -> list[list[Any]]:
+    """`args` is one list per replica, or one list given to every replica.
+
+    It is per replica when it holds `num_replicas` lists of `num_params` values each; tuples stand
+    for tuple-shaped parameters, never for a replica's argument list.
+    """
+    if args is None:
+        return [[] for _ in range(num_replicas)]
+    args = list(args)
+    if (len(args) == num_replicas and all(isinstance(a, list) for a in args)
+            and all(len(a) == num_params for a in args)):
+        return [list(a) for a in args]
+    return [list(args) for _ in range(num_replicas)]
+
+
+def prepare(module: Module | Executable, args: Sequence[Any] | None, num_replicas: int
+            ) -> tuple[Executable, list[list[Any]]]:
+    if num_replicas < 1:
+        raise ProgramError(f"num_replicas must be >= 1, got {num_replicas}")
+    executable = module if isinstance(module, Executable) else compile_module(module, num_replicas=num_replicas)
+    _check_replica_count(executable.module, num_replicas)
+    entry = executable.module.entry_computation
+    per_replica = per_replica_args(args, num_replicas, len(entry.parameters))
+    checked = []
+    for r, a in enumerate(per_replica):
+        try:
+            checked.append(check_arguments(entry, a))
+        except ProgramError as e:
+            raise ProgramError(f"replica {r}: {e}") from None
+    return executable, checked
+
+
+def _check_replica_count(module: Module, num_replicas: int) -> None:
+    declared = module.attrs.get("replica_count")
+    partitions = module.num_partitions
+    if partitions > 1:
+        if num_replicas != partitions:
+            raise ProgramError(f"module {module.name} has num_partitions={partitions}: run it with "
+                               f"num_replicas={partitions} (each partition runs as one replica)")
+    elif declared not in (None, 1) and declared != num_replicas:
+        raise ProgramError(f"module {module.name} declares replica_count={declared} but "
+                           f"num_replicas={num_replicas}")
+
+
+def run_threads(module: Module | Executable, args: Sequence[Any] | None = None, num_replicas: int = 1,
+                **kwargs: Any) -> list[Any]:
+    """`rp.run(..., backend="threads")`: replicas as threads of this process, no Ray."""
+    from replicas.runtime.driver import run
+
+    return run(module, args, num_replicas, backend="threads", **kwargs)
