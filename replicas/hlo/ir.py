@@ -194,6 +194,8 @@ def _attrs_equal(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)):
         return (isinstance(b, (list, tuple)) and len(a) == len(b)
                 and all(_attrs_equal(x, y) for x, y in zip(a, b)))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (a != a and b != b)  # nan attributes (a constant's fill value) equal themselves
     return a == b
 
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# A two-node Ray cluster on this machine: a head node (custom resource "node1") and a second
+# node (custom resource "node2") with its own ports and temp dir.
+#   cluster/local_cluster.sh start [PORT]   -> prints the address to pass as address=...
+#   cluster/local_cluster.sh stop
+set -euo pipefail
+RAY="${RAY:-ray}"
+PORT="${2:-6390}"
+BASE="${REPLICAS_CLUSTER_DIR:-/tmp/replicas-cluster}"
+export RAY_USAGE_STATS_ENABLED=0
+# Token auth guards real clusters; this one listens on loopback only and is torn down by `stop`.
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+case "${1:-}" in
+  start)
+    mkdir -p "$BASE"
+    "$RAY" start --head --port="$PORT" --node-ip-address=127.0.0.1 --temp-dir="$BASE/ray" \
+      --num-cpus=1 --resources='{"node1": 1000}' --include-dashboard=false --disable-usage-stats \
+      --node-manager-port=$((PORT + 1)) --object-manager-port=$((PORT + 2)) \
+      --min-worker-port=$((PORT + 100)) --max-worker-port=$((PORT + 199)) >"$BASE/head.log" 2>&1
+    "$RAY" start --address="127.0.0.1:$PORT" --node-ip-address=127.0.0.1 \
+      --num-cpus=1 --resources='{"node2": 1000}' \
+      --node-manager-port=$((PORT + 3)) --object-manager-port=$((PORT + 4)) \
+      --min-worker-port=$((PORT + 200)) --max-worker-port=$((PORT + 299)) \
+      --disable-usage-stats >"$BASE/node2.log" 2>&1
+    echo "127.0.0.1:$PORT"
+    ;;
+  stop)
+    # Only this cluster's processes (their command lines name $BASE): `ray stop` would also end
+    # every other Ray session on the machine, such as a test run's own.
+    pkill -TERM -f -- "$BASE/ray" >/dev/null 2>&1 || true
+    for _ in 1 2 3 4 5; do
+      pgrep -f -- "$BASE/ray" >/dev/null || break
+      sleep 1
+    done
+    pkill -KILL -f -- "$BASE/ray" >/dev/null 2>&1 || true
+    ;;
+  *)
+    echo "usage: $0 start|stop [PORT]" >&2
+    exit 2
+    ;;
+esac

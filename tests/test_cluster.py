@@ -1,0 +1,57 @@
+"""A real two-node Ray cluster on this machine (cluster/local_cluster.sh): replicas placed on both
+nodes through custom resources, collectives across them. The driver joining the cluster runs in a
+subprocess, since this test run's own process is attached to the shared local Ray session."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PORT = 6390
+
+DRIVER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import ray
+    import replicas as rp
+    from ray.util.state import list_actors
+
+    text = open(sys.argv[2]).read()
+    m = rp.parse_hlo(text)
+    x = np.arange(8, dtype=np.float32)
+    placement = [{"node1": 1}, {"node2": 1}, {"node1": 1}, {"node2": 1}]
+    job = rp.launch(m, [x], num_replicas=4, address=sys.argv[1], resources=placement, timeout=120)
+    nodes = {a.node_id for a in list_actors(filters=[("state", "=", "ALIVE")]) if a.class_name == "ReplicaHost"}
+    results = job.result()
+    for total, gathered, _ in results:
+        assert np.array_equal(total, 4 * x + 6), total
+        assert np.array_equal(gathered, np.concatenate([x + r for r in range(4)]))
+    print("NODES", len(nodes))
+""")
+
+
+def test_collectives_across_two_nodes(tmp_path):
+    from test_runtime_ray import ALL_REDUCE
+
+    program = tmp_path / "ar.hlo"
+    program.write_text(ALL_REDUCE.format(n=4, size=8, gsize=32))
+    env = dict(os.environ, RAY=str(pathlib.Path(sys.executable).parent / "ray"),
+               REPLICAS_CLUSTER_DIR=str(tmp_path / "cluster"), RAY_AUTH_MODE="disabled")
+    script = ROOT / "cluster" / "local_cluster.sh"
+    started = subprocess.run(["bash", str(script), "start", str(PORT)], env=env, capture_output=True, text=True,
+                             timeout=180)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        address = started.stdout.strip().splitlines()[-1]
+        driver = tmp_path / "driver.py"
+        driver.write_text(DRIVER)
+        out = subprocess.run([sys.executable, str(driver), address, str(program)], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+        assert "NODES 2" in out.stdout
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(PORT)], env=env, capture_output=True, timeout=60)
