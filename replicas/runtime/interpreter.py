@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+import replicas.channels  # noqa: F401  (registers send/recv, infeed/outfeed)
+import replicas.collectives  # noqa: F401  (registers the collective kernels)
 import replicas.ops  # noqa: F401  (registers the kernel families)
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
@@ -51,6 +53,10 @@ class BoundComputation:
         for slot, value in zip(params, args):
             slots[slot] = value
         interp = self._interp
+        # Every computation call (each While iteration included) notices a cancel or deadlock abort.
+        mailbox = interp.mailbox
+        if mailbox is not None and mailbox.aborted is not None:
+            raise mailbox.aborted
         for fn, operand_slots, result_slot, release, inst in self._steps:
             interp.current = inst
             try:
@@ -87,6 +93,7 @@ class Interpreter:
 
             fabric = LocalFabric()
         self.fabric = fabric
+        self.mailbox = getattr(fabric, "mailbox", None)
         self.num_replicas = num_replicas if num_replicas is not None else getattr(fabric, "num_replicas", 1)
         self.current: Instruction | None = None
         self._binding: Computation | None = None

@@ -35,6 +35,9 @@ def ensure_ray(address: str | None = None) -> None:
         kwargs: dict[str, Any] = dict(logging_level=logging.ERROR, log_to_driver=False,
                                       configure_logging=True, ignore_reinit_error=True)
         if address is None:
+            # "local" always starts a private instance: a cluster left behind by `ray start`
+            # on this machine must not capture a laptop run.
+            address = "local"
             kwargs["include_dashboard"] = False
         try:
             ray.init(address=address, **kwargs)
@@ -58,22 +61,48 @@ class RayFabric(Fabric):
 
 
 class ReplicaHost:
-    """The body of a replica actor: hosts the replicas `replica_ids` of one job."""
+    """The body of a replica actor. Actors are pooled: `setup` gives one the replicas
+    `replica_ids` of a new job, `reset` returns it to the pool once they have all stopped."""
 
-    def __init__(self, replica_ids: list[int], num_replicas: int, module_bytes: bytes, strict: bool,
-                 record_every_instruction: bool) -> None:
+    def __init__(self) -> None:
+        self._mailboxes: dict[int, Mailbox] = {}
+        self._runners: dict[int, Any] = {}
+        self._fabrics: list[RayFabric] = []
+        self._executables: dict[bytes, Executable] = {}
+
+    def setup(self, replica_ids: list[int], num_replicas: int, module_bytes: bytes, strict: bool,
+              record_every_instruction: bool) -> None:
+        import hashlib
+
         from replicas.runtime.threads import ReplicaRunner
 
-        executable = Executable.from_bytes(module_bytes)
+        digest = hashlib.sha256(module_bytes).digest()
+        executable = self._executables.get(digest)
+        if executable is None:
+            executable = Executable.from_bytes(module_bytes)
+            self._executables = {digest: executable}  # keep the last program only
         self._mailboxes = {r: Mailbox(r) for r in replica_ids}
-        self._runners: dict[int, ReplicaRunner] = {}
-        self._fabrics: list[RayFabric] = []
+        self._runners = {}
+        self._fabrics = []
         for r in replica_ids:
             recorder = FlightRecorder(r, every_instruction=record_every_instruction)
             fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
                                recorder=recorder)
             self._fabrics.append(fabric)
             self._runners[r] = ReplicaRunner(executable, fabric, recorder)
+
+    def reset(self, timeout: float) -> bool:
+        """Stop this job's replicas; True if every one stopped within `timeout` (reusable)."""
+        stopped = ReplicasError("job stopped")
+        for box in self._mailboxes.values():
+            box.abort(stopped)
+        clean = all(runner.join(timeout) for runner in self._runners.values())
+        if clean:
+            self._mailboxes, self._runners, self._fabrics = {}, {}, []
+        return clean
+
+    def ping(self) -> bool:
+        return True
 
     def connect(self, routes: dict[int, Any]) -> None:
         for fabric in self._fabrics:
@@ -144,6 +173,72 @@ def _remote_host_class() -> Any:
     return _actor_class
 
 
+class ActorPool:
+    """Idle replica actors of this process's Ray session, by their options, for the next job.
+
+    Starting an actor starts a Python process (the slow part of a job's start); a finished job
+    hands its actors back, and one whose replicas would not stop is killed instead."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple, list[Any]] = {}
+        self._session: Any = None
+
+    def _check_session(self) -> None:
+        import ray
+
+        session = ray.get_runtime_context().get_job_id()
+        if session != self._session:
+            self._idle.clear()
+            self._session = session
+
+    def acquire(self, options: dict[str, Any]) -> Any:
+        self._check_session()
+        key = _options_key(options)
+        idle = self._idle.get(key)
+        if idle:
+            return idle.pop()
+        return _remote_host_class().options(**options).remote()
+
+    def release(self, actors_with_options: list[tuple[Any, dict[str, Any]]], stop_timeout: float = 2.0) -> None:
+        import ray
+
+        self._check_session()
+        resets = [a.reset.remote(stop_timeout) for a, _ in actors_with_options]
+        for (actor, options), ref in zip(actors_with_options, resets):
+            try:
+                clean = ray.get(ref, timeout=stop_timeout + 10)
+            except Exception:  # noqa: BLE001 - dead or stuck: never reuse it
+                clean = False
+            if clean:
+                self._idle.setdefault(_options_key(options), []).append(actor)
+            else:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+
+    def stats(self) -> dict[str, int]:
+        return {"idle": sum(len(v) for v in self._idle.values())}
+
+    def clear(self) -> None:
+        import ray
+
+        for actors in self._idle.values():
+            for a in actors:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        self._idle.clear()
+
+
+def _options_key(options: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v) for k, v in options.items()))
+
+
+POOL = ActorPool()
+
+
 class RayBackend:
     """Runs the replicas in Ray actors (see `Backend` in job.py)."""
 
@@ -161,11 +256,12 @@ class RayBackend:
         per = max(1, int(replicas_per_actor))
         groups = [list(range(i, min(i + per, n))) for i in range(0, n, per)]
         module_ref = ray.put(executable.to_bytes())  # shipped once; every actor reads the same object
-        cls = _remote_host_class()
         self._actors = []
+        self._options: list[dict[str, Any]] = []
         self._actor_of: dict[int, Any] = {}
+        self._stopped = False
         for ids in groups:
-            options: dict[str, Any] = {"num_cpus": num_cpus, "max_concurrency": 8 + 2 * n}
+            options: dict[str, Any] = {"num_cpus": num_cpus, "max_concurrency": 64}
             if resources is not None:
                 merged: dict[str, float] = {}
                 for r in ids:
@@ -173,18 +269,20 @@ class RayBackend:
                         merged[k] = merged.get(k, 0) + v
                 if merged:
                     options["resources"] = merged
-            actor = cls.options(**options).remote(ids, n, module_ref, strict, record_every_instruction)
+            actor = POOL.acquire(options)
             self._actors.append(actor)
+            self._options.append(options)
             for r in ids:
                 self._actor_of[r] = actor
         self._groups = groups
         try:
+            ray.get([a.setup.remote(ids, n, module_ref, strict, record_every_instruction)
+                     for a, ids in zip(self._actors, groups)])
             ray.get([a.connect.remote(self._actor_of) for a in self._actors])
             ray.get([a.start.remote({r: args[r] for r in ids}) for a, ids in zip(self._actors, groups)])
         except Exception as e:
             self.shutdown()
             raise _unwrap(e) from None
-        self._stopped = False
 
     def _get(self, refs: list[Any]) -> list[Any]:
         try:
@@ -219,14 +317,10 @@ class RayBackend:
             a.abort.remote(exc)
 
     def shutdown(self) -> None:
-        if getattr(self, "_stopped", False):
+        if self._stopped:
             return
         self._stopped = True
-        for a in self._actors:
-            try:
-                self._ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+        POOL.release(list(zip(self._actors, self._options)))
 
     def deliver_from_host(self, replica: int, key: tuple, value: Any) -> None:
         self._actor_of[replica].deliver.remote(replica, HOST, key, value)
