@@ -18,14 +18,13 @@ DRIVER = textwrap.dedent("""
     import numpy as np
     import ray
     import replicas as rp
-    from ray.util.state import list_actors
 
     text = open(sys.argv[2]).read()
     m = rp.parse_hlo(text)
     x = np.arange(8, dtype=np.float32)
     placement = [{"node1": 1}, {"node2": 1}, {"node1": 1}, {"node2": 1}]
     job = rp.launch(m, [x], num_replicas=4, address=sys.argv[1], resources=placement, timeout=120)
-    nodes = {a.node_id for a in list_actors(filters=[("state", "=", "ALIVE")]) if a.class_name == "ReplicaHost"}
+    nodes = {s.node for s in job.states()}
     results = job.result()
     for total, gathered, _ in results:
         assert np.array_equal(total, 4 * x + 6), total

@@ -93,27 +93,21 @@ def test_timeout_names_what_each_replica_was_doing_and_the_next_job_starts_clean
     np.testing.assert_array_equal(results[1][0], 2 * x + 1)
 
 
-def test_cancel_and_with_block_stop_every_actor():
-    import ray
+def test_cancel_and_with_block_stop_every_replica_and_return_the_actors():
+    from replicas.runtime.ray_backend import POOL
 
     m = rp.parse_hlo(FOREVER)
-    before = len(_alive_replica_actors(ray))
     job = rp.launch(m, [], num_replicas=2, timeout=None)
-    assert not job.done()
+    assert [s.status for s in job.states()] == ["running", "running"]
     job.cancel()
     with pytest.raises(rp.ReplicasError, match="cancelled"):
         job.result()
+    idle = POOL.stats()["idle"]
+    assert idle >= 2  # both actors stopped their replica and went back to the pool
     with rp.launch(m, [], num_replicas=2, timeout=None) as job2:
         assert not job2.done()
+    assert POOL.stats()["idle"] == idle
     gc.collect()
-    assert len(_alive_replica_actors(ray)) == before
-
-
-def _alive_replica_actors(ray):
-    from ray.util.state import list_actors
-
-    return [a for a in list_actors(filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)
-            if a.class_name == "ReplicaHost"]
 
 
 def test_deadlock_under_ray_is_an_error_not_a_hang():

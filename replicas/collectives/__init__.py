@@ -1,0 +1,6 @@
+"""Collectives over the fabric: replica groups, fingerprints (matching), algorithms and kernels.
+
+Importing the package registers the collective kernels (and replica-id / partition-id).
+"""
+
+from replicas.collectives import kernels  # noqa: F401  (registers the kernels)

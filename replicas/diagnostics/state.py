@@ -43,6 +43,7 @@ class ReplicaState:
     received: dict[int, int] = field(default_factory=dict)  # messages delivered to it, by source
     error: str | None = None
     collectives_done: int = 0
+    node: str | None = None  # the Ray node running it (None for threads)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

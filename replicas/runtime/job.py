@@ -216,8 +216,8 @@ def prepare(module: Module | Executable, args: Sequence[Any] | None, num_replica
             ) -> tuple[Executable, list[list[Any]]]:
     if num_replicas < 1:
         raise ProgramError(f"num_replicas must be >= 1, got {num_replicas}")
+    _check_replica_count(module.module if isinstance(module, Executable) else module, num_replicas)
     executable = module if isinstance(module, Executable) else compile_module(module, num_replicas=num_replicas)
-    _check_replica_count(executable.module, num_replicas)
     entry = executable.module.entry_computation
     per_replica = per_replica_args(args, num_replicas, len(entry.parameters))
     checked = []

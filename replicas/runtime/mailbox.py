@@ -123,7 +123,7 @@ class Mailbox:
         with self._cond:
             s = self.state
             return ReplicaState(s.replica, s.status, s.block, s.instruction, s.progress, dict(s.sent),
-                                dict(s.received), s.error, s.collectives_done)
+                                dict(s.received), s.error, s.collectives_done, s.node)
 
     def set_status(self, status: str, error: str | None = None) -> None:
         with self._cond:

@@ -116,7 +116,15 @@ class ReplicaHost:
         self._mailboxes[dst].deliver(src, key, value)
 
     def states(self) -> list[ReplicaState]:
-        return [runner.state() for runner in self._runners.values()]
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        out = []
+        for runner in self._runners.values():
+            state = runner.state()
+            state.node = node
+            out.append(state)
+        return out
 
     def results(self) -> dict[int, Any]:
         return {r: runner.result for r, runner in self._runners.items()}

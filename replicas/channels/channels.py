@@ -1,0 +1,268 @@
+"""Send, send-done, recv, recv-done: point-to-point channels between replicas, or with the host.
+
+Protocol (per channel id, per peer pair, numbered `seq` 0, 1, 2, ... on both sides, so a
+Send/Recv pair in a While loop pairs iteration by iteration):
+- Send posts the data at once, `("chan", channel, seq)`, and returns its context;
+- Recv posts an acknowledgement to its source, `("chan-ack", channel, seq)`, and returns its context;
+- SendDone waits for the acknowledgement (the peer's matching Recv has been posted);
+- RecvDone waits for the data.
+So every order the document allows (Recv before Send, Send before RecvDone and SendDone) runs,
+and a program that waits in a cycle is a deadlock the monitor sees.
+
+Routing follows the frontend attribute `_xla_send_recv_source_target_pairs="{{0,1},{1,2}}"`: a
+Send on a replica that is no source does nothing (its SendDone returns at once); a Recv on a
+replica that is no target yields zeros. Without the attribute only a one-replica job can route
+(to itself). `is_host_transfer=true` makes the host the peer.
+
+The u32 context carries the number of the Send (Recv) on its channel on this replica; the
+pending peers and sequence numbers behind it stay in this replica's channel state.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from replicas.channels.feeds import host_value_checker, reject_nested_tuple
+from replicas.collectives.groups import parse_pairs
+from replicas.collectives.kernels import zeros_of
+from replicas.diagnostics.state import BlockInfo
+from replicas.errors import ProgramError
+from replicas.hlo.ir import Instruction
+from replicas.ops.registry import KernelContext, kernel
+from replicas.shapes import TOKEN, Shape
+
+PAIRS_ATTRIBUTE = "_xla_send_recv_source_target_pairs"
+_PAIR_RE = re.compile(r"\{\s*(-?\d+)\s*,\s*(-?\d+)\s*\}")
+
+_states: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+_states_lock = threading.Lock()
+
+
+def channel_state(fabric: Any) -> dict[tuple, Any]:
+    """This replica's pending sends and receives, by (direction, channel, context)."""
+    with _states_lock:
+        try:
+            state = _states.get(fabric)
+            if state is None:
+                state = _states[fabric] = {}
+        except TypeError:  # a fabric that takes no weak references keeps its state itself
+            state = getattr(fabric, "_channel_state", None)
+            if state is None:
+                state = {}
+                fabric._channel_state = state
+        return state
+
+
+def channel_id(inst: Instruction) -> int:
+    value = inst.attrs.get("channel_id")
+    if value is None:
+        raise inst.error(f"{inst.opcode} needs a channel_id")
+    return int(value)
+
+
+def routing(inst: Instruction, ctx: KernelContext) -> tuple[tuple[int, int], ...]:
+    text = (inst.attrs.get("frontend_attributes") or {}).get(PAIRS_ATTRIBUTE)
+    if text is None:
+        if ctx.num_replicas == 1:
+            return ((0, 0),)
+        raise inst.error(f"{inst.opcode} between replicas needs the frontend attribute {PAIRS_ATTRIBUTE}="
+                         f"\"{{{{source,target}},...}}\" to know its peers ({ctx.num_replicas} replicas)")
+    inner = str(text).strip()
+    pairs = _PAIR_RE.findall(inner)
+    leftover = _PAIR_RE.sub("", inner).replace(",", "").replace("{", "").replace("}", "").strip()
+    if leftover:
+        raise inst.error(f"cannot parse {PAIRS_ATTRIBUTE}={text!r}: expected \"{{{{0,1}},{{1,2}}}}\"")
+    return parse_pairs(inst, pairs, ctx.num_replicas, PAIRS_ATTRIBUTE)
+
+
+def _context_dtype(shape: Shape, index: int) -> np.dtype:
+    if shape.is_tuple and len(shape.tuple_shapes) > index and shape.tuple_shapes[index].is_array:
+        return shape.tuple_shapes[index].dtype
+    return np.dtype(np.uint32)
+
+
+def _frozen_zeros(shape: Shape) -> Any:
+    if shape.is_tuple:
+        return tuple(_frozen_zeros(s) for s in shape.tuple_shapes)
+    if shape.is_token:
+        return TOKEN
+    arr = np.zeros(shape.dimensions, dtype=shape.dtype)
+    arr.setflags(write=False)
+    return arr
+
+
+def _record(fabric: Any, kind: str, inst: Instruction, **info: Any) -> None:
+    recorder = fabric.recorder
+    if recorder is not None:
+        recorder.end(recorder.begin(kind, inst.name, inst.opcode, **info))
+
+
+class _Wait:
+    """Record a blocking wait (begin before, end after) when the fabric has a recorder."""
+
+    __slots__ = ("recorder", "event")
+
+    def __init__(self, fabric: Any, kind: str, inst: Instruction, **info: Any) -> None:
+        self.recorder = fabric.recorder
+        self.event = self.recorder.begin(kind, inst.name, inst.opcode, **info) if self.recorder is not None else None
+
+    def done(self) -> None:
+        if self.event is not None:
+            self.recorder.end(self.event)
+
+
+# -- send / send-done ------------------------------------------------------------------------------
+
+@kernel("send")
+def make_send(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    channel = channel_id(inst)
+    fabric = ctx.fabric
+    ctx_dtype = _context_dtype(inst.shape, 1)
+    if inst.attrs.get("is_host_transfer"):
+        def send_to_host(data: Any, *token: Any) -> Any:
+            _record(fabric, "send", inst, channel_id=channel, peer="host")
+            fabric.to_host(channel, data)
+            return (data, np.asarray(0, dtype=ctx_dtype), TOKEN)
+
+        return send_to_host
+    me = ctx.replica_id
+    targets = [t for s, t in routing(inst, ctx) if s == me]
+    state = channel_state(fabric)
+
+    def send(data: Any, *token: Any) -> Any:
+        k = fabric.next_seq(("send-context", channel))
+        posted = []
+        for t in targets:
+            seq = fabric.next_seq(("chan-send", channel, t))
+            fabric.send(t, ("chan", channel, seq), data)
+            posted.append((t, seq))
+        if posted:
+            state[("send", channel, k)] = posted
+            _record(fabric, "send", inst, channel_id=channel, peers=[t for t, _ in posted], seq=posted[0][1])
+        return (data, np.asarray(k, dtype=ctx_dtype), TOKEN)
+
+    return send
+
+
+@kernel("send-done")
+def make_send_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    channel = channel_id(inst)
+    if inst.attrs.get("is_host_transfer"):
+        return lambda started: TOKEN
+    fabric = ctx.fabric
+    state = channel_state(fabric)
+    name, opcode = inst.name, inst.opcode
+
+    def send_done(started: Any) -> Any:
+        posted = state.pop(("send", channel, int(started[1])), None)
+        if posted:
+            seq = posted[0][1]
+            block = BlockInfo("send-done", name, opcode, needs="one", seq=seq, channel_id=channel)
+            wait = _Wait(fabric, "send-done", inst, channel_id=channel, seq=seq)
+            fabric.recv_all([(t, ("chan-ack", channel, s)) for t, s in posted], block)
+            wait.done()
+        return TOKEN
+
+    return send_done
+
+
+# -- recv / recv-done ------------------------------------------------------------------------------
+
+def _recv_data_shape(inst: Instruction) -> Shape:
+    shape = inst.shape
+    if not shape.is_tuple or len(shape.tuple_shapes) < 2:
+        raise inst.error(f"{inst.opcode} must produce a tuple whose first element is the data, got {shape}")
+    return shape.tuple_shapes[0]
+
+
+@kernel("recv")
+def make_recv(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    channel = channel_id(inst)
+    fabric = ctx.fabric
+    data_shape = _recv_data_shape(inst)
+    zeros = _frozen_zeros(data_shape)
+    ctx_dtype = _context_dtype(inst.shape, 1)
+    if inst.attrs.get("is_host_transfer"):
+        reject_nested_tuple(inst, data_shape)
+        return lambda *token: (zeros, np.asarray(0, dtype=ctx_dtype), TOKEN)
+    me = ctx.replica_id
+    sources = [s for s, t in routing(inst, ctx) if t == me]
+    source = sources[0] if sources else None
+    state = channel_state(fabric)
+
+    def recv(*token: Any) -> Any:
+        k = fabric.next_seq(("recv-context", channel))
+        if source is not None:
+            seq = fabric.next_seq(("chan-recv", channel, source))
+            fabric.send(source, ("chan-ack", channel, seq), True)
+            state[("recv", channel, k)] = (source, seq)
+            _record(fabric, "recv", inst, channel_id=channel, peer=source, seq=seq)
+        return (zeros, np.asarray(k, dtype=ctx_dtype), TOKEN)
+
+    return recv
+
+
+@kernel("recv-done")
+def make_recv_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    channel = channel_id(inst)
+    fabric = ctx.fabric
+    data_shape = _recv_data_shape(inst)
+    name, opcode = inst.name, inst.opcode
+    if inst.attrs.get("is_host_transfer"):
+        reject_nested_tuple(inst, data_shape)
+        check = host_value_checker(inst, ctx.replica_id, data_shape, f"host transfer on channel {channel}")
+
+        def recv_done_from_host(started: Any) -> Any:
+            block = BlockInfo("recv-done", name, opcode, needs="one", channel_id=channel)
+            wait = _Wait(fabric, "recv-done", inst, channel_id=channel, peer="host")
+            value = fabric.from_host(channel, block)
+            wait.done()
+            return (check(value), TOKEN)
+
+        return recv_done_from_host
+    state = channel_state(fabric)
+    check = _received_checker(inst, ctx.replica_id, data_shape)
+
+    def recv_done(started: Any) -> Any:
+        pending = state.pop(("recv", channel, int(started[1])), None)
+        if pending is None:  # this replica is no target of the channel
+            return (zeros_of(data_shape), TOKEN)
+        source, seq = pending
+        block = BlockInfo("recv-done", name, opcode, needs="one", seq=seq, channel_id=channel)
+        wait = _Wait(fabric, "recv-done", inst, channel_id=channel, peer=source, seq=seq)
+        data = fabric.recv(source, ("chan", channel, seq), block)
+        wait.done()
+        check(data, source)
+        return (data, TOKEN)
+
+    return recv_done
+
+
+def _received_checker(inst: Instruction, replica: int, shape: Shape) -> Callable[[Any, int], None]:
+    """The data a peer sent must have the shape this RecvDone promises."""
+    if not shape.is_array:
+        def check_any(data: Any, source: int) -> None:
+            try:
+                ok = Shape.of(data).compatible(shape)
+            except (ProgramError, TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise inst.error(f"replica {replica} expects {shape} on channel {channel_id(inst)} "
+                                 f"but replica {source} sent {type(data).__name__}")
+
+        return check_any
+    dims, dtype = shape.dimensions, shape.dtype
+
+    def check(data: Any, source: int) -> None:
+        if not isinstance(data, np.ndarray) or data.shape != dims or data.dtype != dtype:
+            got = f"{data.dtype}{list(data.shape)}" if isinstance(data, np.ndarray) else type(data).__name__
+            raise inst.error(f"replica {replica} expects {shape} on channel {channel_id(inst)} "
+                             f"but replica {source} sent {got}")
+
+    return check

@@ -1,0 +1,107 @@
+"""Replica groups: who takes part in a collective with whom, and in which order.
+
+`replica_groups=[]` is one group of every replica; explicit groups must cover each replica exactly
+once. The order inside a group is meaningful: it decides the concatenation order of all-gather and
+all-to-all, which member receives which shard of reduce-scatter, and the reduction order of
+all-reduce.
+
+SPMD programs (`num_partitions` P > 1, `replica_count` 1) run each partition as one replica, so
+the runtime id of a replica is its partition id. A collective with a channel id (cross-partition,
+cross-replica-and-partition or flattened-id mode, which all coincide when there is one replica)
+names partitions in its groups; one without a channel id is cross-replica, and with one replica
+every partition is alone in its group, as in XLA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from replicas.hlo.ir import Instruction
+
+Group = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    groups: tuple[Group, ...]  # every group, as the program states them (normalized)
+    group: Group  # this replica's group, in group order
+    index: int  # this replica's position in `group`
+
+    @property
+    def size(self) -> int:
+        return len(self.group)
+
+    def peers(self) -> Group:
+        """The other members, in group order."""
+        return tuple(r for r in self.group if r != self.group[self.index])
+
+
+def is_spmd(module: Any) -> bool:
+    return int(module.attrs.get("num_partitions", 1)) > 1 and int(module.attrs.get("replica_count", 1) or 1) == 1
+
+
+def normalized_groups(inst: Instruction) -> tuple[Group, ...]:
+    raw = inst.attrs.get("replica_groups") or []
+    try:
+        return tuple(tuple(int(r) for r in g) for g in raw)
+    except (TypeError, ValueError):
+        raise inst.error(f"replica_groups must be a list of lists of ints, got {raw!r}") from None
+
+
+def plan_groups(inst: Instruction, module: Any, replica_id: int, num_replicas: int) -> GroupPlan:
+    """This replica's group for `inst`; ProgramError unless the groups partition the replicas."""
+    groups = normalized_groups(inst)
+    if is_spmd(module) and inst.attrs.get("channel_id") is None:
+        # Cross-replica mode with a single replica: each partition reduces with itself alone.
+        for g in groups:
+            if any(r != 0 for r in g):
+                raise inst.error(f"replica_groups {_text(groups)} name replicas other than 0, but the SPMD "
+                                 f"module has one replica (a collective without channel_id is cross-replica)")
+        return GroupPlan(tuple((r,) for r in range(num_replicas)), (replica_id,), 0)
+    if not groups:
+        everyone = tuple(range(num_replicas))
+        return GroupPlan((everyone,), everyone, replica_id)
+    seen: dict[int, int] = {}
+    for gi, g in enumerate(groups):
+        if not g:
+            raise inst.error(f"replica_groups {_text(groups)}: group {gi} is empty")
+        for r in g:
+            if not 0 <= r < num_replicas:
+                raise inst.error(f"replica_groups {_text(groups)} name replica {r}, but the job has "
+                                 f"{num_replicas} replicas")
+            if r in seen:
+                raise inst.error(f"replica_groups {_text(groups)} name replica {r} twice")
+            seen[r] = gi
+    missing = [r for r in range(num_replicas) if r not in seen]
+    if missing:
+        raise inst.error(f"replica_groups {_text(groups)} leave out replica{'s' if len(missing) > 1 else ''} "
+                         f"{', '.join(map(str, missing))}: groups must cover every replica exactly once")
+    group = groups[seen[replica_id]]
+    return GroupPlan(groups, group, group.index(replica_id))
+
+
+def _text(groups: tuple[Group, ...]) -> str:
+    return "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups) + "}"
+
+
+def parse_pairs(inst: Instruction, raw: Any, num_replicas: int, what: str = "source_target_pairs"
+                ) -> tuple[tuple[int, int], ...]:
+    """Validated (source, target) pairs: ids in range, no source or target twice."""
+    try:
+        pairs = tuple((int(s), int(t)) for s, t in raw)
+    except (TypeError, ValueError):
+        raise inst.error(f"{what} must be a list of (source, target) pairs, got {raw!r}") from None
+    sources: set[int] = set()
+    targets: set[int] = set()
+    for s, t in pairs:
+        for r in (s, t):
+            if not 0 <= r < num_replicas:
+                raise inst.error(f"{what} name replica {r}, but the job has {num_replicas} replicas")
+        if s in sources:
+            raise inst.error(f"{what}: replica {s} is the source of more than one pair")
+        if t in targets:
+            raise inst.error(f"{what}: replica {t} is the target of more than one pair")
+        sources.add(s)
+        targets.add(t)
+    return pairs

@@ -1,0 +1,326 @@
+"""The collective kernels: all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute,
+collective-broadcast (and their -start/-done forms), replica-id and partition-id.
+
+Each factory resolves the replica's group, the fingerprint and the reduction once, at bind time;
+the kernel then numbers the collective, publishes what it waits for and runs the algorithm from
+`algorithms`. An async `-start` performs the whole collective and its `-done` returns the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from replicas.collectives import algorithms as alg
+from replicas.collectives.fingerprint import Fingerprint, make_fingerprint
+from replicas.collectives.groups import GroupPlan, is_spmd, parse_pairs, plan_groups
+from replicas.diagnostics.state import BlockInfo
+from replicas.hlo.ir import Instruction
+from replicas.ops.recognize import binary_reducer
+from replicas.ops.registry import KernelContext, kernel
+from replicas.shapes import Shape
+
+_UFUNCS: dict[str, np.ufunc] = {
+    "add": np.add, "multiply": np.multiply, "maximum": np.maximum, "minimum": np.minimum,
+    "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
+}
+# XLA's arithmetic on pred: add saturates to or, multiply is and.
+_PRED_UFUNCS: dict[str, np.ufunc] = {
+    "add": np.logical_or, "multiply": np.logical_and, "maximum": np.logical_or, "minimum": np.logical_and,
+    "and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor,
+}
+
+
+def computation_of(ctx: KernelContext, inst: Instruction) -> str:
+    """The name of the computation `inst` belongs to (its identity for collective matching)."""
+    for comp in ctx.module.computations.values():
+        if comp.by_name.get(inst.name) is inst:
+            return comp.name
+    return "?"
+
+
+class Collective:
+    """One bound collective instruction on one replica: numbering, blocking info, recording."""
+
+    def __init__(self, inst: Instruction, ctx: KernelContext, group: tuple[int, ...], fingerprint: Fingerprint
+                 ) -> None:
+        self.inst = inst
+        self.fabric = ctx.fabric
+        self.group = group
+        self.fingerprint = fingerprint
+        self.fingerprint_dict = fingerprint.as_dict()
+
+    def exchange(self) -> alg.Exchange:
+        fabric = self.fabric
+        seq = fabric.next_seq("coll")
+        inst = self.inst
+        block = BlockInfo("collective", inst.name, inst.opcode, needs="all",
+                          computation=self.fingerprint.computation, seq=seq, group=self.group,
+                          fingerprint=self.fingerprint_dict)
+        return alg.Exchange(fabric, seq, self.fingerprint, block)
+
+    def run(self, algorithm: Callable[..., Any], *args: Any) -> Any:
+        ex = self.exchange()
+        recorder = getattr(self.fabric, "recorder", None)
+        if recorder is None:
+            return algorithm(ex, *args)
+        event = recorder.begin("collective", self.inst.name, self.inst.opcode, seq=ex.seq, group=list(self.group))
+        try:
+            result = algorithm(ex, *args)
+        except BaseException as e:
+            recorder.end(event, error=f"{type(e).__name__}: {e}")
+            raise
+        recorder.end(event)
+        return result
+
+
+def _bind(inst: Instruction, ctx: KernelContext, *, pairs: tuple | None = None
+          ) -> tuple[GroupPlan | None, Collective]:
+    operand_shapes = ctx.operand_shapes(inst)
+    plan = None
+    if pairs is None:
+        plan = plan_groups(inst, ctx.module, ctx.replica_id, ctx.num_replicas)
+    fp = make_fingerprint(inst, computation_of(ctx, inst), operand_shapes, ctx.module,
+                          groups=plan.groups if plan is not None else (), pairs=pairs or ())
+    group = plan.group if plan is not None else tuple(sorted({r for p in pairs or () for r in p}))
+    return plan, Collective(inst, ctx, group, fp)
+
+
+def _array_operands(inst: Instruction, ctx: KernelContext) -> list[Shape]:
+    shapes = ctx.operand_shapes(inst)
+    for s in shapes:
+        if not s.is_array:
+            raise inst.error(f"{inst.opcode} operands must be arrays, got {s}")
+    return shapes
+
+
+def _dimension(inst: Instruction, shapes: list[Shape]) -> int:
+    dims = inst.attrs.get("dimensions")
+    if not dims or len(dims) != 1:
+        raise inst.error(f"{inst.opcode} needs dimensions={{d}} (one dimension), got {dims!r}")
+    d = int(dims[0])
+    for s in shapes:
+        if not 0 <= d < s.rank:
+            raise inst.error(f"dimension {d} is out of range for operand {s}")
+    return d
+
+
+def make_combine(inst: Instruction, ctx: KernelContext, dtypes: list[np.dtype]) -> alg.Combine:
+    """`combine(a, b)` over tuples of arrays, one per operand, with the `to_apply` reduction."""
+    name = inst.attrs.get("to_apply")
+    if not name:
+        raise inst.error(f"{inst.opcode} needs a to_apply reduction computation")
+    comp = ctx.computation_ir(name)
+    op = binary_reducer(comp)
+    ufuncs = None
+    if op is not None:
+        ufuncs = [(_PRED_UFUNCS if dt == np.bool_ else _UFUNCS).get(op) for dt in dtypes]
+        if any(u is None for u in ufuncs) or (op in ("and", "or", "xor") and any(dt.kind == "f" for dt in dtypes)):
+            ufuncs = None
+    if ufuncs is not None:
+        pairs = list(zip(ufuncs, dtypes))
+
+        def combine_fast(a: alg.Values, b: alg.Values) -> alg.Values:
+            with np.errstate(all="ignore"):
+                return tuple(np.asarray(u(x, y), dtype=dt) for (u, dt), x, y in zip(pairs, a, b))
+
+        return combine_fast
+    fn = ctx.computation(name)
+    num_params = len(comp.parameters)
+    k = len(dtypes)
+    if num_params == 2:
+        def combine_each(a: alg.Values, b: alg.Values) -> alg.Values:
+            with np.errstate(all="ignore"):
+                return tuple(np.asarray(fn(x, y), dtype=dt) for x, y, dt in zip(a, b, dtypes))
+
+        return combine_each
+    if num_params == 2 * k:
+        def combine_variadic(a: alg.Values, b: alg.Values) -> alg.Values:
+            with np.errstate(all="ignore"):
+                out = fn(*a, *b)
+            out = out if isinstance(out, tuple) else (out,)
+            return tuple(np.asarray(v, dtype=dt) for v, dt in zip(out, dtypes))
+
+        return combine_variadic
+    raise inst.error(f"reduction computation {name} takes {num_params} parameters; {inst.opcode} of {k} "
+                     f"operand{'s' if k != 1 else ''} needs 2 or {2 * k}")
+
+
+# -- all-reduce ----------------------------------------------------------------------------------------
+
+@kernel("all-reduce", "all-reduce-start")
+def make_all_reduce(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    shapes = _array_operands(inst, ctx)
+    plan, coll = _bind(inst, ctx)
+    assert plan is not None
+    combine = make_combine(inst, ctx, [s.dtype for s in shapes])
+    group, index = plan.group, plan.index
+    as_tuple = inst.shape.is_tuple
+
+    def all_reduce(*operands: np.ndarray) -> Any:
+        out = coll.run(alg.all_reduce, group, index, operands, combine)
+        return tuple(out) if as_tuple else out[0]
+
+    return all_reduce
+
+
+@kernel("all-reduce-done")
+def make_all_reduce_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    return lambda started: started
+
+
+@kernel("all-gather-done", "collective-permute-done")
+def make_second_of_start(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    start = ctx.operand_shapes(inst)[0]
+    if not start.is_tuple or len(start.tuple_shapes) < 2:
+        raise inst.error(f"{inst.opcode} expects the tuple its -start produced, got {start}")
+    return lambda started: started[1]
+
+
+# -- all-gather, reduce-scatter, all-to-all ------------------------------------------------------------
+
+@kernel("all-gather", "all-gather-start")
+def make_all_gather(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    shapes = _array_operands(inst, ctx)
+    dim = _dimension(inst, shapes)
+    plan, coll = _bind(inst, ctx)
+    assert plan is not None
+    group, index = plan.group, plan.index
+    is_start = inst.opcode == "all-gather-start"
+    variadic = len(shapes) > 1
+
+    def all_gather(*operands: np.ndarray) -> Any:
+        out = coll.run(alg.all_gather, group, index, operands, dim)
+        result = tuple(out) if variadic else out[0]
+        if is_start:
+            return (tuple(operands) if variadic else operands[0], result)
+        return result
+
+    return all_gather
+
+
+@kernel("reduce-scatter")
+def make_reduce_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    shapes = _array_operands(inst, ctx)
+    dim = _dimension(inst, shapes)
+    plan, coll = _bind(inst, ctx)
+    assert plan is not None
+    for s in shapes:
+        if s.dimensions[dim] % plan.size:
+            raise inst.error(f"reduce-scatter: dimension {dim} of {s} is not divisible by the group size "
+                             f"{plan.size}")
+    combine = make_combine(inst, ctx, [s.dtype for s in shapes])
+    group, index = plan.group, plan.index
+    as_tuple = inst.shape.is_tuple
+
+    def reduce_scatter(*operands: np.ndarray) -> Any:
+        out = coll.run(alg.reduce_scatter, group, index, operands, dim, combine)
+        return tuple(out) if as_tuple else out[0]
+
+    return reduce_scatter
+
+
+@kernel("all-to-all")
+def make_all_to_all(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    shapes = _array_operands(inst, ctx)
+    plan, coll = _bind(inst, ctx)
+    assert plan is not None
+    group, index = plan.group, plan.index
+    if inst.attrs.get("dimensions"):
+        dim = _dimension(inst, shapes)
+        for s in shapes:
+            if s.dimensions[dim] % plan.size:
+                raise inst.error(f"all-to-all: dimension {dim} of {s} is not divisible by the group size "
+                                 f"{plan.size}")
+        as_tuple = inst.shape.is_tuple
+
+        def all_to_all(*operands: np.ndarray) -> Any:
+            out = coll.run(alg.all_to_all_split, group, index, operands, dim)
+            return tuple(out) if as_tuple else out[0]
+
+        return all_to_all
+    if len(shapes) != plan.size:
+        raise inst.error(f"all-to-all without dimensions sends operand j to member j: it needs one operand "
+                         f"per group member ({plan.size}), got {len(shapes)}")
+
+    def all_to_all_tuple(*operands: np.ndarray) -> Any:
+        return coll.run(alg.all_to_all_tuple, group, index, operands)
+
+    return all_to_all_tuple
+
+
+# -- collective-permute, collective-broadcast ------------------------------------------------------------
+
+def zeros_of(shape: Shape) -> Any:
+    if shape.is_tuple:
+        return tuple(zeros_of(s) for s in shape.tuple_shapes)
+    if shape.is_token:
+        from replicas.shapes import TOKEN
+
+        return TOKEN
+    return np.zeros(shape.dimensions, dtype=shape.dtype)
+
+
+@kernel("collective-permute", "collective-permute-start")
+def make_collective_permute(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    shapes = ctx.operand_shapes(inst)
+    if len(shapes) != 1:
+        raise inst.error(f"{inst.opcode} with {len(shapes)} operands (the in-place form) is not supported")
+    pairs = parse_pairs(inst, inst.attrs.get("source_target_pairs") or [], ctx.num_replicas)
+    _, coll = _bind(inst, ctx, pairs=pairs)
+    me = ctx.replica_id
+    targets = [t for s, t in pairs if s == me]
+    sources = [s for s, t in pairs if t == me]
+    source = sources[0] if sources else None
+    data_shape = shapes[0]
+    is_start = inst.opcode == "collective-permute-start"
+    extras: tuple = ()
+    if is_start:
+        if not inst.shape.is_tuple or len(inst.shape.tuple_shapes) < 2:
+            raise inst.error(f"collective-permute-start must produce a tuple (operand, result, ...), got {inst.shape}")
+        extras = tuple(zeros_of(s) for s in inst.shape.tuple_shapes[2:])
+
+    def zeros() -> Any:
+        return zeros_of(data_shape)
+
+    def collective_permute(operand: Any) -> Any:
+        result = coll.run(alg.collective_permute, targets, source, operand, zeros)
+        return (operand, result, *extras) if is_start else result
+
+    return collective_permute
+
+
+@kernel("collective-broadcast")
+def make_collective_broadcast(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    shapes = ctx.operand_shapes(inst)
+    plan, coll = _bind(inst, ctx)
+    assert plan is not None
+    group, index = plan.group, plan.index
+    as_tuple = inst.shape.is_tuple and len(shapes) > 1
+
+    def collective_broadcast(*operands: Any) -> Any:
+        value = operands if as_tuple else operands[0]
+        return coll.run(alg.collective_broadcast, group, index, value)
+
+    return collective_broadcast
+
+
+# -- ids ---------------------------------------------------------------------------------------------
+
+def _constant(value: int, dtype: np.dtype) -> Callable[[], np.ndarray]:
+    arr = np.asarray(value, dtype=dtype)
+    arr.setflags(write=False)
+    return lambda: arr
+
+
+@kernel("replica-id")
+def make_replica_id(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    # An SPMD program runs its partitions as our replicas; XLA's replica id is then 0 everywhere.
+    return _constant(0 if is_spmd(ctx.module) else ctx.replica_id, inst.shape.dtype)
+
+
+@kernel("partition-id")
+def make_partition_id(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    return _constant(ctx.replica_id if is_spmd(ctx.module) else 0, inst.shape.dtype)
