@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -38,8 +40,10 @@ def test_collectives_across_two_nodes(tmp_path):
 
     program = tmp_path / "ar.hlo"
     program.write_text(ALL_REDUCE.format(n=4, size=8, gsize=32))
+    # Ray's unix socket paths must stay under 108 bytes: a short directory, not pytest's tmp_path.
+    cluster_dir = tempfile.mkdtemp(prefix="rpc-", dir="/tmp")
     env = dict(os.environ, RAY=str(pathlib.Path(sys.executable).parent / "ray"),
-               REPLICAS_CLUSTER_DIR=str(tmp_path / "cluster"), RAY_AUTH_MODE="disabled")
+               REPLICAS_CLUSTER_DIR=cluster_dir, RAY_AUTH_MODE="disabled")
     script = ROOT / "cluster" / "local_cluster.sh"
     started = subprocess.run(["bash", str(script), "start", str(PORT)], env=env, capture_output=True, text=True,
                              timeout=180)
@@ -54,3 +58,4 @@ def test_collectives_across_two_nodes(tmp_path):
         assert "NODES 2" in out.stdout
     finally:
         subprocess.run(["bash", str(script), "stop", str(PORT)], env=env, capture_output=True, timeout=60)
+        shutil.rmtree(cluster_dir, ignore_errors=True)
