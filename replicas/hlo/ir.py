@@ -79,11 +79,12 @@ class Computation:
         self._by_name: dict[str, Instruction] | None = None
 
     def add(self, inst: Instruction) -> Instruction:
-        if inst.name in self.by_name:
+        by_name = self.by_name
+        if inst.name in by_name:
             raise ProgramError(f"instruction %{inst.name} defined twice in computation {self.name}",
                                line=inst.line)
         self.instructions.append(inst)
-        self.by_name[inst.name] = inst
+        by_name[inst.name] = inst
         return inst
 
     @property

@@ -24,7 +24,8 @@ from replicas.shapes import Shape, Token
 class BoundComputation:
     """A schedule whose steps carry their kernels: `bound(*args) -> value`."""
 
-    __slots__ = ("name", "schedule", "_steps", "_num_slots", "_params", "_root", "_interp")
+    __slots__ = ("name", "schedule", "_steps", "_num_slots", "_params", "_root", "_interp", "_run", "_code",
+                 "_line_to_inst")
 
     def __init__(self, schedule: Schedule, interp: Interpreter) -> None:
         self.name = schedule.computation
@@ -44,32 +45,93 @@ class BoundComputation:
             fn = lookup(step.inst)(step.inst, ctx)
             steps.append((fn, step.operand_slots, step.result_slot, step.release, step.inst))
         self._steps = steps
+        self._run, self._line_to_inst = _straight_line(self)
+        self._code = self._run.__code__
 
     def __call__(self, *args: Any) -> Any:
-        slots: list[Any] = [None] * self._num_slots
         params = self._params
         if len(args) != len(params):
             raise ProgramError(f"computation {self.name} takes {len(params)} arguments, got {len(args)}")
-        for slot, value in zip(params, args):
-            slots[slot] = value
         interp = self._interp
         # Every computation call (each While iteration included) notices a cancel or deadlock abort.
         mailbox = interp.mailbox
         if mailbox is not None and mailbox.aborted is not None:
             raise mailbox.aborted
+        if interp.every_instruction_recorder is not None:
+            slots: list[Any] = [None] * self._num_slots
+            for slot, value in zip(params, args):
+                slots[slot] = value
+            return self._call_recorded(slots, interp.every_instruction_recorder)
+        try:
+            return self._run(*args)
+        except ProgramError:
+            raise
+        except Exception as e:
+            if getattr(e, "_replicas_passthrough", False) or _is_replicas_error(e):
+                raise
+            inst = self._failed_instruction(e)
+            if inst is None:
+                raise
+            raise inst.error(f"kernel failed: {type(e).__name__}: {e}") from e
+
+    def _failed_instruction(self, e: BaseException) -> Instruction | None:
+        """The step whose kernel raised `e`, from the generated code's line in the traceback."""
+        inst = None
+        tb = e.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code is self._code:
+                inst = self._line_to_inst.get(tb.tb_lineno)
+            tb = tb.tb_next
+        return inst
+
+    def _call_recorded(self, slots: list[Any], recorder: Any) -> Any:
+        """The same loop, recording every instruction (`record_every_instruction=True`): kept apart so
+        the usual path pays nothing for it."""
+        interp = self._interp
         for fn, operand_slots, result_slot, release, inst in self._steps:
             interp.current = inst
+            event = recorder.begin("op", inst.name, inst.opcode, computation=self.name)
             try:
                 slots[result_slot] = fn(*[slots[s] for s in operand_slots])
             except ProgramError:
+                recorder.end(event, error=True)
                 raise
             except Exception as e:
+                recorder.end(event, error=True)
                 if getattr(e, "_replicas_passthrough", False) or _is_replicas_error(e):
                     raise
                 raise inst.error(f"kernel failed: {type(e).__name__}: {e}") from e
+            recorder.end(event)
             for s in release:
                 slots[s] = None
         return slots[self._root]
+
+
+def _straight_line(bound: BoundComputation) -> tuple[Callable[..., Any], dict[int, Instruction]]:
+    """Compile the bound steps to straight-line Python: one local per value, `del` at its last use
+    (the schedule's liveness), `_interp.current` set per step. This removes the per-step loop,
+    list and slot overhead from every computation call (a While body runs it every iteration)."""
+    params = bound._params
+    arg_names = [f"a{i}" for i in range(len(params))]
+    name_of = {slot: arg_names[i] for i, slot in enumerate(params)}
+    env: dict[str, Any] = {"_interp": bound._interp}
+    lines = [f"def run({', '.join(arg_names)}):"]
+    line_to_inst: dict[int, Instruction] = {}
+    for k, (fn, operand_slots, result_slot, release, inst) in enumerate(bound._steps):
+        env[f"k{k}"] = fn
+        env[f"i{k}"] = inst
+        operands = ", ".join(name_of[s] for s in operand_slots)
+        lines.append(f"    _interp.current = i{k}; v{k} = k{k}({operands})")
+        line_to_inst[len(lines)] = inst
+        dead = [name_of[s] for s in release if s in name_of and s != result_slot]
+        name_of[result_slot] = f"v{k}"
+        if result_slot in release:
+            dead.append(f"v{k}")
+        if dead:
+            lines.append(f"    del {', '.join(dict.fromkeys(dead))}")
+    lines.append(f"    return {name_of[bound._root]}")
+    exec(compile("\n".join(lines) + "\n", f"<computation {bound.name}>", "exec"), env)  # noqa: S102
+    return env["run"], line_to_inst
 
 
 def _is_replicas_error(e: BaseException) -> bool:
@@ -96,6 +158,8 @@ class Interpreter:
         self.mailbox = getattr(fabric, "mailbox", None)
         self.num_replicas = num_replicas if num_replicas is not None else getattr(fabric, "num_replicas", 1)
         self.current: Instruction | None = None
+        recorder = getattr(fabric, "recorder", None)
+        self.every_instruction_recorder = recorder if getattr(recorder, "every_instruction", False) else None
         self._binding: Computation | None = None
         self._bound: dict[str, BoundComputation] = {}
         self._entry = self.computation(self.module.entry)

@@ -1,0 +1,361 @@
+"""Recursive-descent parser from HLO module text (as XLA and JAX print it) to `replicas.hlo.ir`.
+
+The grammar, loosely:
+
+    module      := 'HloModule' name (',' key '=' value)* stack_frames? computation*
+    computation := 'ENTRY'? name ('(' params ')' '->' shape)? '{' instruction* '}' (',' key '=' value)*
+    instruction := 'ROOT'? name '=' shape opcode '(' operands ')' (',' key '=' value)*
+    operand     := shape? name
+
+Names may carry XLA's '%' sigil or not. Computations may be used before they are defined;
+instructions may not (XLA always prints definitions first).
+"""
+
+from __future__ import annotations
+
+import re
+
+from replicas.errors import ProgramError
+from replicas.hlo import attributes
+from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
+from replicas.hlo.lexer import Scanner
+from replicas.hlo.literals import parse_literal
+from replicas.hlo.opcodes import KNOWN_OPCODES
+from replicas.shapes import Shape, _ShapeParser
+
+_ARRAY_SHAPE_PATTERN = r"[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^{}\n]*\})?"
+_ARRAY_SHAPE = re.compile(_ARRAY_SHAPE_PATTERN)
+_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_.\-]*"
+# Fast paths for the forms XLA prints; anything else goes through the general code.
+_HEAD = re.compile(rf"(ROOT[ \t]+)?%?({_NAME_PATTERN})[ \t]*=[ \t]*({_ARRAY_SHAPE_PATTERN})[ \t]+"
+                   r"([a-z][a-z0-9\-]*)(?=\()")
+_SIMPLE_OPERANDS = re.compile(rf"\((%?{_NAME_PATTERN}(?:, %?{_NAME_PATTERN})*)?\)")
+_ATTR_KEY = re.compile(rf"[ \t]*,[ \t]*({_NAME_PATTERN})[ \t]*=")
+_FLAT_BRACES = re.compile(r'\{(?:[^{}"\n]|"(?:[^"\\\n]|\\.)*")*\}')
+_NAME_THEN_BRACKET = re.compile(r"[a-z][a-z0-9]*\[")
+_OPCODE = re.compile(r"[a-z][a-z0-9\-]*")
+_STACK_FRAME_SECTIONS = frozenset({"FileNames", "FunctionNames", "FileLocations", "StackFrames"})
+_INT_HEADER_ATTRS = frozenset({"replica_count", "num_partitions"})
+_COMPUTATION_VALUED = frozenset(COMPUTATION_ATTRS)
+
+
+class HloParser:
+    def __init__(self, text: str) -> None:
+        self.s = Scanner(text)
+        self._shapes: dict[str, Shape] = {}
+        # (computation name, position of the attribute value) for references resolved at the end.
+        self._computation_refs: list[tuple[str, int]] = []
+
+    # -- module ----------------------------------------------------------------------------------
+    def module(self) -> Module:
+        s = self.s
+        if s.try_name() != "HloModule":
+            raise s.error("expected 'HloModule'")
+        s.name(sigil=False)
+        module = Module(s.name("a module name"))
+        while s.accept(","):
+            key = s.name("a module attribute name", sigil=False)
+            s.expect("=")
+            value_pos = s.pos
+            raw = s.raw_value()
+            if key in module.attrs:
+                raise s.error(f"module attribute {key} given twice", value_pos)
+            if key in _INT_HEADER_ATTRS:
+                try:
+                    module.attrs[key] = attributes.parse_int(raw)
+                except ValueError:
+                    raise s.error(f"{key} must be an integer", value_pos) from None
+            else:
+                module.attrs[key] = raw
+        self._skip_stack_frames()
+        entry_name = None
+        while not s.at_end():
+            comp, is_entry, pos = self.computation()
+            if comp.name in module.computations:
+                raise s.error(f"computation {comp.name} defined twice", pos)
+            module.add(comp)
+            if is_entry:
+                if entry_name is not None:
+                    raise s.error(f"two ENTRY computations ({entry_name} and {comp.name})", pos)
+                entry_name = comp.name
+        if not module.computations:
+            raise s.error("the module has no computations")
+        module.entry = entry_name if entry_name is not None else list(module.computations)[-1]
+        for name, pos in self._computation_refs:
+            if name not in module.computations:
+                raise s.error(f"undefined computation %{name}", pos)
+        for _, inst in module.instructions():
+            if inst.opcode == "fusion" and "calls" in inst.attrs:
+                module.computations[inst.attrs["calls"]].is_fusion = True
+        return module
+
+    def _skip_stack_frames(self) -> None:
+        """The FileNames/FunctionNames/FileLocations/StackFrames tables of newer XLA dumps."""
+        s = self.s
+        while s.try_name() in _STACK_FRAME_SECTIONS:
+            s.name(sigil=False)
+            while s.peek().isdigit():
+                s.integer()
+                if s.peek() == '"':
+                    s.string()
+                elif s.peek() == "{":
+                    s.balanced()
+                else:
+                    raise s.error("expected a string or {...} in a stack frame table")
+
+    # -- computations ----------------------------------------------------------------------------
+    def computation(self) -> tuple[Computation, bool, int]:
+        s = self.s
+        is_entry = False
+        if s.try_name() == "ENTRY":
+            s.name(sigil=False)
+            is_entry = True
+        pos = s.pos
+        comp = Computation(s.name("a computation name"))
+        # Instructions by name while parsing (Computation.add re-indexes on every call).
+        self._defined: dict[str, Instruction] = {}
+        if s.peek() == "(":
+            self._signature()
+        s.expect("{", "'{' opening the computation body")
+        root: str | None = None
+        while not s.accept("}"):
+            if s.at_end():
+                raise s.error(f"computation {comp.name} is not closed with '}}'")
+            inst, is_root, inst_pos = self.instruction(comp)
+            if is_root:
+                if root is not None:
+                    raise s.error(f"two ROOT instructions in computation {comp.name}", inst_pos)
+                root = inst.name
+        if not comp.instructions:
+            raise s.error(f"computation {comp.name} has no instructions", pos)
+        comp.root = root if root is not None else comp.instructions[-1].name
+        while s.accept(","):  # e.g. execution_thread="host": no effect on what is computed
+            s.name("a computation attribute name", sigil=False)
+            s.expect("=")
+            s.raw_value()
+        return comp, is_entry, pos
+
+    def _signature(self) -> None:
+        s = self.s
+        s.expect("(")
+        if not s.accept(")"):
+            while True:
+                s.name("a parameter name")
+                s.expect(":")
+                self.shape()
+                if s.accept(","):
+                    continue
+                s.expect(")", "',' or ')' in the parameter list")
+                break
+        s.expect("->", "'->' and the result shape")
+        self.shape()
+
+    # -- instructions ----------------------------------------------------------------------------
+    def instruction(self, comp: Computation) -> tuple[Instruction, bool, int]:
+        s = self.s
+        s.skip()
+        start = s.pos
+        head = _HEAD.match(s.text, start)
+        if head is not None:  # the common one-line form, in one step
+            is_root = head.group(1) is not None
+            name_pos = head.start(2)
+            name = head.group(2)
+            shape = self._array_shape(head.group(3), head.start(3))
+            opcode_pos = head.start(4)
+            opcode = head.group(4)
+            s.pos = head.end(4)
+        else:
+            is_root, name_pos, name, shape, opcode_pos, opcode = self._head()
+        if name in self._defined:
+            raise s.error(f"instruction %{name} defined twice in computation {comp.name}", name_pos)
+        if opcode not in KNOWN_OPCODES:
+            raise s.error(f"unknown opcode {opcode!r}", opcode_pos)
+        if s.peek() != "(":
+            raise s.error(f"expected '(' after opcode {opcode}")
+        inst = Instruction(name, opcode, shape, line=s.line_of(start))
+        if opcode == "constant":
+            self._constant(inst)
+        elif opcode == "parameter":
+            s.expect("(")
+            inst.attrs["parameter_number"] = s.integer("a parameter number")
+            s.expect(")")
+        else:
+            inst.operands = self._operands(comp)
+        self._attributes(inst)
+        s.skip_inline()
+        if s.pos < len(s.text) and s.text[s.pos] not in "\n}":
+            raise s.error("unexpected text after the instruction (expected ',' and an attribute, or a new line)")
+        comp.instructions.append(inst)
+        self._defined[name] = inst
+        return inst, is_root, start
+
+    def _head(self) -> tuple[bool, int, str, Shape, int, str]:
+        s = self.s
+        start = s.pos
+        is_root = False
+        if s.try_name() == "ROOT":
+            s.name(sigil=False)
+            if s.peek() == "=":  # an instruction that happens to be named ROOT
+                s.pos = start
+            else:
+                is_root = True
+        s.skip()
+        name_pos = s.pos
+        name = s.name("an instruction name")
+        s.expect("=")
+        shape = self.shape()
+        s.skip()
+        opcode_pos = s.pos
+        m = _OPCODE.match(s.text, opcode_pos)
+        if m is None:
+            raise s.error("expected an opcode")
+        s.pos = m.end()
+        return is_root, name_pos, name, shape, opcode_pos, m.group(0)
+
+    def _constant(self, inst: Instruction) -> None:
+        s = self.s
+        s.skip()
+        pos = s.pos
+        span = s.balanced()
+        try:
+            inst.attrs["literal"] = parse_literal(span[1:-1], inst.shape)
+        except ValueError as e:
+            raise s.error(f"bad literal for constant %{inst.name} of shape {inst.shape}: {e}", pos) from None
+
+    def _operands(self, comp: Computation) -> list[str]:
+        s = self.s
+        text = s.text
+        simple = _SIMPLE_OPERANDS.match(text, s.pos)
+        if simple is not None:  # '(%a, %b)' without inline shapes or comments
+            names = []
+            if simple.group(1):
+                offset = simple.start(1)
+                for piece in simple.group(1).split(", "):
+                    name = piece[1:] if piece.startswith("%") else piece
+                    if name not in self._defined:
+                        raise s.error(f"undefined instruction %{name} in computation {comp.name}", offset)
+                    names.append(name)
+                    offset += len(piece) + 2
+            s.pos = simple.end()
+            return names
+        s.expect("(")
+        names = []
+        if s.accept(")"):
+            return names
+        while True:
+            s.skip()
+            pos = s.pos
+            declared = None
+            if text.startswith("(", pos) or _NAME_THEN_BRACKET.match(text, pos):
+                declared = self.shape()
+            name_pos = s.pos if declared is None else _after_skip(s)
+            name = s.name("an operand name")
+            operand = self._defined.get(name)
+            if operand is None:
+                raise s.error(f"undefined instruction %{name} in computation {comp.name}", name_pos)
+            if declared is not None and not declared.compatible(operand.shape):
+                raise s.error(f"operand %{name} is declared as {declared} but has shape {operand.shape}", pos)
+            names.append(name)
+            if s.accept(","):
+                continue
+            s.expect(")", "',' or ')' in the operand list")
+            return names
+
+    def _attributes(self, inst: Instruction) -> None:
+        s = self.s
+        text = s.text
+        while True:
+            m = _ATTR_KEY.match(text, s.pos)
+            if m is not None:  # ', key=' in one step
+                key_pos = m.start(1)
+                key = m.group(1)
+                s.pos = m.end()
+            else:
+                before = s.pos
+                if not s.accept(","):
+                    s.pos = before  # keep the line break: the caller checks the instruction ends here
+                    return
+                s.skip()
+                key_pos = s.pos
+                key = s.name("an attribute name", sigil=False)
+                s.expect("=")
+            s.skip()
+            value_pos = s.pos
+            flat = _FLAT_BRACES.match(text, value_pos) if text.startswith("{", value_pos) else None
+            if flat is not None and text[flat.end():flat.end() + 1] in ("", ",", "\n", "\r"):
+                raw = flat.group(0)
+                s.pos = flat.end()
+            else:
+                raw = s.raw_value()
+            if attributes.is_dropped(key, inst.opcode):
+                continue
+            spec = attributes.SPECS.get(key)
+            if spec is None:
+                raise s.error(f"unknown attribute {key!r} on {inst.opcode} (it may change what the "
+                              "instruction computes)", key_pos)
+            try:
+                value = spec.parse(raw)
+            except (ValueError, ProgramError) as e:
+                raise s.error(f"bad value for attribute {key}: {e}", value_pos) from None
+            if spec.ir_name in inst.attrs:
+                raise s.error(f"attribute {key} given twice", key_pos)
+            inst.attrs[spec.ir_name] = value
+            if spec.ir_name in _COMPUTATION_VALUED:
+                for called in [value] if isinstance(value, str) else value:
+                    self._computation_refs.append((called, value_pos))
+
+    # -- shapes ----------------------------------------------------------------------------------
+    def shape(self) -> Shape:
+        s = self.s
+        s.skip()
+        pos = s.pos
+        text = s.text
+        if text.startswith("(", pos):
+            s.pos += 1
+            elements: list[Shape] = []
+            if not s.accept(")"):
+                while True:
+                    elements.append(self.shape())
+                    if s.accept(","):
+                        continue
+                    s.expect(")", "',' or ')' in a tuple shape")
+                    break
+            return Shape.tuple(elements)
+        m = _ARRAY_SHAPE.match(text, pos)
+        if m is not None:
+            s.pos = m.end()
+            return self._array_shape(m.group(0), pos)
+        parser = _ShapeParser(text, pos)  # e.g. a bare 'token'
+        try:
+            shape = parser.shape()
+        except ProgramError:
+            raise s.error("expected a shape", pos) from None
+        s.pos = parser.pos
+        return shape
+
+    def _array_shape(self, key: str, pos: int) -> Shape:
+        shape = self._shapes.get(key)
+        if shape is None:
+            try:
+                shape = Shape.parse(key)
+            except ProgramError as e:
+                raise self.s.error(f"bad shape {key!r}: {e}", pos) from None
+            self._shapes[key] = shape
+        return shape
+
+
+def _after_skip(s: Scanner) -> int:
+    s.skip()
+    return s.pos
+
+
+def parse_module(text: str) -> Module:
+    parser = HloParser(text)
+    try:
+        return parser.module()
+    except ProgramError:
+        raise
+    except RecursionError:
+        raise parser.s.error("nesting too deep") from None
+    except Exception as e:  # an internal slip must still say where in the text it happened
+        raise parser.s.error(f"cannot parse ({type(e).__name__}: {e})") from e

@@ -1,0 +1,30 @@
+"""HLO module text: read what XLA and JAX print, and print in the same style.
+
+    m = parse_hlo(text)        # -> replicas.hlo.ir.Module (ProgramError with line/column on bad text)
+    text = print_module(m)     # parse_hlo(print_module(m)) == m
+
+Syntax pieces live in their own modules: `lexer` (scanning), `parser` (the grammar),
+`attributes` (each attribute's value syntax), `literals` (constants), `printer`.
+"""
+
+from __future__ import annotations
+
+from replicas.errors import ProgramError
+from replicas.hlo.ir import Module
+from replicas.hlo.parser import parse_module
+from replicas.hlo.printer import print_module
+
+
+def parse_hlo(text: str) -> Module:
+    """Parse HLO module text (`HloModule name, ...` followed by computations)."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ProgramError(f"HLO text is not UTF-8: {e}") from None
+    if not isinstance(text, str):
+        raise ProgramError(f"parse_hlo expects a str, got {type(text).__name__}")
+    return parse_module(text)
+
+
+__all__ = ["parse_hlo", "print_module"]
