@@ -139,3 +139,41 @@ def test_packed_replicas_share_an_actor():
     results = rp.run(all_reduce_module(4), [x], num_replicas=4, replicas_per_actor=2)
     for total, _, _ in results:
         np.testing.assert_array_equal(total, 4 * x + 6)
+
+
+CUSTOM = """\
+HloModule custom, replica_count=2
+
+ENTRY main {
+  x = f32[4] parameter(0)
+  ROOT y = f32[4] custom-call(x), custom_call_target="double_it"
+}
+"""
+
+
+def test_custom_calls_registered_on_the_driver_run_on_the_actors():
+    from replicas.ops.custom_call import unregister_custom_call
+
+    m = rp.parse_hlo(CUSTOM)
+    rp.register_custom_call("double_it", lambda x: (2 * x).astype(np.float32))
+    try:
+        results = rp.run(m, [np.arange(4, dtype=np.float32)], num_replicas=2)
+    finally:
+        unregister_custom_call("double_it")
+    for y in results:
+        np.testing.assert_array_equal(y, 2 * np.arange(4, dtype=np.float32))
+
+
+def test_a_replica_that_raises_is_named():
+    from replicas.ops.custom_call import unregister_custom_call
+
+    def boom(x):
+        raise ValueError("bad batch")
+
+    m = rp.parse_hlo(CUSTOM)
+    rp.register_custom_call("double_it", boom)
+    try:
+        with pytest.raises(rp.ProgramError, match="double_it|bad batch"):
+            rp.run(m, [np.arange(4, dtype=np.float32)], num_replicas=2)
+    finally:
+        unregister_custom_call("double_it")

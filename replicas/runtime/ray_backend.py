@@ -71,10 +71,15 @@ class ReplicaHost:
         self._executables: dict[bytes, Executable] = {}
 
     def setup(self, replica_ids: list[int], num_replicas: int, module_bytes: bytes, strict: bool,
-              record_every_instruction: bool) -> None:
+              record_every_instruction: bool, custom_calls: dict[str, Any] | None = None) -> None:
         import hashlib
 
+        from replicas.ops.custom_call import register_custom_call
         from replicas.runtime.threads import ReplicaRunner
+
+        # The driver's registered custom calls (never names from the program) run here too.
+        for name, fn in (custom_calls or {}).items():
+            register_custom_call(name, fn)
 
         digest = hashlib.sha256(module_bytes).digest()
         executable = self._executables.get(digest)
@@ -283,8 +288,11 @@ class RayBackend:
             for r in ids:
                 self._actor_of[r] = actor
         self._groups = groups
+        from replicas.ops.custom_call import registered_custom_calls
+
+        calls = registered_custom_calls() or None
         try:
-            ray.get([a.setup.remote(ids, n, module_ref, strict, record_every_instruction)
+            ray.get([a.setup.remote(ids, n, module_ref, strict, record_every_instruction, calls)
                      for a, ids in zip(self._actors, groups)])
             ray.get([a.connect.remote(self._actor_of) for a in self._actors])
             ray.get([a.start.remote({r: args[r] for r in ids}) for a, ids in zip(self._actors, groups)])
