@@ -8,6 +8,7 @@ with `exc` (deadlock, mismatch, cancel).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
 from collections.abc import Hashable
@@ -26,6 +27,10 @@ class Mailbox:
         self._abort: BaseException | None = None
         self._outfeed: deque[Any] = deque()
         self._to_host: dict[int, deque[Any]] = {}  # channel id -> values sent to the host
+        # What the replica's thread is waiting for: a delivery wakes it only when this empties.
+        self._missing: set[tuple[int, Hashable]] | None = None
+        self._block: BlockInfo | None = None
+        self._missing: list[tuple[int, Hashable]] = []  # what the blocked replica waits for
 
     # -- delivery (any thread) -------------------------------------------------------------------
     def deliver(self, src: int, key: Hashable, value: Any) -> None:
@@ -35,7 +40,13 @@ class Mailbox:
             self._messages[(src, key)] = value
             self.state.received[src] = self.state.received.get(src, 0) + 1
             self.state.progress += 1
-            self._cond.notify_all()
+            missing = self._missing
+            if missing is not None and (src, key) in missing:
+                missing.discard((src, key))
+                if missing:
+                    self._block.waits_for = tuple(dict.fromkeys(s for s, _ in missing))
+                else:
+                    self._cond.notify_all()
 
     def count_sent(self, dst: int) -> None:
         with self._cond:
@@ -59,27 +70,27 @@ class Mailbox:
         """Block until every (src, key) in `wanted` has arrived; return the values in order."""
         msgs = self._messages
         with self._cond:
-            missing = [w for w in wanted if w not in msgs]
+            if self._abort is not None:
+                raise self._abort
+            missing = {w for w in wanted if w not in msgs}
             if missing:
                 state = self.state
                 block.waits_for = tuple(dict.fromkeys(src for src, _ in missing))
+                self._missing = missing
+                self._block = block
                 state.block = block
                 state.status = "blocked"
                 try:
-                    while True:
+                    while missing:
                         if self._abort is not None:
                             raise self._abort
-                        missing = [w for w in missing if w not in msgs]
-                        if not missing:
-                            break
-                        block.waits_for = tuple(dict.fromkeys(src for src, _ in missing))
                         self._cond.wait(_POLL)
                 finally:
+                    self._missing = None
+                    self._block = None
                     state.block = None
                     if state.status == "blocked":
                         state.status = "running"
-            elif self._abort is not None:
-                raise self._abort
             self.state.progress += 1
             return [msgs.pop(w) for w in wanted]
 
@@ -122,7 +133,16 @@ class Mailbox:
     def snapshot(self) -> ReplicaState:
         with self._cond:
             s = self.state
-            return ReplicaState(s.replica, s.status, s.block, s.instruction, s.progress, dict(s.sent),
+            status, block = s.status, s.block
+            if status == "blocked" and block is not None:
+                # The waiting thread may not have woken yet to see a delivered message: publish what is
+                # really missing, and "running" when nothing is (it is about to take its messages).
+                missing = [w for w in self._missing if w not in self._messages]
+                if not missing:
+                    status, block = "running", None
+                else:
+                    block = dataclasses.replace(block, waits_for=tuple(dict.fromkeys(src for src, _ in missing)))
+            return ReplicaState(s.replica, status, block, s.instruction, s.progress, dict(s.sent),
                                 dict(s.received), s.error, s.collectives_done, s.node)
 
     def set_status(self, status: str, error: str | None = None) -> None:
