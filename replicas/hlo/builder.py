@@ -1,0 +1,64 @@
+"""XlaBuilder: build a Module op by op, with the ops of XLA's Operation Semantics page.
+
+    adder = XlaBuilder("add")                       # sub-computations are built the same way
+    add = adder.build(adder.parameter(0, "f32[]") + adder.parameter(1, "f32[]"))
+    b = XlaBuilder("main", replica_count=4)
+    x = b.parameter(0, Shape.parse("f32[4,8]"), "x")
+    m = b.build(b.all_reduce(x * 2.0, add))         # a Module; `add` is copied in
+
+Every op infers its shape when it is added (ProgramError naming the op and the rule otherwise);
+instructions follow docs/ir.md, are named `<opcode>.<n>` (unique in the module) and keep their
+creation order. The methods are grouped by family in the `builder_*.py` mixins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from replicas.errors import ProgramError
+from replicas.hlo.builder_comm import CommOps, format_source_target_pairs
+from replicas.hlo.builder_compute import ComputeOps, conv_dimension_numbers, padding_pairs
+from replicas.hlo.builder_core import XlaOp
+from replicas.hlo.builder_data import DataOps
+from replicas.hlo.builder_elementwise import ElementwiseOps
+from replicas.hlo.ir import Computation, Instruction, Module
+
+
+class XlaBuilder(ElementwiseOps, DataOps, ComputeOps, CommOps):
+    """Builds one computation (the entry of the Module `build` returns)."""
+
+    def __init__(self, name: str, replica_count: int | None = None) -> None:
+        super().__init__(name, replica_count)
+
+    def build(self, root: XlaOp | Sequence[XlaOp] | None = None) -> Module:
+        """The Module whose entry is this builder's computation, rooted at `root` (a list or tuple of
+        ops becomes a tuple root; None means the last op added). Called computations come first."""
+        if isinstance(root, (list, tuple)):
+            root = self.tuple(list(root))
+        if root is None:
+            if not self._computation.instructions:
+                raise ProgramError(f"XlaBuilder {self.name!r}: nothing to build (no instructions)")
+            root_name = self._computation.instructions[-1].name
+        else:
+            root_name = self._op(root, "root").name
+        module = Module(self.name)
+        for name, comp in self._imported.items():
+            module.add(_copy(comp, name))
+        entry = _copy(self._computation, self.name)
+        entry.root = root_name
+        module.add(entry)
+        module.entry = self.name
+        if self.replica_count is not None:
+            module.attrs["replica_count"] = self.replica_count
+        return module
+
+
+def _copy(comp: Computation, name: str) -> Computation:
+    out = Computation(name, is_fusion=comp.is_fusion)
+    for inst in comp.instructions:
+        out.add(Instruction(inst.name, inst.opcode, inst.shape, list(inst.operands), dict(inst.attrs), inst.line))
+    out.root = comp.root
+    return out
+
+
+__all__ = ["XlaBuilder", "XlaOp", "conv_dimension_numbers", "padding_pairs", "format_source_target_pairs"]

@@ -1,0 +1,384 @@
+"""Shape rules of the ops that talk to other replicas, the host or the runtime: collectives,
+send/recv, infeed/outfeed, tokens, async wrappers, rng, custom-call, replica-id."""
+
+from __future__ import annotations
+
+from replicas.hlo.shape_inference_base import (
+    PRED,
+    U32,
+    Ctx,
+    array_shape,
+    check_param_shapes,
+    check_replica_groups,
+    check_scalar_computation,
+    compatible,
+    rule,
+    scalar,
+    tuple_or_single,
+)
+from replicas.shapes import PrimitiveType, Shape
+
+U64 = PrimitiveType.U64
+
+
+def _arrays(c: Ctx) -> list[Shape]:
+    c.count(at_least=1)
+    return [c.array(i) for i in range(len(c.operands))]
+
+
+def _collective_dim(c: Ctx, shapes: list[Shape]) -> int:
+    dims = c.int_list("dimensions")
+    if len(dims) != 1:
+        raise c.fail(f"dimensions must hold exactly one dimension, got {dims}")
+    d = dims[0]
+    for s in shapes:
+        if not 0 <= d < s.rank:
+            raise c.fail(f"dimension {d} out of range for operand {s}")
+    return d
+
+
+def _check_all_reduce_computation(c: Ctx, shapes: list[Shape]) -> None:
+    comp = c.computation("to_apply")
+    types = {s.element_type for s in shapes}
+    if len(types) == 1:
+        t = shapes[0].element_type
+        check_scalar_computation(c, comp, [t, t], [t], "reduction computation")
+    elif len(comp.parameter_shapes) != 2:
+        raise c.fail(f"reduction computation {comp.name} must take 2 parameters")
+
+
+def _scaled_shapes(c: Ctx, shapes: list[Shape], group: int | None, multiply: bool) -> list[Shape] | None:
+    d = _collective_dim(c, shapes)
+    if group is None:
+        return None
+    out = []
+    for s in shapes:
+        dims = list(s.dimensions)
+        if multiply:
+            dims[d] *= group
+        else:
+            if dims[d] % group:
+                raise c.fail(f"dimension {d} of operand {s} (size {dims[d]}) is not divisible by the group size "
+                             f"{group}")
+            dims[d] //= group
+        out.append(array_shape(s.element_type, dims))
+    return out
+
+
+def _check_declared_scaled(c: Ctx, shapes: list[Shape], multiply: bool) -> None:
+    """Without a known group size, check the declared result differs only in the collective dimension."""
+    r = c.result
+    if r is None:
+        return
+    d = _collective_dim(c, shapes)
+    leaves = r.tuple_shapes if len(shapes) > 1 and r.is_tuple else (r,)
+    if c.opcode.endswith("-start"):
+        leaves = r.tuple_shapes[1].tuple_shapes if len(shapes) > 1 else r.tuple_shapes[1:2]
+    for s, out in zip(shapes, leaves):
+        big, small = (out, s) if multiply else (s, out)
+        ok = (out.is_array and out.rank == s.rank and out.element_type is s.element_type
+              and all(a == b for i, (a, b) in enumerate(zip(out.dimensions, s.dimensions)) if i != d)
+              and (small.dimensions[d] == 0 and big.dimensions[d] == 0
+                   or small.dimensions[d] and big.dimensions[d] % small.dimensions[d] == 0))
+        if not ok:
+            raise c.fail(f"result {out} does not fit operand {s} along dimension {d}")
+
+
+@rule("all-reduce", "all-reduce-start")
+def _all_reduce(c: Ctx) -> Shape:
+    shapes = _arrays(c)
+    check_replica_groups(c, uniform=False)
+    _check_all_reduce_computation(c, shapes)
+    return tuple_or_single(shapes)
+
+
+@rule("all-gather", "all-gather-start")
+def _all_gather(c: Ctx) -> Shape | None:
+    shapes = _arrays(c)
+    group = check_replica_groups(c, uniform=True)
+    out = _scaled_shapes(c, shapes, group, multiply=True)
+    if out is None:
+        _check_declared_scaled(c, shapes, multiply=True)
+        return None
+    if c.opcode == "all-gather-start":
+        return Shape.tuple([tuple_or_single(shapes), tuple_or_single(out)])
+    return tuple_or_single(out)
+
+
+@rule("reduce-scatter")
+def _reduce_scatter(c: Ctx) -> Shape | None:
+    shapes = _arrays(c)
+    group = check_replica_groups(c, uniform=True)
+    _check_all_reduce_computation(c, shapes)
+    out = _scaled_shapes(c, shapes, group, multiply=False)
+    if out is None:
+        _check_declared_scaled(c, shapes, multiply=False)
+        return None
+    return tuple_or_single(out)
+
+
+@rule("all-to-all")
+def _all_to_all(c: Ctx) -> Shape:
+    shapes = _arrays(c)
+    group = check_replica_groups(c, uniform=True)
+    if c.attrs.get("dimensions"):
+        if len(shapes) != 1:
+            raise c.fail(f"the array form (with dimensions) takes one operand, got {len(shapes)}")
+        d = _collective_dim(c, shapes)
+        if group is not None and shapes[0].dimensions[d] % group:
+            raise c.fail(f"split dimension {d} of operand {shapes[0]} (size {shapes[0].dimensions[d]}) is not "
+                         f"divisible by the group size {group}")
+        return shapes[0]
+    for i, s in enumerate(shapes):
+        if not compatible(s, shapes[0]):
+            raise c.fail(f"operand {i} {s} differs from operand 0 {shapes[0]} (tuple all-to-all)")
+    if group is not None and len(shapes) != group:
+        raise c.fail(f"tuple all-to-all needs one operand per group member ({group}), got {len(shapes)}")
+    return Shape.tuple(shapes)
+
+
+def check_source_target_pairs(c: Ctx) -> None:
+    pairs = c.attr("source_target_pairs", [])
+    sources: set[int] = set()
+    targets: set[int] = set()
+    n = c.num_replicas
+    for pair in pairs:
+        if len(pair) != 2:
+            raise c.fail(f"source_target_pairs entry {pair!r} is not a pair")
+        s, t = int(pair[0]), int(pair[1])
+        for r in (s, t):
+            if r < 0 or (n is not None and r >= n):
+                raise c.fail(f"source_target_pairs entry {{{s},{t}}}: id {r} out of range"
+                             + (f" for {n} replicas" if n is not None else ""))
+        if s in sources:
+            raise c.fail(f"source_target_pairs has duplicate source {s}")
+        if t in targets:
+            raise c.fail(f"source_target_pairs has duplicate target {t}")
+        sources.add(s)
+        targets.add(t)
+
+
+@rule("collective-permute", "collective-permute-start")
+def _collective_permute(c: Ctx) -> Shape | None:
+    shapes = _arrays(c)
+    check_source_target_pairs(c)
+    if len(shapes) not in (1, 4):
+        raise c.fail(f"expects one operand, got {len(shapes)}")
+    s = shapes[0] if len(shapes) == 1 else shapes[1]
+    if c.opcode == "collective-permute":
+        return s
+    r = c.result
+    if r is not None and r.is_tuple and len(r.tuple_shapes) > 2:
+        # Older XLA adds u32[] context scalars after (operand, result).
+        if not (compatible(r.tuple_shapes[0], s) and compatible(r.tuple_shapes[1], s)):
+            raise c.fail(f"result {r} must start with (operand, result) = ({s}, {s})")
+        return None
+    return Shape.tuple([s, s])
+
+
+@rule("collective-broadcast")
+def _collective_broadcast(c: Ctx) -> Shape:
+    shapes = _arrays(c)
+    check_replica_groups(c, uniform=True)
+    return tuple_or_single(shapes)
+
+
+@rule("all-reduce-done", "collective-broadcast-done")
+def _done_same(c: Ctx) -> Shape:
+    c.count(1)
+    return c.operands[0]
+
+
+@rule("all-gather-done", "collective-permute-done", "async-done", "copy-done")
+def _done_second(c: Ctx) -> Shape:
+    c.count(1)
+    s = c.operands[0]
+    if not s.is_tuple or len(s.tuple_shapes) < 2:
+        raise c.fail(f"operand must be the tuple produced by the matching start, got {s}")
+    return s.tuple_shapes[1]
+
+
+@rule("copy-start")
+def _copy_start(c: Ctx) -> Shape | None:
+    c.count(1)
+    s = c.operands[0]
+    return None if c.result is not None else Shape.tuple([s, s, scalar(U32)])
+
+
+@rule("async-start")
+def _async_start(c: Ctx) -> None:
+    comp = c.computation("calls")
+    check_param_shapes(c, comp, c.operands, "wrapped computation")
+    r = c.result
+    if r is not None:
+        want0 = Shape.tuple(list(c.operands))
+        if not r.is_tuple or len(r.tuple_shapes) < 2:
+            raise c.fail(f"result must be ((operands...), result, context...), got {r}")
+        if not compatible(r.tuple_shapes[0], want0) or not compatible(r.tuple_shapes[1], comp.result_shape):
+            raise c.fail(f"result {r} must start with ({want0}, {comp.result_shape})")
+    return None
+
+
+@rule("async-update")
+def _async_update(c: Ctx) -> Shape:
+    c.count(1)
+    return c.operands[0]
+
+
+def _channel(c: Ctx) -> None:
+    cid = c.attrs.get("channel_id")
+    if cid is not None and (not isinstance(cid, int) or cid < 0):
+        raise c.fail(f"channel_id must be a non-negative integer, got {cid!r}")
+
+
+def _is_context(s: Shape) -> bool:
+    return (s.is_tuple and len(s.tuple_shapes) == 3 and compatible(s.tuple_shapes[1], scalar(U32))
+            and s.tuple_shapes[2].is_token)
+
+
+@rule("send")
+def _send(c: Ctx) -> Shape:
+    c.count(2)
+    _channel(c)
+    c.token(1, "operand 1 (the token)")
+    return Shape.tuple([c.operands[0], scalar(U32), Shape.token()])
+
+
+@rule("recv")
+def _recv(c: Ctx) -> None:
+    c.count(1)
+    _channel(c)
+    c.token(0, "operand 0 (the token)")
+    if c.result is not None and not _is_context(c.result):
+        raise c.fail(f"result must be (data, u32[], token[]), got {c.result}")
+    return None
+
+
+@rule("send-done")
+def _send_done(c: Ctx) -> Shape:
+    c.count(1)
+    _channel(c)
+    if not _is_context(c.operands[0]):
+        raise c.fail(f"operand must be a send's (data, u32[], token[]), got {c.operands[0]}")
+    return Shape.token()
+
+
+@rule("recv-done")
+def _recv_done(c: Ctx) -> Shape:
+    c.count(1)
+    _channel(c)
+    s = c.operands[0]
+    if not _is_context(s):
+        raise c.fail(f"operand must be a recv's (data, u32[], token[]), got {s}")
+    return Shape.tuple([s.tuple_shapes[0], Shape.token()])
+
+
+@rule("infeed")
+def _infeed(c: Ctx) -> None:
+    c.count(1)
+    c.token(0, "operand 0 (the token)")
+    r = c.result
+    if r is not None and not (r.is_tuple and len(r.tuple_shapes) == 2 and r.tuple_shapes[1].is_token):
+        raise c.fail(f"result must be (data, token[]), got {r}")
+    return None
+
+
+@rule("outfeed")
+def _outfeed(c: Ctx) -> Shape:
+    c.count(2)
+    c.token(1, "operand 1 (the token)")
+    declared = c.attrs.get("outfeed_shape")
+    if declared is not None and not compatible(declared, c.operands[0]):
+        raise c.fail(f"outfeed_shape {declared} does not match the data operand {c.operands[0]}")
+    return Shape.token()
+
+
+@rule("after-all")
+def _after_all(c: Ctx) -> Shape:
+    for i in range(len(c.operands)):
+        c.token(i)
+    return Shape.token()
+
+
+@rule("add-dependency")
+def _add_dependency(c: Ctx) -> Shape:
+    c.count(2)
+    c.token(1, "operand 1 (the token)")
+    return c.operands[0]
+
+
+@rule("opt-barrier", "domain")
+def _identity(c: Ctx) -> Shape:
+    c.count(1)
+    return c.operands[0]
+
+
+@rule("replica-id", "partition-id")
+def _replica_id(c: Ctx) -> Shape:
+    c.count(0)
+    return scalar(U32)
+
+
+@rule("rng")
+def _rng(c: Ctx) -> None:
+    c.count(2)
+    a, b = c.array(0, "a"), c.array(1, "b")
+    dist = c.attr("distribution")
+    if not (a.is_scalar and b.is_scalar and a.element_type is b.element_type):
+        raise c.fail(f"parameters {a} and {b} must be scalars of the same type")
+    t = a.element_type
+    if dist == "rng_normal" and not t.is_floating:
+        raise c.fail(f"rng_normal needs floating-point parameters, got {t.value}")
+    if dist == "rng_uniform" and not (t.is_floating or t.is_integral or t is PRED):
+        raise c.fail(f"rng_uniform needs numeric parameters, got {t.value}")
+    if dist not in ("rng_normal", "rng_uniform"):
+        raise c.fail(f"distribution must be rng_uniform or rng_normal, got {dist!r}")
+    r = c.result
+    if r is not None and (not r.is_array or r.element_type is not t):
+        raise c.fail(f"result {r} must be an array of the parameters' type {t.value}")
+    return None
+
+
+@rule("rng-bit-generator")
+def _rng_bit_generator(c: Ctx) -> None:
+    c.count(1)
+    state = c.array(0, "state")
+    if state.rank != 1 or not state.element_type.is_unsigned_integral:
+        raise c.fail(f"state {state} must be a rank-1 unsigned integer array")
+    algorithm = c.attr("algorithm", "rng_default")
+    if algorithm not in ("rng_default", "rng_three_fry", "rng_philox"):
+        raise c.fail(f"unknown algorithm {algorithm!r}")
+    r = c.result
+    if r is not None:
+        if not (r.is_tuple and len(r.tuple_shapes) == 2 and compatible(r.tuple_shapes[0], state)
+                and r.tuple_shapes[1].is_array):
+            raise c.fail(f"result must be (state {state}, data), got {r}")
+    return None
+
+
+@rule("rng-get-and-update-state")
+def _rng_state(c: Ctx) -> Shape:
+    c.count(0)
+    return array_shape(U64, [2])
+
+
+@rule("custom-call")
+def _custom_call(c: Ctx) -> None:
+    target = c.attr("custom_call_target")
+    if not isinstance(target, str) or not target:
+        raise c.fail(f"custom_call_target must be a non-empty string, got {target!r}")
+    return None
+
+
+@rule("ragged-all-to-all")
+def _ragged_all_to_all(c: Ctx) -> Shape:
+    c.count(6)
+    data, output = c.array(0, "input"), c.array(1, "output")
+    if data.element_type is not output.element_type or data.rank != output.rank:
+        raise c.fail(f"output {output} must have the input's element type and rank ({data})")
+    check_replica_groups(c, uniform=True)
+    for i, what in enumerate(("input_offsets", "send_sizes", "output_offsets", "recv_sizes"), start=2):
+        s = c.array(i, what)
+        if not s.element_type.is_integral:
+            raise c.fail(f"{what} {s} must be integers")
+    return output
