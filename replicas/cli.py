@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from replicas.errors import CollectiveMismatchError, DeadlockError, ReplicasError
+from replicas.errors import CollectiveMismatchError, DeadlockError, ProgramError, ReplicasError
 
 DEMO_HLO = """\
 HloModule all_reduce_demo, replica_count=4
@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--backend", default="ray", choices=("ray", "threads"))
     p_check = sub.add_parser("check", help="run on N threads (no Ray) and report deadlocks and mismatches")
     _common(p_check)
+    p_check.add_argument("--lenient", action="store_true",
+                         help="pair different collective instructions of the same form (strict=False)")
     p_trace = sub.add_parser("trace", help="run and write a Chrome trace-event file (Perfetto)")
     _common(p_trace)
     p_trace.add_argument("--out", default="trace.json")
@@ -134,17 +136,25 @@ def _dispatch(ns: argparse.Namespace) -> int:
             print(f"replica {r}: all-reduce = {total.tolist()}")
             print(f"           all-gather = {gathered.tolist()}")
         return 0
-    module = rp.load(ns.program)
+    try:
+        module = rp.load(ns.program)
+    except ProgramError as e:
+        if ns.command != "check":
+            raise
+        print(f"ProgramError: {e}")  # an invalid program is what `check` reports, before running anything
+        return 2
     n = ns.replicas or module.attrs.get("replica_count") or module.num_partitions or 1
     args = load_args(ns.args, n)
     if ns.command == "check":
-        from replicas.diagnostics.check import check
+        from replicas.diagnostics.check import check, describe
 
-        problem = check(module, args, n, timeout=ns.timeout)
+        if args is None and module.entry_computation.parameters:
+            print("note: no --args given: every parameter is zeros")
+        problem = check(module, args, n, timeout=ns.timeout, strict=not ns.lenient)
         if problem is None:
             print(f"ok: {Path(ns.program).name} ran on {n} replicas with no deadlock, mismatch or error")
             return 0
-        print(f"{type(problem).__name__}: {problem}")
+        print(describe(problem))
         return 3 if isinstance(problem, (DeadlockError, CollectiveMismatchError)) else 2
     if ns.command == "trace":
         rp.run(module, args, num_replicas=n, timeout=ns.timeout, trace=ns.out, backend=ns.backend)

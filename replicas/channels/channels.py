@@ -30,7 +30,7 @@ import numpy as np
 
 from replicas.channels.feeds import host_value_checker, reject_nested_tuple
 from replicas.collectives.groups import parse_pairs
-from replicas.collectives.kernels import zeros_of
+from replicas.collectives.kernels import computation_of, zeros_of
 from replicas.diagnostics.state import BlockInfo
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Instruction
@@ -158,12 +158,14 @@ def make_send_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     fabric = ctx.fabric
     state = channel_state(fabric)
     name, opcode = inst.name, inst.opcode
+    computation = computation_of(ctx, inst)
 
     def send_done(started: Any) -> Any:
         posted = state.pop(("send", channel, int(started[1])), None)
         if posted:
             seq = posted[0][1]
-            block = BlockInfo("send-done", name, opcode, needs="one", seq=seq, channel_id=channel)
+            block = BlockInfo("send-done", name, opcode, needs="one", seq=seq, channel_id=channel,
+                              computation=computation)
             wait = _Wait(fabric, "send-done", inst, channel_id=channel, seq=seq)
             fabric.recv_all([(t, ("chan-ack", channel, s)) for t, s in posted], block)
             wait.done()
@@ -214,12 +216,13 @@ def make_recv_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     fabric = ctx.fabric
     data_shape = _recv_data_shape(inst)
     name, opcode = inst.name, inst.opcode
+    computation = computation_of(ctx, inst)
     if inst.attrs.get("is_host_transfer"):
         reject_nested_tuple(inst, data_shape)
         check = host_value_checker(inst, ctx.replica_id, data_shape, f"host transfer on channel {channel}")
 
         def recv_done_from_host(started: Any) -> Any:
-            block = BlockInfo("recv-done", name, opcode, needs="one", channel_id=channel)
+            block = BlockInfo("recv-done", name, opcode, needs="one", channel_id=channel, computation=computation)
             wait = _Wait(fabric, "recv-done", inst, channel_id=channel, peer="host")
             value = fabric.from_host(channel, block)
             wait.done()
@@ -234,7 +237,8 @@ def make_recv_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         if pending is None:  # this replica is no target of the channel
             return (zeros_of(data_shape), TOKEN)
         source, seq = pending
-        block = BlockInfo("recv-done", name, opcode, needs="one", seq=seq, channel_id=channel)
+        block = BlockInfo("recv-done", name, opcode, needs="one", seq=seq, channel_id=channel,
+                          computation=computation)
         wait = _Wait(fabric, "recv-done", inst, channel_id=channel, peer=source, seq=seq)
         data = fabric.recv(source, ("chan", channel, seq), block)
         wait.done()

@@ -104,9 +104,12 @@ def make_infeed(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     fabric = ctx.fabric
     check = host_value_checker(inst, ctx.replica_id, data_shape, "infeed")
     name, opcode = inst.name, inst.opcode
+    from replicas.collectives.kernels import computation_of
+
+    computation = computation_of(ctx, inst)
 
     def infeed(*token: Any) -> Any:
-        block = BlockInfo("infeed", name, opcode, needs="one")
+        block = BlockInfo("infeed", name, opcode, needs="one", computation=computation)
         recorder = fabric.recorder
         event = recorder.begin("infeed", name, opcode) if recorder is not None else None
         value = fabric.infeed(block)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from replicas.diagnostics.report import MismatchReport
 from replicas.errors import CollectiveMismatchError
 from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
 from replicas.ops.recognize import binary_reducer
@@ -201,7 +202,7 @@ def mismatch_error(seq: int, me: int, own: Fingerprint, peer: int, theirs: tuple
     message = (f"collective #{seq}: replica {me} is in {own.describe()} but replica {peer} is in "
                f"{other_text}: {details}")
     error = CollectiveMismatchError(message)
-    error.report = {
+    error.report = MismatchReport({
         "collective": seq,
         "replicas": [me, peer],
         "instructions": {
@@ -212,7 +213,7 @@ def mismatch_error(seq: int, me: int, own: Fingerprint, peer: int, theirs: tuple
                    for field, e, f in differences],
         "expected": own.as_dict(),
         "found": _safe_dict(other),
-    }
+    })
     return error
 
 

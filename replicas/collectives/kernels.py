@@ -66,7 +66,8 @@ class Collective:
         recorder = getattr(self.fabric, "recorder", None)
         if recorder is None:
             return algorithm(ex, *args)
-        event = recorder.begin("collective", self.inst.name, self.inst.opcode, seq=ex.seq, group=list(self.group))
+        event = recorder.begin("collective", self.inst.name, self.inst.opcode, seq=ex.seq, group=list(self.group),
+                               fingerprint=self.fingerprint_dict)
         try:
             result = algorithm(ex, *args)
         except BaseException as e:

@@ -1,24 +1,91 @@
-"""`replicas check`: run every replica as a thread of this process and report what goes wrong."""
+"""`replicas check`: run every replica as a thread of this process and report what goes wrong.
+
+Besides what `rp.run` reports (deadlocks, mismatches, failures), a check looks at the messages
+left in the replicas' mailboxes once every replica finished: a message nobody took is a silent
+bug that no wait revealed, such as a collective-permute whose target skipped it (sources never
+wait), or a Send whose peer posted its Recv but never ran the RecvDone.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
-from replicas.errors import ReplicasError
+from replicas.diagnostics.report import mismatch_diff
+from replicas.diagnostics.state import HOST
+from replicas.errors import CollectiveMismatchError, ProgramError, ReplicasError
 from replicas.hlo.ir import Module
 
 
 def check(module: Module, args: Sequence[Any] | None = None, num_replicas: int = 2, *,
           timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None,
           strict: bool = True) -> ReplicasError | None:
-    """Run `module` on `num_replicas` threads; None if it completes, else the error it raised
+    """Run `module` on `num_replicas` threads; None if it completes cleanly, else the error it raised
     (DeadlockError, CollectiveMismatchError, ProgramError, ReplicaFailure, ExecutionTimeout),
-    with the same report `rp.run` gives."""
-    from replicas.runtime.driver import run
+    with the same report `rp.run` gives, or a ProgramError naming the messages nobody received.
+    Without `args`, every parameter is zeros."""
+    from replicas.runtime.driver import launch
 
+    if args is None:
+        args = zero_arguments(module)
     try:
-        run(module, args, num_replicas, timeout=timeout, infeed=infeed, strict=strict, backend="threads")
+        job = launch(module, args, num_replicas, timeout=timeout, infeed=infeed, strict=strict, backend="threads")
+        job._host_may_send = False  # noqa: SLF001 - as in rp.run: nothing is fed beyond `infeed`
+        with job:
+            job.result()
     except ReplicasError as e:
         return e
+    mailboxes = job._backend._mailboxes  # noqa: SLF001 - the finished job's leftovers are the evidence
+    findings = [line for r, box in enumerate(mailboxes) for line in leftovers(r, box._messages)]  # noqa: SLF001
+    if findings:
+        return ProgramError("messages nobody received after every replica finished:\n  " + "\n  ".join(findings))
     return None
+
+
+def leftovers(replica: int, messages: dict[tuple[int, Hashable], Any]) -> list[str]:
+    """One line per message left in replica `replica`'s mailbox (host values excepted)."""
+    out = []
+    for (src, key), value in sorted(messages.items(), key=lambda item: repr(item[0])):
+        if src == HOST or not isinstance(key, tuple) or not key:
+            continue
+        protocol = key[0]
+        if protocol == "coll":
+            seq, round_ = key[1], key[2]
+            what = f"collective #{seq}"
+            if round_ == 0 and isinstance(value, tuple) and len(value) == 2:
+                what += f" ({_collective_name(value[0])})"
+            out.append(f"replica {src} sent its {what} to replica {replica}, which never took part in it")
+        elif protocol == "chan":
+            out.append(f"replica {src} sent message #{key[2]} on channel {key[1]} to replica {replica}, "
+                       f"which never received it (its recv-done did not run)")
+        elif protocol == "chan-ack":
+            out.append(f"replica {src} posted recv #{key[2]} on channel {key[1]} from replica {replica}, "
+                       f"whose send-done never ran")
+        else:
+            out.append(f"replica {src} sent {key!r} to replica {replica}, which never took it")
+    return out
+
+
+def _collective_name(wire: Any) -> str:
+    from replicas.collectives.fingerprint import Fingerprint
+
+    try:
+        fp = Fingerprint(tuple(wire))
+        return f"%{fp.name}, {fp.opcode}"
+    except (IndexError, TypeError, ValueError):
+        return "unknown instruction"
+
+
+def zero_arguments(module: Module) -> list[Any]:
+    """Zeros of each entry parameter's shape: enough to exercise a program's communication."""
+    from replicas.collectives.kernels import zeros_of
+
+    return [zeros_of(p.shape) for p in module.entry_computation.parameters]
+
+
+def describe(problem: ReplicasError) -> str:
+    """The text `replicas check` prints: the error, and for a mismatch the differing fields as a diff."""
+    text = f"{type(problem).__name__}: {problem}"
+    if isinstance(problem, CollectiveMismatchError) and isinstance(problem.report, dict):
+        text += "\n" + mismatch_diff(problem.report)
+    return text

@@ -5,13 +5,20 @@ replica received as many messages from each peer as that peer sent it), nobody w
 that may still feed it, and two consecutive snapshots agree (so no replica moved in between: a
 blocked replica can only move by taking a delivered message, which bumps its progress counter).
 A slow replica (a long local op) is "running", never part of a deadlock.
+
+Some deadlocks are mismatches in disguise: a replica that executed its k-th collective with a
+different group (say alone) never sends to the members waiting in their k-th collective. When a
+waited-for replica is already past collective k, `deadlock_error` reports a CollectiveMismatchError
+built from that replica's flight recorder.
 """
 
 from __future__ import annotations
 
-from replicas.diagnostics.report import Edge, Report, find_cycles
-from replicas.diagnostics.state import HOST, ReplicaState
-from replicas.errors import DeadlockError
+from typing import Any
+
+from replicas.diagnostics.report import Edge, MismatchReport, Report, find_cycles
+from replicas.diagnostics.state import HOST, BlockInfo, ReplicaState
+from replicas.errors import CollectiveMismatchError, DeadlockError, ReplicasError
 
 
 class Monitor:
@@ -48,10 +55,45 @@ def stuck_key(states: list[ReplicaState], host_may_send: bool) -> tuple | None:
     return tuple((s.status, s.progress) for s in states)
 
 
+def _replicas(reps: list[int] | set[int]) -> str:
+    reps = sorted(reps)
+    return f"replica {reps[0]}" if len(reps) == 1 else f"replicas {reps}"
+
+
+def _coll(b: BlockInfo) -> str:
+    return f"{b.opcode} #{b.seq} (%{b.instruction})"
+
+
+def _where(b: BlockInfo) -> str:
+    text = f"%{b.instruction} ({b.opcode}"
+    if b.kind == "collective" and b.seq is not None:
+        text += f" #{b.seq}"
+    if b.channel_id is not None:
+        text += f", channel {b.channel_id}"
+    return text + ")"
+
+
+def passed(b: BlockInfo, target: ReplicaState) -> bool:
+    """Whether `target` already started its collective number `b.seq` (elsewhere: it did not send to us)."""
+    if b.kind != "collective" or b.seq is None:
+        return False
+    started = target.collectives_done
+    if target.status == "blocked" and target.block is not None and target.block.kind == "collective" \
+            and target.block.seq == b.seq:
+        # Same number, other group: they can never meet. (Another instruction of the same form and group is
+        # fine when matching is lenient; under strict matching the kernels already raised.)
+        return target.block.group != b.group
+    return started > b.seq
+
+
 def explain(states: list[ReplicaState]) -> Report:
     by_id = {s.replica: s for s in states}
     edges: list[Edge] = []
-    lines: list[str] = []
+    lines: list[str] = []  # collective findings first: "replica 3 never reached all-reduce #7" leads
+    point_to_point: list[str] = []
+    mismatches: list[tuple[int, int]] = []  # (waiter, target) pairs that disagree about a collective
+    # Collective waits, grouped by (collective number, instruction): one finding per laggard.
+    waiting_in: dict[tuple[int | None, str], list[ReplicaState]] = {}
     for s in states:
         b = s.block
         if s.status != "blocked" or b is None:
@@ -59,46 +101,73 @@ def explain(states: list[ReplicaState]) -> Report:
         for t in b.waits_for:
             edges.append(Edge(s.replica, t, b.needs, b.instruction))
         if b.kind == "collective":
-            late = [t for t in b.waits_for if t != HOST]
-            finished = [t for t in late if by_id[t].status == "finished"]
-            elsewhere = [t for t in late if by_id[t].status == "blocked"]
-            coll = f"{b.opcode} #{b.seq} (%{b.instruction})"
-            if finished:
-                lines.append(f"{_replicas(finished)} finished and will never reach {coll}, "
-                             f"which replica {s.replica} is waiting in")
-            for t in elsewhere:
-                tb = by_id[t].block
-                assert tb is not None
-                done = by_id[t].collectives_done
-                lines.append(f"replica {t} never reached {coll}: it is blocked in %{tb.instruction} "
-                             f"({tb.opcode}) after {done} collective{'s' if done != 1 else ''}")
-        elif b.kind in ("recv-done", "send-done", "recv"):
-            for t in b.waits_for:
-                if t == HOST:
-                    lines.append(f"replica {s.replica} waits in %{b.instruction} ({b.opcode}) for the host, "
-                                 f"which sends nothing more")
-                    continue
-                ts = by_id[t]
-                what = "data" if b.kind == "recv-done" else "its matching recv"
-                if ts.status == "finished":
-                    lines.append(f"replica {s.replica} waits in %{b.instruction} ({b.opcode}, channel "
-                                 f"{b.channel_id}) for {what} from replica {t}, which finished")
-                elif ts.block is not None:
-                    lines.append(f"replica {s.replica} waits in %{b.instruction} ({b.opcode}, channel "
-                                 f"{b.channel_id}) for {what} from replica {t}, blocked in "
-                                 f"%{ts.block.instruction} ({ts.block.opcode})")
-        elif HOST in b.waits_for:
-            lines.append(f"replica {s.replica} waits in %{b.instruction} ({b.opcode}) for the host, "
-                         f"which has nothing more to give")
+            waiting_in.setdefault((b.seq, b.instruction), []).append(s)
+        else:
+            point_to_point.extend(_point_to_point(s, b, by_id))
+    for members in waiting_in.values():
+        b = members[0].block
+        assert b is not None
+        late: dict[int, list[int]] = {}
+        for s in members:
+            for t in s.block.waits_for if s.block is not None else ():
+                if t != HOST:
+                    late.setdefault(t, []).append(s.replica)
+        finished_before: dict[int, list[int]] = {}  # collectives done -> finished replicas
+        for t, waiters in sorted(late.items()):
+            ts = by_id[t]
+            if passed(b, ts):
+                mismatches.extend((w, t) for w in waiters)
+                continue
+            if ts.status == "finished":
+                finished_before.setdefault(ts.collectives_done, []).append(t)
+            elif ts.status == "blocked" and ts.block is not None:
+                lines.append(f"replica {t} never reached {_coll(b)}, which {_replicas(waiters)} "
+                             f"{'is' if len(waiters) == 1 else 'are'} waiting in: it is blocked in "
+                             f"{_where(ts.block)} waiting for {_peers(ts.block.waits_for)}")
+            elif ts.status == "failed":
+                lines.append(f"replica {t} failed before {_coll(b)}: {ts.error}")
+        for done, reps in sorted(finished_before.items()):
+            if done == 0:
+                lines.append(f"{_replicas(reps)} finished without any collective and never reached {_coll(b)}")
+            else:
+                lines.append(f"{_replicas(reps)} finished {b.opcode} #{done - 1} but did not join #{b.seq} "
+                             f"(%{b.instruction})")
+    lines.extend(point_to_point)
     lines.extend(_lagging_summary(states))
     cycles = find_cycles([e for e in edges if e.target != HOST])
     edges = _relevant(edges, cycles, by_id)
     return Report("deadlock: every unfinished replica is blocked and no message is in flight",
-                  states, edges, cycles, lines)
+                  states, edges, cycles, list(dict.fromkeys(lines)), mismatches=mismatches)
+
+
+def _peers(waits_for: tuple[int, ...]) -> str:
+    return ", ".join("the host" if r == HOST else f"replica {r}" for r in waits_for) or "nothing"
+
+
+def _point_to_point(s: ReplicaState, b: BlockInfo, by_id: dict[int, ReplicaState]) -> list[str]:
+    lines = []
+    what = {"recv-done": "data", "send-done": "its matching recv"}.get(b.kind, "a message")
+    for t in b.waits_for:
+        if t == HOST:
+            lines.append(f"replica {s.replica} waits in {_where(b)} for the host, which has nothing more to give")
+            continue
+        ts = by_id.get(t)
+        if ts is None:
+            continue
+        if ts.status == "finished":
+            never = "posting it" if b.kind == "send-done" else "sending it"
+            lines.append(f"replica {s.replica} waits in {_where(b)} for {what} from replica {t}, "
+                         f"which finished without {never}")
+        elif ts.status == "failed":
+            lines.append(f"replica {s.replica} waits in {_where(b)} for {what} from replica {t}, which failed")
+        elif ts.block is not None:
+            lines.append(f"replica {s.replica} waits in {_where(b)} for {what} from replica {t}, "
+                         f"which is blocked in {_where(ts.block)}")
+    return lines
 
 
 def _lagging_summary(states: list[ReplicaState]) -> list[str]:
-    """Group replicas blocked in collectives by how many they completed: the laggards stand out."""
+    """Group replicas blocked in collectives by how many they started: the laggards stand out."""
     counts: dict[int, list[int]] = {}
     for s in states:
         if s.block is not None and s.block.kind == "collective":
@@ -106,11 +175,8 @@ def _lagging_summary(states: list[ReplicaState]) -> list[str]:
     if len(counts) < 2:
         return []
     top = max(counts)
-    out = []
-    for done, reps in sorted(counts.items()):
-        if done < top:
-            out.append(f"{_replicas(reps)} completed {done} collectives; others completed {top}")
-    return out
+    return [f"{_replicas(reps)} started {done} collectives; others started {top}"
+            for done, reps in sorted(counts.items()) if done < top]
 
 
 def _relevant(edges: list[Edge], cycles: list[list[int]], by_id: dict[int, ReplicaState]) -> list[Edge]:
@@ -123,10 +189,61 @@ def _relevant(edges: list[Edge], cycles: list[list[int]], by_id: dict[int, Repli
     return keep or edges
 
 
-def _replicas(reps: list[int]) -> str:
-    return f"replica {reps[0]}" if len(reps) == 1 else f"replicas {sorted(reps)}"
-
-
-def deadlock_error(report: Report) -> DeadlockError:
+def deadlock_error(report: Report) -> ReplicasError:
+    """DeadlockError for `report`, or CollectiveMismatchError when a waited-for replica is past the collective."""
+    if report.mismatches:
+        return _mismatch_from_history(report, *report.mismatches[0])
     head = report.lines[0] if report.lines else f"replicas {report.blocked} are blocked"
     return DeadlockError(f"deadlock: {head}", report)
+
+
+def _mismatch_from_history(report: Report, waiter: int, target: int) -> CollectiveMismatchError:
+    from replicas.collectives.fingerprint import FIELDS, Fingerprint, diff, mismatch_error
+
+    by_id = {s.replica: s for s in report.states}
+    b = by_id[waiter].block
+    assert b is not None and b.seq is not None
+    theirs = _collective_event(report.events.get(target, []), b.seq)
+    own_fp = b.fingerprint
+    if theirs is not None and own_fp is not None and theirs.get("fingerprint") is not None:
+        own = Fingerprint(_wire(own_fp, FIELDS))
+        their_wire = _wire(theirs["fingerprint"], FIELDS)
+        differences = diff(own, their_wire) or [("instruction", own.wire[-1], their_wire[-1])]
+        error = mismatch_error(b.seq, waiter, own, target, their_wire, differences)
+        status = by_id[target].status
+        moved = "finished" if status == "finished" else f"moved on to {_where(by_id[target].block)}" \
+            if by_id[target].block is not None else status
+        message = (f"{error.args[0]} (replica {target} completed its collective #{b.seq} without replica "
+                   f"{waiter} and {moved}; replica {waiter} waits in {_where(b)})")
+    else:
+        their_name = f"%{theirs['instruction']} ({theirs['opcode']})" if theirs else "another collective"
+        message = (f"collective #{b.seq}: replica {waiter} is in {_where(b)} with group "
+                   f"{list(b.group or ())} but replica {target} executed its collective #{b.seq} as "
+                   f"{their_name} without it")
+        error = CollectiveMismatchError(message)
+        their_identity = {"name": theirs.get("instruction"), "opcode": theirs.get("opcode")} if theirs else {}
+        error.report = MismatchReport({
+            "collective": b.seq,
+            "replicas": [waiter, target],
+            "instructions": {str(waiter): {"computation": b.computation, "name": b.instruction, "opcode": b.opcode},
+                             str(target): their_identity},
+            "fields": [], "expected": b.fingerprint, "found": None, "deadlock": report.to_dict()})
+        return error
+    out = CollectiveMismatchError(message)
+    out.report = MismatchReport(error.report)
+    out.report["deadlock"] = report.to_dict()
+    return out
+
+
+def _wire(fingerprint: dict[str, Any], fields: tuple[str, ...]) -> tuple:
+    def tupled(v: Any) -> Any:
+        return tuple(tupled(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+    return tuple(tupled(fingerprint.get(f)) for f in fields)
+
+
+def _collective_event(events: list[dict[str, Any]], seq: int) -> dict[str, Any] | None:
+    for ev in reversed(events):
+        if ev.get("kind") == "collective" and ev.get("seq") == seq:
+            return ev
+    return None

@@ -22,7 +22,22 @@ def _where(s: ReplicaState) -> str:
         what += f" #{b.seq}"
     if b.channel_id is not None:
         what += f", channel {b.channel_id}"
-    return what + ")"
+    what += ")"
+    if b.computation:
+        what += f" in {b.computation}"
+    return what
+
+
+EVENTS_SHOWN = 5  # per replica in str(report); to_dict() has every event the report keeps
+
+
+def _event_text(ev: dict[str, Any]) -> str:
+    text = f"{ev.get('opcode')} %{ev.get('instruction')}"
+    if ev.get("kind") == "collective" and ev.get("seq") is not None:
+        text += f" #{ev['seq']}"
+    elif ev.get("channel_id") is not None:
+        text += f" (channel {ev['channel_id']}" + (f" #{ev['seq']}" if ev.get("seq") is not None else "") + ")"
+    return text
 
 
 @dataclass
@@ -47,6 +62,8 @@ class Report:
     cycles: list[list[int]] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  # the explanation, one finding a line
     events: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # flight recorder tails
+    # (waiter, target): the target already ran the waiter's collective number elsewhere (a mismatch)
+    mismatches: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def blocked(self) -> list[int]:
@@ -76,7 +93,7 @@ class Report:
             out.append(f'  r{r if r >= 0 else "host"} [label="{label}"{style}];')
         in_cycle = {(c[i], c[(i + 1) % len(c)]) for c in self.cycles for i in range(len(c))}
         for e in self.edges:
-            attrs = f'label="{e.needs}: %{e.instruction}"'
+            attrs = f'label="needs {e.needs}: %{e.instruction}"'
             if (e.waiter, e.target) in in_cycle:
                 attrs += " color=red"
             if e.needs == "one":
@@ -115,15 +132,49 @@ class Report:
             base = min(starts)
             out.append("last events (ms since the first shown):")
             for r, evs in sorted(self.events.items()):
-                for ev in evs[-5:]:
+                for ev in evs[-EVENTS_SHOWN:]:
                     end = "not finished" if ev.get("end_us") is None else f"{(ev['end_us'] - base) / 1000:.3f}"
-                    out.append(f"  replica {r}: {ev.get('kind')} %{ev.get('instruction')} "
-                               f"{(ev.get('start_us', 0) - base) / 1000:.3f} .. {end}")
+                    out.append(f"  replica {r}: {_event_text(ev)}  {(ev.get('start_us', 0) - base) / 1000:.3f}"
+                               f" .. {end}")
         return "\n".join(out)
 
 
+class MismatchReport(dict):
+    """The report of a CollectiveMismatchError: a JSON-able dict (collective, replicas, instructions,
+    fields [{field, expected, found}], expected, found fingerprints) whose `str` is the diff."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self, indent=2, default=str)
+
+    def __str__(self) -> str:
+        return mismatch_diff(self)
+
+
+def mismatch_diff(report: dict[str, Any]) -> str:
+    """`- replica 0 %ar_a: shapes = [[4]]` / `+ replica 1 %ar_b: shapes = [[2]]`, one pair per field."""
+    replicas = report.get("replicas") or []
+    if len(replicas) != 2:
+        return json.dumps(report, default=str)
+    expected_by, found_by = replicas
+    names = report.get("instructions") or {}
+
+    def who(r: int) -> str:
+        name = (names.get(str(r)) or {}).get("name")
+        return f"replica {r}" + (f" %{name}" if name else "")
+
+    lines = [f"collective #{report.get('collective')}: expected ({who(expected_by)}) vs found ({who(found_by)})"]
+    for f in report.get("fields") or []:
+        lines.append(f"- {who(expected_by)}: {f['field']} = {f['expected']}")
+        lines.append(f"+ {who(found_by)}: {f['field']} = {f['found']}")
+    return "\n".join(lines)
+
+
 def find_cycles(edges: list[Edge]) -> list[list[int]]:
-    """Strongly connected components with a cycle (Tarjan), each as a list of replicas."""
+    """Strongly connected components with a cycle (Tarjan, iterative), each as a list of replicas: in
+    wait-for order from its smallest replica when the component is one simple cycle, else sorted."""
     graph: dict[int, list[int]] = {}
     for e in edges:
         graph.setdefault(e.waiter, []).append(e.target)
@@ -133,31 +184,47 @@ def find_cycles(edges: list[Edge]) -> list[list[int]]:
     on_stack: set[int] = set()
     stack: list[int] = []
     sccs: list[list[int]] = []
-    counter = [0]
-
-    def visit(v: int) -> None:
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1 or v in graph[v]:
-                sccs.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = len(index)
+                stack.append(v)
+                on_stack.add(v)
+            successors = graph[v]
+            if i < len(successors):
+                work.append((v, i + 1))
+                w = successors[i]
+                if w not in index:
+                    work.append((w, 0))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1 or v in graph[v]:
+                    sccs.append(_cycle_order(comp, graph))
     return sccs
+
+
+def _cycle_order(comp: list[int], graph: dict[int, list[int]]) -> list[int]:
+    members = set(comp)
+    inside = {v: [w for w in dict.fromkeys(graph[v]) if w in members] for v in comp}
+    if any(len(ws) != 1 for ws in inside.values()):
+        return sorted(comp)
+    order = [min(comp)]
+    while len(order) < len(comp):
+        order.append(inside[order[-1]][0])
+    return order

@@ -147,8 +147,9 @@ class Job:
                 report = monitor.observe(states, self._host_may_send)
                 if report is not None:
                     report.events = backend.events()
+                    error = deadlock_error(report)  # may read old events (a replica's k-th collective)
                     _trim_events(report)
-                    return self._finish(False, deadlock_error(report))
+                    return self._finish(False, error)
                 if deadline is not None and time.monotonic() >= deadline:
                     report = Report(f"still running after {timeout if timeout is not None else self.timeout} s "
                                     f"(not a deadlock: some replica is running or a message is in flight)",
