@@ -1,0 +1,158 @@
+"""gather: XLA's general gather with full dimension numbers, as one vectorized numpy take.
+
+Every output element reads `operand[start + offset]` where `start` comes from `start_indices`
+(through `start_index_map` and the batching dims) and is clamped so the whole slice stays in
+bounds, and `offset` walks the slice. The kernel builds the flat operand index of every output
+element from broadcast integer grids (batch axes first, then slice axes) and takes once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from replicas.hlo.ir import Instruction
+from replicas.ops.registry import KernelContext, kernel
+
+
+def index_vectors(indices: np.ndarray, index_vector_dim: int) -> np.ndarray:
+    """`indices` with the index vector as its last axis: shape (batch..., K) as int64.
+
+    Unsigned indices too large for int64 are saturated first (they are out of bounds anyway and
+    must stay positive for clamping / bounds checks).
+    """
+    if index_vector_dim == indices.ndim:
+        vectors = indices[..., np.newaxis]
+    else:
+        vectors = np.moveaxis(indices, index_vector_dim, -1)
+    if vectors.dtype.kind == "u" and vectors.dtype.itemsize >= 8:
+        vectors = np.minimum(vectors, np.iinfo(np.int64).max)
+    return vectors.astype(np.int64, copy=False)
+
+
+def c_strides(dims: tuple[int, ...] | list[int]) -> list[int]:
+    """Row-major element strides of an array of shape `dims`."""
+    strides = [1] * len(dims)
+    for d in range(len(dims) - 2, -1, -1):
+        strides[d] = strides[d + 1] * dims[d + 1]
+    return strides
+
+
+def check_dimension_numbers(inst: Instruction, names: list[str]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for name in names:
+        value = inst.attrs.get(name, [])
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, (int, np.integer)) for v in value):
+            raise inst.error(f"attribute {name} must be a list of ints, got {value!r}")
+        out[name] = [int(v) for v in value]
+    return out
+
+
+@kernel("gather")
+def make_gather(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    operand_shape, indices_shape = ctx.operand_shapes(inst)
+    dn = check_dimension_numbers(inst, ["offset_dims", "collapsed_slice_dims", "start_index_map",
+                                        "operand_batching_dims", "start_indices_batching_dims", "slice_sizes"])
+    offset_dims = dn["offset_dims"]
+    collapsed = set(dn["collapsed_slice_dims"])
+    start_index_map = dn["start_index_map"]
+    operand_batching = dn["operand_batching_dims"]
+    indices_batching = dn["start_indices_batching_dims"]
+    slice_sizes = dn["slice_sizes"]
+    index_vector_dim = int(inst.attrs.get("index_vector_dim", indices_shape.rank))
+    op_dims = tuple(operand_shape.dimensions)
+    rank = len(op_dims)
+    out_shape = tuple(inst.shape.dimensions)
+    out_dtype = inst.shape.dtype
+
+    if not isinstance(index_vector_dim, int) or not 0 <= index_vector_dim <= indices_shape.rank:
+        raise inst.error(f"index_vector_dim {index_vector_dim} out of range for indices of rank "
+                         f"{indices_shape.rank}")
+    if len(slice_sizes) != rank:
+        raise inst.error(f"slice_sizes has {len(slice_sizes)} entries, operand rank is {rank}")
+    if any(not 0 <= s <= n for s, n in zip(slice_sizes, op_dims)):
+        raise inst.error(f"slice_sizes {slice_sizes} exceed operand dimensions {list(op_dims)}")
+    if len(operand_batching) != len(indices_batching):
+        raise inst.error("operand_batching_dims and start_indices_batching_dims differ in length")
+    for d in list(collapsed) + start_index_map + operand_batching:
+        if not 0 <= d < rank:
+            raise inst.error(f"operand dimension {d} out of range for rank {rank}")
+    index_vector_size = 1 if index_vector_dim == indices_shape.rank else indices_shape.dimensions[index_vector_dim]
+    if len(start_index_map) != index_vector_size:
+        raise inst.error(f"start_index_map has {len(start_index_map)} entries, the index vector has "
+                         f"{index_vector_size}")
+
+    # The batch axes of the indices (all but index_vector_dim), in order.
+    batch_axes_of_indices = [d for d in range(indices_shape.rank) if d != index_vector_dim]
+    batch_shape = tuple(indices_shape.dimensions[d] for d in batch_axes_of_indices)
+    n_batch = len(batch_shape)
+    # Operand dims that are walked by the slice (become offset dims of the output), in order.
+    window_dims = [d for d in range(rank) if d not in collapsed and d not in operand_batching]
+    if len(window_dims) != len(offset_dims):
+        raise inst.error(f"offset_dims {offset_dims} must name {len(window_dims)} output dimensions")
+    out_batch_positions = [d for d in range(len(out_shape)) if d not in offset_dims]
+    if len(out_batch_positions) != n_batch:
+        raise inst.error(f"result rank {len(out_shape)} does not match {n_batch} batch + "
+                         f"{len(offset_dims)} offset dimensions")
+    # Canonical result layout: (batch..., window...) -> output dim order.
+    canonical_axis_of_output = [0] * len(out_shape)
+    for i, d in enumerate(out_batch_positions):
+        canonical_axis_of_output[d] = i
+    for i, d in enumerate(offset_dims):
+        canonical_axis_of_output[d] = n_batch + i
+    window_extent = tuple(slice_sizes[d] for d in window_dims)
+    canonical_shape = batch_shape + window_extent
+    if tuple(canonical_shape[a] for a in canonical_axis_of_output) != out_shape:
+        raise inst.error(f"result shape {list(out_shape)} does not match the gather's "
+                         f"{[canonical_shape[a] for a in canonical_axis_of_output]}")
+    identity_transpose = canonical_axis_of_output == list(range(len(out_shape)))
+
+    # Trailing operand dims taken whole by every slice are copied as contiguous rows: index in units
+    # of those rows (one `take` along axis 0 moves row-sized blocks instead of single elements).
+    n_row_dims = 0
+    while (n_row_dims < rank and (d := rank - 1 - n_row_dims) in window_dims
+           and slice_sizes[d] == op_dims[d]):
+        n_row_dims += 1
+    row = int(np.prod(op_dims[rank - n_row_dims:], dtype=np.int64))
+    row_dims = set(range(rank - n_row_dims, rank))
+    strides = [s // row for s in c_strides(op_dims)] if row else c_strides(op_dims)
+    prefix_window = [d for d in window_dims if d not in row_dims]
+    # The slice part of the flat index: sum over window dims of arange * stride, shaped to broadcast.
+    window_offset = np.zeros((1,) * n_batch + tuple(slice_sizes[d] for d in prefix_window), dtype=np.int64)
+    for i, d in enumerate(prefix_window):
+        shape = [1] * (n_batch + len(prefix_window))
+        shape[n_batch + i] = slice_sizes[d]
+        window_offset = window_offset + (np.arange(slice_sizes[d], dtype=np.int64) * strides[d]).reshape(shape)
+    # The batch coordinate grids for operand batching dims (start index = the indices' batch coordinate).
+    batching_terms = []
+    for od, idim in zip(operand_batching, indices_batching):
+        axis = batch_axes_of_indices.index(idim)
+        shape = [1] * n_batch
+        shape[axis] = batch_shape[axis]
+        batching_terms.append(np.arange(batch_shape[axis], dtype=np.int64).reshape(shape) * strides[od])
+    # A start index into a row dim always clamps to 0, so only the others take part.
+    used = [(k, op_dims[d] - slice_sizes[d], strides[d]) for k, d in enumerate(start_index_map) if d not in row_dims]
+    empty = int(np.prod(out_shape, dtype=np.int64)) == 0
+
+    def gather(operand: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        if empty:
+            return np.zeros(out_shape, dtype=out_dtype)
+        vectors = index_vectors(indices, index_vector_dim)
+        flat_start = np.zeros(batch_shape, dtype=np.int64)
+        for k, limit, stride in used:
+            flat_start += np.clip(vectors[..., k], 0, limit) * stride
+        for term in batching_terms:
+            flat_start = flat_start + term
+        flat = flat_start.reshape(batch_shape + (1,) * len(prefix_window)) + window_offset
+        if row == 1:
+            result = np.take(operand.reshape(-1), flat)
+        else:
+            result = np.take(operand.reshape(-1, row), flat, axis=0)
+        result = result.reshape(canonical_shape)
+        if not identity_transpose:
+            result = result.transpose(canonical_axis_of_output)
+        return np.ascontiguousarray(result, dtype=out_dtype)
+
+    return gather

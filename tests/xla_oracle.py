@@ -1,0 +1,94 @@
+"""Run StableHLO operations on XLA:CPU (through jaxlib) as the oracle for element-wise kernels.
+
+`jax.lax` hides some XLA operations behind its own lowering (integer `power`, `convert` to pred,
+`clamp` argument order), so the kernels' tests compile the StableHLO operations themselves and run
+them on the CPU client jax uses: the answer is XLA's, not jax's. Several operations on the same
+operands compile into one module (compiling is the slow part).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+
+from jax._src import xla_bridge  # noqa: E402
+from jax._src.lib import xla_client  # noqa: E402
+
+_ELEMENT_TYPES = {
+    "bool": "i1", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+    "uint8": "ui8", "uint16": "ui16", "uint32": "ui32", "uint64": "ui64",
+    "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+    "complex64": "complex<f32>", "complex128": "complex<f64>",
+    "float8_e4m3fn": "f8E4M3FN", "float8_e5m2": "f8E5M2", "float8_e4m3b11fnuz": "f8E4M3B11FNUZ",
+    "float8_e5m2fnuz": "f8E5M2FNUZ", "float8_e4m3fnuz": "f8E4M3FNUZ", "int4": "i4", "uint4": "ui4",
+    "int2": "i2", "uint2": "ui2",
+}
+
+# HLO opcodes whose StableHLO / CHLO spelling is not "stablehlo." + opcode with "_" for "-".
+_SPELLING = {"erf": "chlo.erf", "acos": "chlo.acos", "acosh": "chlo.acosh", "asin": "chlo.asin",
+             "asinh": "chlo.asinh", "atan": "chlo.atan", "atanh": "chlo.atanh", "cosh": "chlo.cosh",
+             "sinh": "chlo.sinh"}
+
+
+def stablehlo_name(opcode: str) -> str:
+    return _SPELLING.get(opcode, "stablehlo." + opcode.replace("-", "_"))
+
+
+def tensor_type(shape: tuple[int, ...], dtype: Any) -> str:
+    element = _ELEMENT_TYPES[np.dtype(dtype).name]
+    return "tensor<" + "".join(f"{d}x" for d in shape) + element + ">"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One operation: `op` (HLO opcode or StableHLO name) applied to operands `args` (indices)."""
+
+    op: str
+    args: tuple[int, ...]
+    out_dtype: Any
+    out_shape: tuple[int, ...] | None = None  # default: the first argument's shape
+    attrs: str = ""
+
+
+@functools.cache
+def _compiled(calls: tuple[tuple[str, tuple[int, ...], str, str], ...], in_types: tuple[str, ...]) -> Any:
+    params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(in_types))
+    lines = []
+    for k, (op, args, out_type, attrs) in enumerate(calls):
+        arg_list = ", ".join(f"%a{i}" for i in args)
+        arg_types = ", ".join(in_types[i] for i in args)
+        lines.append(f'  %r{k} = "{op}"({arg_list}) {attrs} : ({arg_types}) -> {out_type}')
+    results = ", ".join(f"%r{k}" for k in range(len(calls)))
+    out_types = ", ".join(c[2] for c in calls)
+    text = (f"module @oracle {{\n func.func public @main({params}) -> ({out_types}) {{\n" + "\n".join(lines)
+            + f"\n  return {results} : {out_types}\n }}\n}}\n")
+    backend = xla_bridge.get_backend("cpu")
+    devices = xla_client.DeviceList(tuple(backend.local_devices()[:1]))
+    return backend.compile_and_load(text, devices, xla_client.CompileOptions())
+
+
+def run_many(calls: list[Call], operands: list[Any]) -> list[np.ndarray]:
+    operands = [np.asarray(o) for o in operands]
+    in_types = tuple(tensor_type(o.shape, o.dtype) for o in operands)
+    key = []
+    for c in calls:
+        op = c.op if "." in c.op else stablehlo_name(c.op)
+        shape = operands[c.args[0]].shape if c.out_shape is None else c.out_shape
+        key.append((op, tuple(c.args), tensor_type(shape, c.out_dtype), c.attrs))
+    exe = _compiled(tuple(key), in_types)
+    device = jax.devices("cpu")[0]
+    buffers = [jax.device_put(o, device) for o in operands]
+    results = exe.execute_sharded(buffers).disassemble_into_single_device_arrays()
+    return [np.asarray(r[0]) for r in results]
+
+
+def run_stablehlo(op: str, operands: list[Any], out_dtype: Any, out_shape: tuple[int, ...] | None = None,
+                  attrs: str = "") -> np.ndarray:
+    """One operation on all `operands`."""
+    return run_many([Call(op, tuple(range(len(operands))), out_dtype, out_shape, attrs)], operands)[0]
