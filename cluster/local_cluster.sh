@@ -8,6 +8,8 @@ RAY="${RAY:-ray}"
 PORT="${2:-6390}"
 BASE="${REPLICAS_CLUSTER_DIR:-/tmp/replicas-cluster}"
 export RAY_USAGE_STATS_ENABLED=0
+# A driver that already joined another Ray exports RAY_ADDRESS: this cluster is a new one.
+unset RAY_ADDRESS
 # Token auth guards real clusters; this one listens on loopback only and is torn down by `stop`.
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 case "${1:-}" in
@@ -16,12 +18,14 @@ case "${1:-}" in
     "$RAY" start --head --port="$PORT" --node-ip-address=127.0.0.1 --temp-dir="$BASE/ray" \
       --num-cpus=1 --resources='{"node1": 1000}' --include-dashboard=false --disable-usage-stats \
       --node-manager-port=$((PORT + 1)) --object-manager-port=$((PORT + 2)) \
-      --min-worker-port=$((PORT + 100)) --max-worker-port=$((PORT + 199)) >"$BASE/head.log" 2>&1
+      --min-worker-port=$((PORT + 100)) --max-worker-port=$((PORT + 199)) >"$BASE/head.log" 2>&1 \
+      || { tail -n 30 "$BASE/head.log" >&2; exit 1; }
     "$RAY" start --address="127.0.0.1:$PORT" --node-ip-address=127.0.0.1 \
       --num-cpus=1 --resources='{"node2": 1000}' \
       --node-manager-port=$((PORT + 3)) --object-manager-port=$((PORT + 4)) \
       --min-worker-port=$((PORT + 200)) --max-worker-port=$((PORT + 299)) \
-      --disable-usage-stats >"$BASE/node2.log" 2>&1
+      --disable-usage-stats >"$BASE/node2.log" 2>&1 \
+      || { tail -n 30 "$BASE/node2.log" >&2; exit 1; }
     echo "127.0.0.1:$PORT"
     ;;
   stop)

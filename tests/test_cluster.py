@@ -44,6 +44,7 @@ def test_collectives_across_two_nodes(tmp_path):
     cluster_dir = tempfile.mkdtemp(prefix="rpc-", dir="/tmp")
     env = dict(os.environ, RAY=str(pathlib.Path(sys.executable).parent / "ray"),
                REPLICAS_CLUSTER_DIR=cluster_dir, RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)  # set by this process's own Ray session
     script = ROOT / "cluster" / "local_cluster.sh"
     started = subprocess.run(["bash", str(script), "start", str(PORT)], env=env, capture_output=True, text=True,
                              timeout=180)

@@ -105,6 +105,14 @@ JAX_CASES = {
 }
 
 
+
+@pytest.fixture(autouse=True)
+def _x64_off():
+    """The cases are written for JAX's default 32-bit mode; other test files switch x64 on."""
+    with jax.enable_x64(False):
+        yield
+
+
 def _texts(fn, args):
     lowered = jax.jit(fn).lower(*args)
     return lowered.as_text(dialect="hlo"), lowered.compile().as_text()

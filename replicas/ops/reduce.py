@@ -1,0 +1,200 @@
+"""reduce: N inputs, N scalar inits, a reducer computation and the dimensions to reduce.
+
+Fast path: one input whose reducer `recognize.binary_reducer` names (add, multiply, maximum,
+minimum, and, or, xor) is one numpy ufunc reduction, with the init value as `initial` (so it is
+combined once, as XLA does, and empty reductions give the init). Floats narrower than f32 are
+reduced in f32 and rounded once. max/min propagate NaN, like XLA.
+
+Otherwise the computation is evaluated on whole arrays by a pairwise tree: the reduced axes are
+moved last and flattened, then each level combines neighbours (element 2i with 2i+1, so the
+operands of every call stay in their original order) with one call of the computation, padding
+an odd length with the init values; the init is combined on the left at the end. That is
+log2(n) calls, never a per-element loop, and it handles variadic reducers such as argmax.
+
+When every output element reduces exactly one input element (no dimensions, or only size-1
+dimensions) the result is the input reshaped, init ignored: XLA's algebraic simplifier rewrites
+such a reduce to a reshape (the init is assumed to be an identity), so that is what XLA returns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from replicas.hlo.ir import Instruction
+from replicas.ops.recognize import binary_reducer
+from replicas.ops.registry import KernelContext, kernel
+from replicas.shapes import Shape
+
+_F32 = np.dtype(np.float32)
+
+_FLOAT_UFUNCS: dict[str, np.ufunc] = {
+    "add": np.add,
+    "multiply": np.multiply,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+}
+_INT_UFUNCS: dict[str, np.ufunc] = {
+    **_FLOAT_UFUNCS,
+    "and": np.bitwise_and,
+    "or": np.bitwise_or,
+    "xor": np.bitwise_xor,
+}
+# XLA's arithmetic on pred: add is or, multiply is and (values are 0/1 and saturate).
+_PRED_UFUNCS: dict[str, np.ufunc] = {
+    "add": np.logical_or,
+    "multiply": np.logical_and,
+    "maximum": np.logical_or,
+    "minimum": np.logical_and,
+    "and": np.logical_and,
+    "or": np.logical_or,
+    "xor": np.logical_xor,
+}
+
+
+def reducer_ufunc(name: str | None, dtype: np.dtype) -> tuple[np.ufunc, np.dtype] | None:
+    """(ufunc, dtype to reduce in) for a recognized reducer on `dtype`, or None."""
+    if name is None:
+        return None
+    if dtype == np.bool_:
+        return _PRED_UFUNCS.get(name), dtype
+    if dtype.kind in "iu":
+        ufunc = _INT_UFUNCS.get(name)
+        return (ufunc, dtype) if ufunc is not None else None
+    if dtype.kind == "c":
+        ufunc = {"add": np.add, "multiply": np.multiply}.get(name)
+        return (ufunc, dtype) if ufunc is not None else None
+    ufunc = _FLOAT_UFUNCS.get(name)
+    if ufunc is None:
+        return None
+    # f16, bf16 and f8 (ml_dtypes or numpy) accumulate in f32; f32 and f64 in themselves.
+    wide = dtype if dtype.itemsize >= 4 else _F32
+    return ufunc, wide
+
+
+def as_tuple(value: Any, n: int) -> tuple[Any, ...]:
+    """A computation's result as a tuple of n values (a single array when n == 1)."""
+    if n == 1 and not isinstance(value, tuple):
+        return (value,)
+    return tuple(value)
+
+
+def _result_shapes(inst: Instruction, n: int) -> list[Shape]:
+    shape = inst.shape
+    if n == 1 and not shape.is_tuple:
+        return [shape]
+    if not shape.is_tuple or len(shape.tuple_shapes) != n:
+        raise inst.error(f"a reduce of {n} inputs must produce a tuple of {n} arrays, not {shape}")
+    return list(shape.tuple_shapes)
+
+
+def tree_reduce_last(
+    comp: Callable[..., Any],
+    values: Sequence[np.ndarray],
+    inits: Sequence[np.ndarray],
+    dtypes: Sequence[np.dtype],
+) -> list[np.ndarray]:
+    """Reduce the last axis of every array in `values` with the N-ary reducer `comp` on whole arrays.
+
+    Returns the reduced arrays (shape without the last axis), with the inits combined on the left.
+    """
+    n = len(values)
+    outer = values[0].shape[:-1]
+    length = values[0].shape[-1]
+    current = list(values)
+    if length == 0:
+        return [np.broadcast_to(np.asarray(i, d), outer).copy() for i, d in zip(inits, dtypes)]
+    while length > 1:
+        if length % 2:
+            current = [
+                np.concatenate([v, np.broadcast_to(np.asarray(i, d), outer + (1,))], axis=-1)
+                for v, i, d in zip(current, inits, dtypes)
+            ]
+            length += 1
+        left = [v[..., 0::2] for v in current]
+        right = [v[..., 1::2] for v in current]
+        combined = as_tuple(comp(*left, *right), n)
+        length //= 2
+        current = [np.broadcast_to(np.asarray(c, d), outer + (length,)) for c, d in zip(combined, dtypes)]
+    last = [v[..., 0] for v in current]
+    init_arrays = [np.broadcast_to(np.asarray(i, d), outer) for i, d in zip(inits, dtypes)]
+    final = as_tuple(comp(*init_arrays, *last), n)
+    return [np.array(np.broadcast_to(np.asarray(f, d), outer)) for f, d in zip(final, dtypes)]
+
+
+@kernel("reduce")
+def make_reduce(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    shapes = ctx.operand_shapes(inst)
+    if len(shapes) < 2 or len(shapes) % 2:
+        raise inst.error(f"reduce takes N inputs and N init values, got {len(shapes)} operands")
+    n = len(shapes) // 2
+    input_shapes, init_shapes = shapes[:n], shapes[n:]
+    if not all(s.is_array for s in shapes):
+        raise inst.error("reduce operands must be arrays")
+    dims_in = input_shapes[0].dimensions
+    if any(s.dimensions != dims_in for s in input_shapes):
+        raise inst.error(
+            "reduce inputs must all have the same dimensions: " + ", ".join(str(s) for s in input_shapes)
+        )
+    if any(not s.is_scalar for s in init_shapes):
+        raise inst.error("reduce init values must be scalars: " + ", ".join(str(s) for s in init_shapes))
+    rank = len(dims_in)
+    dimensions = sorted(int(d) for d in inst.attrs.get("dimensions", []))
+    if len(set(dimensions)) != len(dimensions) or any(not 0 <= d < rank for d in dimensions):
+        raise inst.error(f"bad reduce dimensions {dimensions} for inputs of rank {rank}")
+    kept = [d for d in range(rank) if d not in dimensions]
+    out_dims = tuple(dims_in[d] for d in kept)
+    results = _result_shapes(inst, n)
+    for s in results:
+        if s.dimensions != out_dims:
+            raise inst.error(f"result shape {s} does not match the reduced dimensions {list(out_dims)}")
+    dtypes = [s.dtype for s in results]
+    name = inst.attrs.get("to_apply")
+    if not name:
+        raise inst.error("reduce needs a to_apply computation")
+
+    if input_shapes[0].numel == math.prod(out_dims):
+
+        def reduce_nothing(*operands: np.ndarray) -> Any:
+            out = [np.asarray(v, dtype=d).reshape(out_dims) for v, d in zip(operands[:n], dtypes)]
+            return out[0] if n == 1 and not inst.shape.is_tuple else tuple(out)
+
+        return reduce_nothing
+
+    fast = None
+    if n == 1 and input_shapes[0].dtype == dtypes[0]:
+        fast = reducer_ufunc(binary_reducer(ctx.computation_ir(name)), dtypes[0])
+    axes = tuple(dimensions)
+    out_dtype = dtypes[0]
+
+    if fast is not None and fast[0] is not None:
+        ufunc, wide = fast
+
+        def reduce_fast(x: np.ndarray, init: np.ndarray) -> np.ndarray:
+            with np.errstate(all="ignore"):
+                if x.dtype != wide:
+                    x = x.astype(wide)
+                r = ufunc.reduce(x, axis=axes, initial=np.asarray(init, wide)[()], dtype=wide)
+                return np.asarray(r, dtype=out_dtype).reshape(out_dims)
+
+        return reduce_fast
+
+    comp = ctx.computation(name)
+    perm = tuple(kept) + axes
+    flat_shape = out_dims + (-1,)
+
+    def reduce_tree(*operands: np.ndarray) -> Any:
+        values = [
+            np.asarray(v).transpose(perm).reshape(flat_shape)
+            if v.size
+            else np.empty(out_dims + (0,), v.dtype)
+            for v in operands[:n]
+        ]
+        with np.errstate(all="ignore"):
+            out = tree_reduce_last(comp, values, operands[n:], dtypes)
+        return out[0] if n == 1 and not inst.shape.is_tuple else tuple(out)
+
+    return reduce_tree

@@ -1,0 +1,301 @@
+"""reduce-window and select-and-scatter, over the Window dict of docs/ir.md.
+
+A window dimension has a size, a stride, a base (lhs) dilation, a window (rhs) dilation and
+low/high padding (negative padding trims). Kernels iterate over the window's elements (a small
+static count) and, for each, take one strided view of the padded base: every call they make is
+vectorized over all the window positions at once.
+
+reduce-window folds the window elements in XLA's order, `acc = f(acc, x_k)` starting from the
+init values, with one ufunc call per window element for add/multiply/max/min/and/or/xor and one
+call of the computation per window element otherwise. Padding and base-dilation holes hold the
+init value.
+
+select-and-scatter picks, per window, the element XLA's sequential scan would keep (`select(kept,
+candidate)` true keeps the earlier one; padding is never selected), then combines the source
+values into the selected positions: `np.add.at` for add, otherwise one call of the scatter
+computation per "k-th contribution to the same target" round, in window order (deterministic).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from replicas.hlo.ir import Computation, Instruction
+from replicas.ops.recognize import binary_reducer
+from replicas.ops.reduce import as_tuple, reducer_ufunc
+from replicas.ops.registry import KernelContext, kernel
+from replicas.shapes import Shape
+
+
+@dataclass(frozen=True)
+class WindowGeometry:
+    base_dims: tuple[int, ...]  # the operand's dimensions
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    pad: tuple[tuple[int, int], ...]
+    lhs_dilate: tuple[int, ...]
+    rhs_dilate: tuple[int, ...]
+
+    @property
+    def rank(self) -> int:
+        return len(self.base_dims)
+
+    @property
+    def padded_dims(self) -> tuple[int, ...]:
+        return tuple(
+            max(0, (n - 1) * ld + 1 if n else 0) + lo + hi
+            for n, ld, (lo, hi) in zip(self.base_dims, self.lhs_dilate, self.pad)
+        )
+
+    @property
+    def output_dims(self) -> tuple[int, ...]:
+        out = []
+        for p, s, st, rd in zip(self.padded_dims, self.size, self.stride, self.rhs_dilate):
+            extent = (s - 1) * rd + 1 if s else 0
+            out.append(0 if p < extent or s == 0 else (p - extent) // st + 1)
+        return tuple(out)
+
+    @property
+    def trivial_padding(self) -> bool:
+        return all(p == (0, 0) for p in self.pad) and all(d == 1 for d in self.lhs_dilate)
+
+    @property
+    def num_elements(self) -> int:
+        return math.prod(self.size)
+
+    def element_offsets(self) -> list[tuple[int, ...]]:
+        """Window elements in XLA's (row-major) order, as offsets into the padded base."""
+        return [
+            tuple(k * rd for k, rd in zip(ks, self.rhs_dilate))
+            for ks in itertools.product(*(range(s) for s in self.size))
+        ]
+
+    def view_slices(self, offset: tuple[int, ...]) -> tuple[slice, ...]:
+        """The padded-base slice holding window element `offset` for every window position."""
+        return tuple(
+            slice(o, o + (n - 1) * st + 1, st) if n else slice(0, 0)
+            for o, n, st in zip(offset, self.output_dims, self.stride)
+        )
+
+    def pad_base(self, x: np.ndarray, fill: Any) -> np.ndarray:
+        """The operand dilated and padded, holes and padding filled with `fill`."""
+        if self.trivial_padding:
+            return x
+        grow = [(max(lo, 0), max(hi, 0)) for lo, hi in self.pad]
+        dilated = [max(0, (n - 1) * ld + 1) if n else 0 for n, ld in zip(self.base_dims, self.lhs_dilate)]
+        full_shape = tuple(d + lo + hi for d, (lo, hi) in zip(dilated, grow))
+        full = np.full(full_shape, fill, dtype=x.dtype)
+        inner = tuple(slice(lo, lo + d, ld) for (lo, _), d, ld in zip(grow, dilated, self.lhs_dilate))
+        full[inner] = x
+        trim = tuple(slice(-min(lo, 0), full_shape[i] + min(hi, 0)) for i, (lo, hi) in enumerate(self.pad))
+        return full[trim]
+
+
+def window_geometry(inst: Instruction, base_dims: tuple[int, ...]) -> WindowGeometry:
+    window = inst.attrs.get("window")
+    rank = len(base_dims)
+    if not isinstance(window, dict):
+        raise inst.error("missing window attribute")
+    try:
+        size = tuple(int(v) for v in window.get("size", [1] * rank))
+        stride = tuple(int(v) for v in window.get("stride", [1] * rank))
+        pad = tuple((int(lo), int(hi)) for lo, hi in window.get("pad", [(0, 0)] * rank))
+        lhs = tuple(int(v) for v in window.get("lhs_dilate", [1] * rank))
+        rhs = tuple(int(v) for v in window.get("rhs_dilate", [1] * rank))
+    except (TypeError, ValueError) as e:
+        raise inst.error(f"malformed window attribute {window!r}: {e}") from None
+    if any(len(v) != rank for v in (size, stride, pad, lhs, rhs)):
+        raise inst.error(f"window has {len(size)} dimensions, the operand has rank {rank}")
+    if any(v < 1 for v in size + stride + lhs + rhs):
+        raise inst.error(f"window sizes, strides and dilations must be >= 1: {window!r}")
+    if any(window.get("window_reversal") or []):
+        raise inst.error("window reversal is only meaningful for convolution")
+    geometry = WindowGeometry(tuple(base_dims), size, stride, pad, lhs, rhs)
+    if any(p < 0 for p in geometry.padded_dims):
+        raise inst.error(f"negative padding {list(pad)} removes more than the whole operand")
+    return geometry
+
+
+def _result_shapes(inst: Instruction, n: int) -> list[Shape]:
+    shape = inst.shape
+    if n == 1 and not shape.is_tuple:
+        return [shape]
+    if not shape.is_tuple or len(shape.tuple_shapes) != n:
+        raise inst.error(f"a reduce-window of {n} inputs must produce a tuple of {n} arrays, not {shape}")
+    return list(shape.tuple_shapes)
+
+
+@kernel("reduce-window")
+def make_reduce_window(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
+    shapes = ctx.operand_shapes(inst)
+    if len(shapes) < 2 or len(shapes) % 2 or not all(s.is_array for s in shapes):
+        raise inst.error(f"reduce-window takes N input arrays and N init values, got {len(shapes)} operands")
+    n = len(shapes) // 2
+    inputs, inits = shapes[:n], shapes[n:]
+    base_dims = inputs[0].dimensions
+    if any(s.dimensions != base_dims for s in inputs):
+        raise inst.error("reduce-window inputs must all have the same dimensions")
+    if any(not s.is_scalar for s in inits):
+        raise inst.error("reduce-window init values must be scalars")
+    geometry = window_geometry(inst, base_dims)
+    out_dims = geometry.output_dims
+    results = _result_shapes(inst, n)
+    for s in results:
+        if s.dimensions != out_dims:
+            raise inst.error(f"result shape {s} does not match the window's output {list(out_dims)}")
+    dtypes = [s.dtype for s in results]
+    name = inst.attrs.get("to_apply")
+    if not name:
+        raise inst.error("reduce-window needs a to_apply computation")
+    offsets = geometry.element_offsets() if math.prod(out_dims) else []
+    slices = [geometry.view_slices(o) for o in offsets]
+
+    fast = None
+    if n == 1 and inputs[0].dtype == dtypes[0]:
+        fast = reducer_ufunc(binary_reducer(ctx.computation_ir(name)), dtypes[0])
+    if fast is not None and fast[0] is not None:
+        ufunc = fast[0]
+        dtype = dtypes[0]
+
+        def reduce_window_fast(x: np.ndarray, init: np.ndarray) -> np.ndarray:
+            with np.errstate(all="ignore"):
+                base = geometry.pad_base(x, init)
+                if not slices:
+                    return np.full(out_dims, init, dtype=dtype)
+                acc = np.empty(out_dims, dtype=dtype)
+                ufunc(np.asarray(init, dtype), base[slices[0]], out=acc)
+                for sl in slices[1:]:
+                    ufunc(acc, base[sl], out=acc)
+            return acc
+
+        return reduce_window_fast
+
+    comp = ctx.computation(name)
+
+    def reduce_window(*operands: np.ndarray) -> Any:
+        with np.errstate(all="ignore"):
+            bases = [geometry.pad_base(x, init) for x, init in zip(operands[:n], operands[n:])]
+            acc = [np.full(out_dims, init, dtype=d) for init, d in zip(operands[n:], dtypes)]
+            for sl in slices:
+                combined = as_tuple(comp(*acc, *[b[sl] for b in bases]), n)
+                acc = [np.broadcast_to(np.asarray(c, d), out_dims) for c, d in zip(combined, dtypes)]
+        acc = [np.array(a) for a in acc]
+        return acc[0] if n == 1 and not inst.shape.is_tuple else tuple(acc)
+
+    return reduce_window
+
+
+_COMPARE_UFUNCS = {
+    "GE": np.greater_equal,
+    "GT": np.greater,
+    "LE": np.less_equal,
+    "LT": np.less,
+    "EQ": np.equal,
+    "NE": np.not_equal,
+}
+
+
+def _select_compare(comp: Computation) -> np.ufunc | None:
+    """The numpy comparison equal to a `compare(param0, param1)` select computation, if it is one."""
+    params = comp.parameters
+    root = comp.root_instruction
+    if (
+        len(params) != 2
+        or root.opcode != "compare"
+        or len(comp.instructions) != 3
+        or root.operands != [params[0].name, params[1].name]
+    ):
+        return None
+    if root.attrs.get("type") == "TOTALORDER":
+        return None
+    return _COMPARE_UFUNCS.get(root.attrs.get("comparison_direction"))
+
+
+@kernel("select-and-scatter")
+def make_select_and_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]:
+    shapes = ctx.operand_shapes(inst)
+    if len(shapes) != 3 or not all(s.is_array for s in shapes):
+        raise inst.error("select-and-scatter takes an operand, a source and an init value")
+    operand_shape, source_shape, init_shape = shapes
+    if not init_shape.is_scalar:
+        raise inst.error("select-and-scatter init value must be a scalar")
+    if inst.shape.dimensions != operand_shape.dimensions:
+        raise inst.error(f"result shape {inst.shape} must match the operand {operand_shape}")
+    geometry = window_geometry(inst, operand_shape.dimensions)
+    if any(d != 1 for d in geometry.lhs_dilate):
+        raise inst.error("select-and-scatter does not support base dilation")
+    out_dims = geometry.output_dims
+    if source_shape.dimensions != out_dims:
+        raise inst.error(f"source shape {source_shape} must match the window positions {list(out_dims)}")
+    for key in ("select", "scatter"):
+        if not inst.attrs.get(key):
+            raise inst.error(f"select-and-scatter needs a {key} computation")
+    dtype = inst.shape.dtype
+    dims = operand_shape.dimensions
+    numel = operand_shape.numel
+    offsets = geometry.element_offsets() if math.prod(out_dims) else []
+    slices = [geometry.view_slices(o) for o in offsets]
+    # Static per-window-element data: which operand element each window position reads.
+    positions = geometry.pad_base(np.arange(numel, dtype=np.int64).reshape(dims), -1)
+    element_index = [np.ascontiguousarray(positions[sl]) for sl in slices]
+    element_valid = [idx >= 0 for idx in element_index]
+
+    compare = _select_compare(ctx.computation_ir(inst.attrs["select"]))
+    select = compare or ctx.computation(inst.attrs["select"])
+    scatter_name = binary_reducer(ctx.computation_ir(inst.attrs["scatter"]))
+    fast_scatter = reducer_ufunc(scatter_name, dtype)
+    scatter_comp = (
+        None
+        if fast_scatter is not None and fast_scatter[0] is not None
+        else ctx.computation(inst.attrs["scatter"])
+    )
+
+    def select_positions(operand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        base = geometry.pad_base(operand, np.zeros((), dtype))
+        kept_value = kept_index = has = None
+        for sl, idx, valid in zip(slices, element_index, element_valid):
+            value = base[sl]
+            if kept_value is None:
+                kept_value, kept_index, has = value, idx, valid
+                continue
+            keep = np.asarray(select(kept_value, value), dtype=np.bool_)
+            take = valid & ~(has & keep)
+            kept_value = np.where(take, value, kept_value)
+            kept_index = np.where(take, idx, kept_index)
+            has = has | valid
+        return kept_index.reshape(-1), has.reshape(-1)
+
+    def scatter(out: np.ndarray, targets: np.ndarray, values: np.ndarray) -> np.ndarray:
+        if scatter_comp is None:
+            ufunc, wide = fast_scatter
+            acc = out.astype(wide)
+            ufunc.at(acc, targets, values.astype(wide))
+            return acc.astype(dtype)
+        order = np.argsort(targets, kind="stable")
+        targets, values = targets[order], values[order]
+        positions = np.arange(len(targets))
+        starts = np.ones(len(targets), dtype=np.bool_)
+        starts[1:] = targets[1:] != targets[:-1]
+        rank = positions - np.maximum.accumulate(np.where(starts, positions, 0))
+        for r in range(int(rank.max()) + 1 if len(rank) else 0):
+            chosen = rank == r
+            t = targets[chosen]
+            out[t] = np.asarray(scatter_comp(out[t], values[chosen]), dtype=dtype)
+        return out
+
+    def select_and_scatter(operand: np.ndarray, source: np.ndarray, init: np.ndarray) -> np.ndarray:
+        out = np.full(numel, init, dtype=dtype)
+        if not slices:
+            return out.reshape(dims)
+        with np.errstate(all="ignore"):
+            index, has = select_positions(operand)
+            out = scatter(out, index[has], source.reshape(-1)[has])
+        return out.reshape(dims)
+
+    return select_and_scatter
