@@ -53,6 +53,7 @@ class Job:
         self._host_seq: dict[tuple[int, int], int] = {}
         self._done = False
         self._outcome: tuple[bool, Any] | None = None
+        self._final_events: dict[int, list[dict[str, Any]]] | None = None
 
     # -- host side --------------------------------------------------------------------------------
     def infeed(self, replica: int, value: Any) -> None:
@@ -113,6 +114,12 @@ class Job:
 
     def states(self) -> list[ReplicaState]:
         return self._backend.states()
+
+    def events(self) -> dict[int, list[dict[str, Any]]]:
+        """Each replica's flight recorder (collectives, channel ops, feeds), oldest first."""
+        if self._outcome is not None and self._final_events is not None:
+            return self._final_events
+        return self._backend.events()
 
     def cancel(self) -> None:
         """Stop every replica and release everything. Safe to call twice."""
@@ -178,12 +185,13 @@ class Job:
         self._outcome = (ok, value)
         backend = self._backend
         try:
+            self._final_events = backend.events()
             if not ok:
                 backend.abort(value)
             if self._trace:
                 from replicas.diagnostics.trace import write_trace
 
-                write_trace(self._trace, backend.events())
+                write_trace(self._trace, self._final_events)
         finally:
             backend.shutdown()
         return self._outcome
