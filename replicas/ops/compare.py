@@ -1,0 +1,86 @@
+"""compare: comparison_direction EQ/NE/GE/GT/LE/LT with an optional comparison type.
+
+FLOAT (and PARTIALORDER) compare as IEEE: NaN is unordered, -0.0 == +0.0. TOTALORDER orders
+-NaN < -Inf < ... < -0.0 < +0.0 < ... < +Inf < +NaN: the float's bits, with the magnitude bits
+flipped for negative numbers, compare as signed integers (one whole-array bit trick). SIGNED and
+Integers must use their own SIGNED/UNSIGNED type (pred is UNSIGNED), as XLA's verifier demands.
+Complex values compare only for EQ/NE.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replicas.hlo.ir import Instruction
+from replicas.ops.elementwise_util import (
+    F32,
+    INT_OF_WIDTH,
+    Compute,
+    check_same_shapes,
+    expect_result_type,
+    finish,
+    is_narrow_float,
+    native_loop,
+    operand_types,
+    sub_byte_kernel,
+)
+from replicas.ops.registry import KernelContext, kernel
+from replicas.shapes import PrimitiveType
+
+_DIRECTIONS: dict[str, np.ufunc] = {
+    "EQ": np.equal, "NE": np.not_equal, "GE": np.greater_equal, "GT": np.greater,
+    "LE": np.less_equal, "LT": np.less,
+}
+_TYPES = ("FLOAT", "TOTALORDER", "PARTIALORDER", "SIGNED", "UNSIGNED")
+
+
+def total_order_keys(x: np.ndarray) -> np.ndarray:
+    """Signed integers that order like the floats `x` under IEEE totalOrder."""
+    itype = INT_OF_WIDTH[x.dtype.itemsize]
+    bits = x.view(itype)
+    flip = np.right_shift(bits, itype.itemsize * 8 - 1)  # -1 for negative floats, else 0
+    flip &= np.iinfo(itype).max
+    return np.bitwise_xor(bits, flip, out=flip)
+
+
+@kernel("compare")
+def make_compare(inst: Instruction, ctx: KernelContext) -> Compute:
+    sub_byte = sub_byte_kernel(inst, ctx, make_compare)
+    if sub_byte is not None:
+        return sub_byte
+    lhs, rhs = operand_types(inst, ctx, 2)
+    if lhs is not rhs:
+        raise inst.error(f"compare operands must have one element type, got {lhs.value} and {rhs.value}")
+    check_same_shapes(inst, ctx.operand_shapes(inst))
+    expect_result_type(inst, PrimitiveType.PRED)
+    direction = inst.attrs.get("comparison_direction")
+    if direction not in _DIRECTIONS:
+        raise inst.error(f"compare needs comparison_direction EQ, NE, GE, GT, LE or LT, got {direction!r}")
+    ufunc = _DIRECTIONS[direction]
+    kind = inst.attrs.get("type")
+    if kind is not None and kind not in _TYPES:
+        raise inst.error(f"unknown comparison type {kind!r}; expected one of {', '.join(_TYPES)}")
+    t = lhs
+
+    if t.is_complex:
+        if direction not in ("EQ", "NE"):
+            raise inst.error(f"complex values have no order: compare {direction} is not defined on {t.value}")
+        return finish(inst, ufunc, errors=False)
+
+    if t.is_floating:
+        if kind in ("SIGNED", "UNSIGNED"):
+            raise inst.error(f"comparison type {kind} does not apply to {t.value}")
+        if kind == "TOTALORDER":
+            def total_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+                return ufunc(total_order_keys(a), total_order_keys(b))
+
+            return finish(inst, total_order, errors=False)
+        if is_narrow_float(t) and not native_loop(ufunc, t.dtype, 2, np.dtype(np.bool_)):
+            return finish(inst, lambda a, b: ufunc(a.astype(F32), b.astype(F32)))
+        return finish(inst, ufunc)
+
+    expected = "SIGNED" if t.is_signed_integral else "UNSIGNED"
+    if kind is not None and kind != expected:
+        # XLA's verifier insists on the element type's own comparison type.
+        raise inst.error(f"comparison type {kind} does not apply to {t.value} (expected {expected})")
+    return finish(inst, ufunc, errors=False)

@@ -1,0 +1,190 @@
+"""Shared machinery of the element-wise kernels (unary, binary, compare, convert, select).
+
+The hot path of an element-wise kernel is one numpy call: factories pick the function for the
+operand dtype once, and `finish` wraps it only as much as needed (numpy errors silenced for
+floating-point maths, 0-d results kept as arrays). Narrow floats (f16, bf16, f8) are computed
+in f32 and rounded once, as XLA:CPU does, unless numpy or ml_dtypes has a loop of that dtype for
+the operation (those loops also compute in f32 and round once, and they are faster).
+
+XLA:CPU runs with subnormals flushed to zero (FTZ/DAZ); numpy keeps them. The kernels do not
+emulate the flush: results differ only where an input or a result is subnormal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from replicas.hlo.ir import Instruction
+from replicas.ops.registry import KernelContext, KernelFactory
+from replicas.shapes import PrimitiveType, Shape
+
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+BOOL = np.dtype(np.bool_)
+
+Compute = Callable[..., Any]
+
+# Sub-byte integers are computed in 8 bits and wrapped back (ml_dtypes' int4 ufuncs do not wrap).
+SUB_BYTE_WIDE = {PrimitiveType.S2: PrimitiveType.S8, PrimitiveType.S4: PrimitiveType.S8,
+                 PrimitiveType.U2: PrimitiveType.U8, PrimitiveType.U4: PrimitiveType.U8}
+_UNSIGNED_OF = {np.dtype(s): np.dtype(u) for s, u in [(np.int8, np.uint8), (np.int16, np.uint16),
+                                                      (np.int32, np.uint32), (np.int64, np.uint64)]}
+SIGNED_OF = {u: s for s, u in _UNSIGNED_OF.items()}
+UNSIGNED_OF = dict(_UNSIGNED_OF)
+for _u in list(SIGNED_OF):
+    UNSIGNED_OF[_u] = _u
+for _s in list(_UNSIGNED_OF):
+    SIGNED_OF[_s] = _s
+INT_OF_WIDTH = {1: np.dtype(np.int8), 2: np.dtype(np.int16), 4: np.dtype(np.int32), 8: np.dtype(np.int64)}
+
+
+def is_narrow_float(t: PrimitiveType) -> bool:
+    return t.is_floating and t.bit_width < 32
+
+
+def operand_types(inst: Instruction, ctx: KernelContext, arity: int | None = None) -> list[PrimitiveType]:
+    """The operands' element types, checking the operand count and that every operand is an array."""
+    shapes = ctx.operand_shapes(inst)
+    if arity is not None and len(shapes) != arity:
+        raise inst.error(f"{inst.opcode} takes {arity} operand{'s' if arity != 1 else ''}, got {len(shapes)}")
+    for s in shapes:
+        if not s.is_array:
+            raise inst.error(f"{inst.opcode} operands must be arrays, got {s}")
+    if not inst.shape.is_array:
+        raise inst.error(f"{inst.opcode} must produce an array, not {inst.shape}")
+    return [s.element_type for s in shapes]
+
+
+def check_same_shapes(inst: Instruction, shapes: list[Shape]) -> None:
+    """Element-wise operands must have the result's dimensions (a scalar operand broadcasts)."""
+    dims = inst.shape.dimensions
+    for s in shapes:
+        if s.dimensions != dims and s.rank != 0:
+            raise inst.error(f"{inst.opcode} operand {s} does not match the result shape {inst.shape}")
+
+
+def expect_result_type(inst: Instruction, expected: PrimitiveType) -> None:
+    if inst.shape.element_type is not expected:
+        raise inst.error(f"{inst.opcode} produces {expected.value}, but the instruction's shape is {inst.shape}")
+
+
+def finish(inst: Instruction, compute: Compute, *, errors: bool = True) -> Compute:
+    """The kernel: `compute` on the operands, numpy errors silenced if `errors`, 0-d results as arrays.
+
+    When the result is a scalar every operand is 0-d; they are viewed as 1-element arrays so
+    `compute` may use `out=` on its own intermediates and always gets arrays back from numpy.
+    """
+    if inst.shape.rank == 0:
+        # A scalar computation (a reducer, a comparator) is also called on whole arrays: only
+        # true 0-d operands take the 1-element view.
+        if errors:
+            def scalar_kernel(*args: np.ndarray) -> np.ndarray:
+                with np.errstate(all="ignore"):
+                    if all(a.ndim == 0 for a in args):
+                        return compute(*[a.reshape(1) for a in args]).reshape(())
+                    return compute(*args)
+        else:
+            def scalar_kernel(*args: np.ndarray) -> np.ndarray:
+                if all(a.ndim == 0 for a in args):
+                    return compute(*[a.reshape(1) for a in args]).reshape(())
+                return compute(*args)
+        return scalar_kernel
+    if not errors:
+        return compute
+
+    def kernel(*args: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return compute(*args)
+
+    return kernel
+
+
+def native_loop(ufunc: np.ufunc, dtype: np.dtype, nin: int, out_dtype: np.dtype | None = None) -> bool:
+    """Whether `ufunc` computes on `dtype` directly (ml_dtypes or numpy loops), returning `out_dtype`."""
+    try:
+        with np.errstate(all="ignore"):
+            out = ufunc(*[np.ones(2, dtype)] * nin)
+    except (TypeError, ValueError, NotImplementedError):
+        return False
+    return isinstance(out, np.ndarray) and out.dtype == (dtype if out_dtype is None else out_dtype)
+
+
+def in_f32(compute: Compute, dtype: np.dtype) -> Compute:
+    """`compute` on f32 copies of the (narrow float) operands, rounded once back to `dtype`."""
+
+    def narrow(*args: np.ndarray) -> np.ndarray:
+        return compute(*[a.astype(F32) for a in args]).astype(dtype)
+
+    return narrow
+
+
+def float_compute(ufunc: np.ufunc, t: PrimitiveType, nin: int) -> Compute:
+    """The ufunc for float type `t`, computing narrow floats in f32 when there is no native loop."""
+    dtype = t.dtype
+    if is_narrow_float(t) and not native_loop(ufunc, dtype, nin):
+        return in_f32(ufunc, dtype)
+    return ufunc
+
+
+def real_dtype_of(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float32) if dtype == np.complex64 else np.dtype(np.float64)
+
+
+class _WideContext:
+    """The kernel context with sub-byte operand shapes widened to 8 bits."""
+
+    def __init__(self, ctx: KernelContext, shapes: list[Shape]) -> None:
+        self._ctx = ctx
+        self._shapes = shapes
+
+    def operand_shapes(self, inst: Instruction) -> list[Shape]:
+        return self._shapes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
+def _widen(shape: Shape) -> Shape:
+    if shape.is_array and shape.element_type in SUB_BYTE_WIDE:
+        return shape.with_element_type(SUB_BYTE_WIDE[shape.element_type])
+    return shape
+
+
+# Ops that read the bits above the value's width: their operand is masked to its own width first.
+# popcnt only for 2-bit types: XLA:CPU counts the sign-extended byte of a negative s4 (and we match it).
+_MASKED = ("shift-right-logical", "count-leading-zeros")
+
+
+def sub_byte_kernel(inst: Instruction, ctx: KernelContext, factory: KernelFactory) -> Compute | None:
+    """For s2/s4/u2/u4 operands or result: `factory`'s 8-bit kernel, with conversions in and out."""
+    shapes = ctx.operand_shapes(inst)
+    if not any(s.is_array and s.element_type in SUB_BYTE_WIDE for s in [*shapes, inst.shape]):
+        return None
+    wide_inst = Instruction(inst.name, inst.opcode, _widen(inst.shape), inst.operands, inst.attrs, inst.line)
+    wide = factory(wide_inst, _WideContext(ctx, [_widen(s) for s in shapes]))
+    to_wide = [_widen(s).dtype if s.is_array and s.element_type in SUB_BYTE_WIDE else None for s in shapes]
+    out = inst.shape.dtype if inst.shape.element_type in SUB_BYTE_WIDE else None
+    first = shapes[0].element_type
+    masked = inst.opcode in _MASKED or (inst.opcode == "popcnt" and first.bit_width == 2)
+    mask = (1 << first.bit_width) - 1 if masked and first in SUB_BYTE_WIDE else None
+    clz_excess = 8 - first.bit_width if inst.opcode == "count-leading-zeros" and mask is not None else 0
+    # shift-right-arithmetic fills with the value's own top bit, also on unsigned types.
+    sign_bit = (1 << (first.bit_width - 1)) if (inst.opcode == "shift-right-arithmetic"
+                                                and first in SUB_BYTE_WIDE and first.is_unsigned_integral) else 0
+
+    def narrow(*args: np.ndarray) -> np.ndarray:
+        args = tuple(a if d is None else a.astype(d) for a, d in zip(args, to_wide))
+        if mask is not None:
+            args = (args[0] & args[0].dtype.type(mask),) + args[1:]
+        if sign_bit:
+            extended = (args[0].astype(np.int16) ^ sign_bit) - sign_bit
+            args = (extended.astype(args[0].dtype),) + args[1:]
+        r = wide(*args)
+        if clz_excess:
+            r = r - r.dtype.type(clz_excess)
+        return r if out is None else r.astype(out)
+
+    return narrow
