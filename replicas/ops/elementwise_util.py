@@ -72,34 +72,25 @@ def expect_result_type(inst: Instruction, expected: PrimitiveType) -> None:
 
 
 def finish(inst: Instruction, compute: Compute, *, errors: bool = True) -> Compute:
-    """The kernel: `compute` on the operands, numpy errors silenced if `errors`, 0-d results as arrays.
+    """The kernel: `compute` on the operands, 0-d results as arrays.
 
-    When the result is a scalar every operand is 0-d; they are viewed as 1-element arrays so
-    `compute` may use `out=` on its own intermediates and always gets arrays back from numpy.
+    Numpy's floating-point warnings are silenced once for the whole run by the interpreter
+    (`Interpreter.run`), not per call: `errors` is kept for callers that document it.
+    When the result is a scalar and every operand is 0-d, they are viewed as 1-element arrays so
+    `compute` may use `out=` on its own intermediates and always gets arrays back from numpy. A
+    scalar computation (a reducer, a comparator) is also called on whole arrays: then the
+    operands pass through as they are.
     """
+    del errors
     if inst.shape.rank == 0:
-        # A scalar computation (a reducer, a comparator) is also called on whole arrays: only
-        # true 0-d operands take the 1-element view.
-        if errors:
-            def scalar_kernel(*args: np.ndarray) -> np.ndarray:
-                with np.errstate(all="ignore"):
-                    if all(a.ndim == 0 for a in args):
-                        return compute(*[a.reshape(1) for a in args]).reshape(())
+        def scalar_kernel(*args: np.ndarray) -> np.ndarray:
+            for a in args:
+                if a.ndim:
                     return compute(*args)
-        else:
-            def scalar_kernel(*args: np.ndarray) -> np.ndarray:
-                if all(a.ndim == 0 for a in args):
-                    return compute(*[a.reshape(1) for a in args]).reshape(())
-                return compute(*args)
+            return compute(*[a.reshape(1) for a in args]).reshape(())
+
         return scalar_kernel
-    if not errors:
-        return compute
-
-    def kernel(*args: np.ndarray) -> np.ndarray:
-        with np.errstate(all="ignore"):
-            return compute(*args)
-
-    return kernel
+    return compute
 
 
 def native_loop(ufunc: np.ufunc, dtype: np.dtype, nin: int, out_dtype: np.dtype | None = None) -> bool:

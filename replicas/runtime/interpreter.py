@@ -188,7 +188,10 @@ class Interpreter:
     # -- running ---------------------------------------------------------------------------------
     def run(self, args: Sequence[Any] = ()) -> Any:
         values = check_arguments(self.module.entry_computation, args)
-        return self._entry(*values)
+        # XLA semantics define every result (x/0, NaN casts, overflow): numpy's warnings about
+        # them are noise. Silenced once here, for this thread, instead of in every kernel call.
+        with np.errstate(all="ignore"):
+            return self._entry(*values)
 
 
 def check_arguments(entry: Computation, args: Sequence[Any]) -> list[Any]:
