@@ -293,3 +293,34 @@ def test_integer_division_truncates(pairs: list[tuple[int, int]]) -> None:
         else:
             want_q = abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
             assert (q, r) == (want_q, x - want_q * y)
+
+
+def test_large_chains_reuse_dead_buffers_without_changing_live_values():
+    """(a+b)*c - a on arrays big enough for buffer reuse: the sum's buffer may hold the product,
+    but a value read twice (s feeds both the product and the root tuple) is never overwritten."""
+    from opkit import run_module
+
+    from replicas.hlo.text import parse_hlo
+
+    n = 1 << 17
+    m = parse_hlo(f"""HloModule chain
+ENTRY main {{
+  a = f32[{n}] parameter(0)
+  b = f32[{n}] parameter(1)
+  c = f32[{n}] parameter(2)
+  s = f32[{n}] add(a, b)
+  p = f32[{n}] multiply(s, c)
+  q = f32[{n}] subtract(p, a)
+  t = f32[{n}] add(a, c)
+  u = f32[{n}] multiply(t, t)
+  ROOT r = (f32[{n}], f32[{n}], f32[{n}]) tuple(q, s, u)
+}}""")
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.normal(size=n).astype(np.float32) for _ in range(3))
+    keep = [x.copy() for x in (a, b, c)]
+    q, s, u = run_module(m, [a, b, c])
+    np.testing.assert_array_equal(q, (a + b) * c - a)
+    np.testing.assert_array_equal(s, a + b)
+    np.testing.assert_array_equal(u, (a + c) * (a + c))
+    for x, k in zip((a, b, c), keep):
+        np.testing.assert_array_equal(x, k)  # parameters are never written

@@ -107,21 +107,55 @@ class BoundComputation:
         return slots[self._root]
 
 
+# A result at least this large may be written into a dead operand's buffer (as numpy reuses the
+# temporaries of `(a + b) * c`): below it, a fresh allocation is cheaper than the bookkeeping.
+DONATE_MIN_ELEMENTS = 1 << 16
+
+
 def _straight_line(bound: BoundComputation) -> tuple[Callable[..., Any], dict[int, Instruction]]:
     """Compile the bound steps to straight-line Python: one local per value, `del` at its last use
     (the schedule's liveness), `_interp.current` set per step. This removes the per-step loop,
-    list and slot overhead from every computation call (a While body runs it every iteration)."""
+    list and slot overhead from every computation call (a While body runs it every iteration).
+
+    A large element-wise result is written into an operand's buffer (`out=`) when that operand is
+    a fresh array made by another element-wise ufunc step of this computation, of the same shape
+    and type, and this step is its only reader: nothing else can see the buffer change."""
     params = bound._params
+    steps = bound._steps
     arg_names = [f"a{i}" for i in range(len(params))]
+    name_of = {slot: arg_names[i] for i, slot in enumerate(params)}
+    operand_vars: list[list[str]] = []
+    for k, (_, operand_slots, result_slot, _, _) in enumerate(steps):
+        operand_vars.append([name_of[s] for s in operand_slots])
+        name_of[result_slot] = f"v{k}"
+    root_var = name_of[bound._root]
+    readers: dict[str, int] = {}
+    for names in operand_vars:
+        for n in names:
+            readers[n] = readers.get(n, 0) + 1
+
+    def fresh_ufunc(k: int) -> bool:
+        fn, inst = steps[k][0], steps[k][4]
+        return (isinstance(fn, np.ufunc) and fn.nout == 1 and inst.shape.is_array
+                and inst.shape.numel >= DONATE_MIN_ELEMENTS)
+
     name_of = {slot: arg_names[i] for i, slot in enumerate(params)}
     env: dict[str, Any] = {"_interp": bound._interp}
     lines = [f"def run({', '.join(arg_names)}):"]
     line_to_inst: dict[int, Instruction] = {}
-    for k, (fn, operand_slots, result_slot, release, inst) in enumerate(bound._steps):
+    for k, (fn, _, result_slot, release, inst) in enumerate(steps):
         env[f"k{k}"] = fn
         env[f"i{k}"] = inst
-        operands = ", ".join(name_of[s] for s in operand_slots)
-        lines.append(f"    _interp.current = i{k}; v{k} = k{k}({operands})")
+        names = operand_vars[k]
+        out = ""
+        if fresh_ufunc(k):
+            for n in names:
+                producer = int(n[1:]) if n[0] == "v" else None
+                if (producer is not None and readers[n] == 1 and n != root_var and fresh_ufunc(producer)
+                        and steps[producer][4].shape.compatible(inst.shape)):
+                    out = f", out={n}"
+                    break
+        lines.append(f"    _interp.current = i{k}; v{k} = k{k}({', '.join(names)}{out})")
         line_to_inst[len(lines)] = inst
         dead = [name_of[s] for s in release if s in name_of and s != result_slot]
         name_of[result_slot] = f"v{k}"
