@@ -16,7 +16,7 @@ BACKENDS = ("ray", "threads")
 def launch(module: Module | Executable, args: Sequence[Any] | None = None, num_replicas: int = 4, *,
            timeout: float | None = 60, address: str | None = None,
            infeed: Sequence[Sequence[Any]] | None = None, trace: str | None = None, strict: bool = True,
-           backend: str = "ray", replicas_per_actor: int = 1,
+           backend: str = "ray", replicas_per_actor: int | None = None,
            resources: Sequence[dict[str, float]] | None = None,
            record_every_instruction: bool = False) -> Job:
     """Start `num_replicas` replicas of `module` and return the Job without waiting.
@@ -25,6 +25,9 @@ def launch(module: Module | Executable, args: Sequence[Any] | None = None, num_r
     infeed: values preloaded into each replica's infeed queue (one list per replica).
     backend: "ray" (actors; `address` joins a cluster) or "threads" (one process, no Ray).
     resources: per-replica Ray custom resources, to place replicas on chosen nodes.
+    replicas_per_actor: how many replicas share one actor process. By default one each, until N
+        exceeds twice the cluster's CPUs: then they are packed so about that many processes start
+        (each costs ~2 s of CPU to start; 32 replicas on 2 cores start in ~4 s instead of ~32 s).
     """
     if backend not in BACKENDS:
         raise ProgramError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -43,7 +46,7 @@ def launch(module: Module | Executable, args: Sequence[Any] | None = None, num_r
 
         engine = RayBackend(executable, per_replica, address=address, strict=strict,
                             record_every_instruction=record_every_instruction,
-                            replicas_per_actor=replicas_per_actor,
+                            replicas_per_actor=replicas_per_actor or 0,
                             resources=list(resources) if resources is not None else None)
     job = Job(engine, executable, timeout=timeout, host_may_send=True, trace=trace)
     for r, values in enumerate(infeed or []):
@@ -55,7 +58,7 @@ def launch(module: Module | Executable, args: Sequence[Any] | None = None, num_r
 def run(module: Module | Executable, args: Sequence[Any] | None = None, num_replicas: int = 4, *,
         timeout: float | None = 60, address: str | None = None,
         infeed: Sequence[Sequence[Any]] | None = None, trace: str | None = None, strict: bool = True,
-        backend: str = "ray", replicas_per_actor: int = 1,
+        backend: str = "ray", replicas_per_actor: int | None = None,
         resources: Sequence[dict[str, float]] | None = None) -> list[Any]:
     """Run `module` on `num_replicas` replicas to completion; one result per replica.
 

@@ -1,0 +1,305 @@
+"""Collectives on N replicas next to anchors measured in the same run (a benchmark, never a test).
+
+    python bench/collectives.py [--replicas 4] [--sizes 4KiB,1MiB,16MiB,64MiB] [--ops all-reduce,...]
+                                [--backend ray|threads|both] [--skip jax,mpi,gloo,naive] [--json out.json]
+    python bench/collectives.py --memory [--iterations 10000]     # leak check under Ray
+    python bench/collectives.py --startup 32                       # start time of 32 replicas only
+
+Rows: op x per-replica input buffer (f32). Columns: replicas (the op K times in a While loop,
+differenced), JAX (jit(shard_map) on N forced CPU devices, same looping), MPI (mpi4py under
+`mpiexec -n N`), torch gloo (N processes), naive Ray (N actors ray.put their piece, each ray.gets
+the others' and combines; driven round by round), raw Ray actor round trip of the buffer, and the
+memory floor (np.copyto of the buffer). ratio = replicas / best peer (JAX, MPI, gloo, naive Ray).
+See bench/README.md for the goals and the measured numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import (  # noqa: E402 - the bench folder is not a package
+    BENCH_DIR,
+    OPS,
+    NaiveRay,
+    collective_program,
+    fmt_time,
+    iterations_for,
+    load_average,
+    memory_floor,
+    mpi_anchor,
+    parse_size,
+    per_iteration,
+    ray_echo_actor,
+    ray_round_trip,
+    run_json_subprocess,
+    run_loop,
+    size_label,
+)
+
+import replicas as rp  # noqa: E402
+
+PEERS = ("jax", "mpi", "gloo", "naive-ray")
+TRIVIAL = """\
+HloModule trivial, replica_count={n}
+
+ENTRY main {{
+  id = u32[] replica-id()
+  ROOT out = u32[] add(id, id)
+}}
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# -- replicas ------------------------------------------------------------------------------------------
+
+def warm_up(n: int, backend: str) -> None:
+    m = collective_program("all-reduce", 1024, n)
+    for _ in range(2):
+        run_loop(m, np.ones(1024, np.float32), 2, n, backend)
+
+
+def time_replicas(op: str, nbytes: int, n: int, backend: str) -> float:
+    elements = nbytes // 4
+    module = collective_program(op, elements, n)
+    x = np.ones(elements, np.float32)
+    k1, k2 = iterations_for(nbytes)
+    repeat = 2 if nbytes <= (16 << 20) else 1
+    return per_iteration(lambda k: run_loop(module, x, k, n, backend), k1, k2, repeat)
+
+
+# -- startup -------------------------------------------------------------------------------------------
+
+def startup_child(n: int) -> None:
+    """In a fresh process: Ray start, then a trivial program on n replicas with a cold and a warm pool."""
+    from replicas.runtime.ray_backend import ensure_ray
+
+    module = rp.parse_hlo(TRIVIAL.format(n=n))
+    t0 = time.perf_counter()
+    ensure_ray()
+    ray_init = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rp.run(module, num_replicas=n, timeout=600)
+    cold = time.perf_counter() - t0
+    warm = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        rp.run(module, num_replicas=n, timeout=600)
+        warm.append(time.perf_counter() - t0)
+    print(json.dumps({"replicas": n, "ray_init": ray_init, "cold": cold, "warm": float(np.median(warm))}))
+
+
+def measure_startup(n: int) -> tuple[dict | None, str]:
+    return run_json_subprocess([sys.executable, os.path.abspath(__file__), "--startup-child", str(n)], 900)
+
+
+# -- memory (leak check) -------------------------------------------------------------------------------
+
+def rss_mib(pid: int | str = "self") -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes whose parent is `pid`."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    out.append((int(entry), f.read().replace(b"\0", b" ").decode(errors="replace")))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def ray_processes() -> tuple[int | None, list[int]]:
+    """This driver's raylet (it hosts the object store) and its replica actor processes."""
+    raylets = [p for p, cmd in _children(os.getpid()) if "raylet/raylet" in cmd]
+    if not raylets:
+        return None, []
+    return raylets[0], [p for p, cmd in _children(raylets[0]) if cmd.startswith("ray::ReplicaHost")]
+
+
+def memory_mode(n: int, iterations: int) -> None:
+    warm_up(n, "ray")
+    module = collective_program("all-reduce", 1024, n)  # 4 KiB per replica
+    x = np.ones(1024, np.float32)
+
+    def snapshot() -> dict:
+        raylet, actors = ray_processes()
+        return {"driver_rss_mib": rss_mib(), "raylet_rss_mib": rss_mib(raylet) if raylet else float("nan"),
+                "actors_rss_mib": sum(rss_mib(p) for p in actors), "actors": len(actors)}
+
+    run_loop(module, x, 100, n, "ray")
+    before = snapshot()
+    t0 = time.perf_counter()
+    run_loop(module, x, iterations, n, "ray")
+    took = time.perf_counter() - t0
+    middle = snapshot()
+    run_loop(module, x, iterations, n, "ray")
+    after = snapshot()
+    print(f"{iterations} all-reduces of 4 KiB on {n} replicas in one While loop: {took:.1f} s "
+          f"({took / iterations * 1e6:.0f} us each); load average {load_average()}")
+    print(f"{'':24}{'before':>12}{'after run 1':>14}{'after run 2':>14}   (each run: {iterations})")
+    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib"):
+        print(f"{key:24}{before[key]:12.1f}{middle[key]:14.1f}{after[key]:14.1f}")
+    print(f"(actor processes alive: {after['actors']}; flat from run 1 to run 2 = no leak)")
+    print("(raylet RSS includes the object store's touched shared-memory pages; the Ray here has no grpc "
+          "module for `ray memory`)")
+
+
+# -- the table -----------------------------------------------------------------------------------------
+
+def run_anchors(args: argparse.Namespace, ops: list[str], sizes: list[int]) -> dict[str, dict]:
+    """{anchor: {op: {size: seconds}}} for the subprocess anchors; messages printed."""
+    out: dict[str, dict] = {}
+    size_arg = ",".join(str(s) for s in sizes)
+    if "jax" not in args.skip:
+        log("JAX anchor")
+        data, msg = run_json_subprocess([sys.executable, os.path.join(BENCH_DIR, "anchors_jax.py"),
+                                         "--replicas", str(args.replicas), "--ops", ",".join(ops),
+                                         "--sizes", size_arg], 900)
+        print(f"jax: {msg}" + (f" (jax {data['jax']})" if data else ""))
+        out["jax"] = data["results"] if data else {}
+    if "mpi" not in args.skip:
+        log("MPI anchor")
+        data, msg = mpi_anchor(ops, sizes, args.replicas, 900)
+        print(f"mpi: {msg}" + (f" ({data['mpi']})" if data else ""))
+        out["mpi"] = data["results"] if data else {}
+    if "gloo" not in args.skip:
+        log("gloo anchor")
+        if importlib.util.find_spec("torch") is None:
+            data, msg = None, "skipped (not installed)"
+        else:
+            data, msg = run_json_subprocess([sys.executable, os.path.join(BENCH_DIR, "anchors_gloo.py"),
+                                             "--replicas", str(args.replicas), "--ops", ",".join(ops),
+                                             "--sizes", size_arg], 900)
+        print(f"gloo: {msg}" + (f" (torch {data['torch']}; unsupported: {data['errors']})" if data else ""))
+        out["gloo"] = data["results"] if data else {}
+    return out
+
+
+def table(args: argparse.Namespace) -> None:
+    ops = args.ops.split(",")
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    n = args.replicas
+    backends = ["ray", "threads"] if args.backend == "both" else [args.backend]
+    print(f"# replicas collectives, {n} replicas, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"{os.cpu_count()} cores, load average at start {load_average()}")
+    floors = {s: memory_floor(s) for s in sizes}
+    anchors = run_anchors(args, ops, sizes)
+
+    from replicas.runtime.ray_backend import ensure_ray
+
+    log("Ray start and warm-up")
+    ensure_ray()
+    for b in backends:
+        warm_up(n, b)
+    echo = ray_echo_actor()
+    round_trip = {s: ray_round_trip(echo, s, 50 if s <= (1 << 20) else 5) for s in sizes}
+    naive = NaiveRay(n) if "naive" not in args.skip else None
+    rows = []
+    for op in ops:
+        for s in sizes:
+            row = {"op": op, "bytes": s, "floor": floors[s], "round_trip": round_trip[s]}
+            for b in backends:
+                log(f"replicas[{b}] {op} {size_label(s)}")
+                row[f"replicas-{b}"] = time_replicas(op, s, n, b)
+            for name in ("jax", "mpi", "gloo"):
+                row[name] = anchors.get(name, {}).get(op, {}).get(str(s))
+            if naive is not None:
+                log(f"naive Ray {op} {size_label(s)}")
+                row["naive-ray"] = naive.time_op(op, s, 20 if s <= (1 << 20) else 3)
+            rows.append(row)
+    if naive is not None:
+        naive.close()
+    startup = None
+    if args.startup_replicas:
+        log(f"start time of {args.startup_replicas} replicas (fresh Ray in a subprocess)")
+        startup, msg = measure_startup(args.startup_replicas)
+        if startup is None:
+            print(f"startup: {msg}")
+    print_table(rows, backends, n, startup)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "startup": startup, "load_average_end": load_average()}, f, indent=1)
+
+
+def print_table(rows: list[dict], backends: list[str], n: int, startup: dict | None) -> None:
+    cols = [f"replicas-{b}" for b in backends] + list(PEERS) + ["round_trip", "floor"]
+    head = f"{'op':20}{'size':>9}" + "".join(f"{c:>15}" for c in cols) + f"{'ratio/best':>12}{'best peer':>11}"
+    print()
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        peers = {p: row.get(p) for p in PEERS if row.get(p)}
+        best = min(peers, key=peers.get) if peers else None
+        main = row[f"replicas-{backends[0]}"]
+        ratio = f"{main / peers[best]:.1f}x" if best else "-"
+        print(f"{row['op']:20}{size_label(row['bytes']):>9}" + "".join(f"{fmt_time(row.get(c)):>15}" for c in cols)
+              + f"{ratio:>12}{best or '-':>11}")
+    print(f"(load average at end {load_average()})")
+    print()
+    for row in rows:
+        main = row[f"replicas-{backends[0]}"]
+        if row["op"] == "all-reduce" and row["bytes"] == 64 << 20:
+            print(f"64 MiB all-reduce / memory floor (np.copyto of 64 MiB, {fmt_time(row['floor'])}): "
+                  f"{main / row['floor']:.1f}x (goal <= 1.5x)")
+        if row["op"] == "all-reduce" and row["bytes"] == 4096:
+            print(f"4 KiB all-reduce {fmt_time(main)} vs one raw Ray actor round trip {fmt_time(row['round_trip'])}: "
+                  f"{main / row['round_trip']:.1f}x (goal <= 1x)")
+    if startup:
+        print(f"start of {startup['replicas']} replicas (trivial program): Ray init {startup['ray_init']:.1f} s, "
+              f"cold pool {startup['cold']:.1f} s, warm pool {startup['warm']:.2f} s (goal < 10 s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--sizes", default="4KiB,1MiB,16MiB,64MiB")
+    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--backend", choices=["ray", "threads", "both"], default="ray")
+    parser.add_argument("--skip", default="", help="anchors to leave out: jax,mpi,gloo,naive")
+    parser.add_argument("--startup-replicas", type=int, default=32, help="0 to skip the start-time measurement")
+    parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--memory", action="store_true", help="leak check: many small all-reduces under Ray")
+    parser.add_argument("--iterations", type=int, default=10_000)
+    parser.add_argument("--startup", type=int, help="only measure the start time of this many replicas")
+    parser.add_argument("--startup-child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.skip = set(filter(None, args.skip.split(",")))
+    for op in args.ops.split(","):
+        if op not in OPS:
+            parser.error(f"unknown op {op!r}; choose from {', '.join(OPS)}")
+    if args.startup_child:
+        startup_child(args.startup_child)
+    elif args.startup:
+        data, msg = measure_startup(args.startup)
+        print(json.dumps(data) if data else msg)
+    elif args.memory:
+        memory_mode(args.replicas, args.iterations)
+    else:
+        table(args)
+
+
+if __name__ == "__main__":
+    main()
