@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Hashable
 from typing import Any
@@ -19,8 +20,11 @@ from replicas.errors import ReplicaFailure, ReplicasError
 from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import Fabric
 from replicas.runtime.mailbox import Mailbox
+from replicas.runtime.wire import WIRE_MAX_BYTES, Wire, payload_bytes
 
 _init_lock = threading.Lock()
+# The key this driver's actors authenticate direct connections with (see wire.py).
+_AUTHKEY = secrets.token_bytes(32)
 
 
 def ensure_ray(address: str | None = None) -> None:
@@ -53,14 +57,19 @@ class RayFabric(Fabric):
                  local: dict[int, Mailbox], **kwargs: Any) -> None:
         super().__init__(replica_id, num_replicas, mailbox, **kwargs)
         self._local = local
-        self.routes: dict[int, Any] = {}
+        self.routes: dict[int, Any] = {}  # replica -> its actor (large messages, via the object store)
+        self.wire: Wire | None = None
+        self.wire_routes: dict[int, dict[str, Any]] = {}  # replica -> its actor's wire address
+        self.token = ""
 
     def _post(self, dst: int, key: Hashable, value: Any) -> None:
         box = self._local.get(dst)
         if box is not None:
             box.deliver(self.replica_id, key, value)
+        elif self.wire is not None and payload_bytes(value) <= WIRE_MAX_BYTES:
+            self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, value))
         else:
-            self.routes[dst].deliver.remote(dst, self.replica_id, key, value)
+            self.routes[dst].deliver.remote(self.token, dst, self.replica_id, key, value)
 
 
 class ReplicaHost:
@@ -72,8 +81,25 @@ class ReplicaHost:
         self._runners: dict[int, Any] = {}
         self._fabrics: list[RayFabric] = []
         self._executables: dict[bytes, Executable] = {}
+        self._wire: Wire | None = None
+        self._token = ""  # the current job's: messages of an earlier job are dropped
 
-    def setup(self, replica_ids: list[int], num_replicas: int, module_bytes: bytes, strict: bool,
+    def wire_address(self, authkey: bytes) -> dict[str, Any]:
+        """Open (once per actor) the direct message sockets; their address for the peers."""
+        import ray
+
+        if self._wire is None:
+            self._wire = Wire(self._on_wire, authkey, ray.get_runtime_context().get_node_id(),
+                              ray.util.get_node_ip_address())
+        return self._wire.address
+
+    def _on_wire(self, message: tuple) -> None:
+        token, dst, src, key, value = message
+        box = self._mailboxes.get(dst)
+        if token == self._token and box is not None:
+            box.deliver(src, key, value)
+
+    def setup(self, token: str, replica_ids: list[int], num_replicas: int, module_bytes: bytes, strict: bool,
               record_every_instruction: bool, custom_calls: dict[str, Any] | None = None) -> None:
         import hashlib
 
@@ -89,6 +115,7 @@ class ReplicaHost:
         if executable is None:
             executable = Executable.from_bytes(module_bytes)
             self._executables = {digest: executable}  # keep the last program only
+        self._token = token
         self._mailboxes = {r: Mailbox(r) for r in replica_ids}
         self._runners = {}
         self._fabrics = []
@@ -96,6 +123,7 @@ class ReplicaHost:
             recorder = FlightRecorder(r, every_instruction=record_every_instruction)
             fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
                                recorder=recorder)
+            fabric.wire, fabric.token = self._wire, token
             self._fabrics.append(fabric)
             self._runners[r] = ReplicaRunner(executable, fabric, recorder)
 
@@ -112,16 +140,19 @@ class ReplicaHost:
     def ping(self) -> bool:
         return True
 
-    def connect(self, routes: dict[int, Any]) -> None:
+    def connect(self, routes: dict[int, Any], wire_routes: dict[int, dict[str, Any]]) -> None:
         for fabric in self._fabrics:
             fabric.routes = routes
+            fabric.wire_routes = wire_routes
 
     def start(self, args: dict[int, list[Any]]) -> None:
         for r, a in args.items():
             self._runners[r].start(a)
 
-    def deliver(self, dst: int, src: int, key: Hashable, value: Any) -> None:
-        self._mailboxes[dst].deliver(src, key, value)
+    def deliver(self, token: str, dst: int, src: int, key: Hashable, value: Any) -> None:
+        box = self._mailboxes.get(dst)
+        if token == self._token and box is not None:
+            box.deliver(src, key, value)
 
     def states(self) -> list[ReplicaState]:
         import ray
@@ -296,10 +327,13 @@ class RayBackend:
         from replicas.ops.custom_call import registered_custom_calls
 
         calls = registered_custom_calls() or None
+        self._token = secrets.token_hex(8)
         try:
-            ray.get([a.setup.remote(ids, n, module_ref, strict, record_every_instruction, calls)
+            addresses = ray.get([a.wire_address.remote(_AUTHKEY) for a in self._actors])
+            wire_routes = {r: address for address, ids in zip(addresses, groups) for r in ids}
+            ray.get([a.setup.remote(self._token, ids, n, module_ref, strict, record_every_instruction, calls)
                      for a, ids in zip(self._actors, groups)])
-            ray.get([a.connect.remote(self._actor_of) for a in self._actors])
+            ray.get([a.connect.remote(self._actor_of, wire_routes) for a in self._actors])
             ray.get([a.start.remote({r: args[r] for r in ids}) for a, ids in zip(self._actors, groups)])
         except Exception as e:
             self.shutdown()
@@ -344,7 +378,7 @@ class RayBackend:
         POOL.release(list(zip(self._actors, self._options)))
 
     def deliver_from_host(self, replica: int, key: tuple, value: Any) -> None:
-        self._actor_of[replica].deliver.remote(replica, HOST, key, value)
+        self._actor_of[replica].deliver.remote(self._token, replica, HOST, key, value)
 
     def outfeed(self, replica: int, timeout: float | None) -> Any:
         return self._get([self._actor_of[replica].outfeed.remote(replica, timeout)])[0]
