@@ -72,9 +72,18 @@ class Exchange:
 
 
 def reduce_in_order(parts: Sequence[Values], combine: Combine) -> Values:
+    """parts[0] + parts[1] + ... in this order (the same order on every member: bitwise-equal
+    results). A fast-path reduction accumulates into the first sum's fresh buffers."""
     acc = parts[0]
-    for p in parts[1:]:
-        acc = combine(acc, p)
+    if len(parts) == 1:
+        return acc
+    acc = combine(acc, parts[1])
+    accumulate = getattr(combine, "accumulate", None)
+    for p in parts[2:]:
+        if accumulate is not None and all(isinstance(x, np.ndarray) and x.ndim for x in acc):
+            accumulate(acc, p)
+        else:
+            acc = combine(acc, p)
     return acc
 
 

@@ -124,9 +124,13 @@ def make_combine(inst: Instruction, ctx: KernelContext, dtypes: list[np.dtype]) 
         pairs = list(zip(ufuncs, dtypes))
 
         def combine_fast(a: alg.Values, b: alg.Values) -> alg.Values:
-            with np.errstate(all="ignore"):
-                return tuple(np.asarray(u(x, y), dtype=dt) for (u, dt), x, y in zip(pairs, a, b))
+            return tuple(np.asarray(u(x, y), dtype=dt) for (u, dt), x, y in zip(pairs, a, b))
 
+        def accumulate(acc: alg.Values, b: alg.Values) -> None:
+            for (u, _), x, y in zip(pairs, acc, b):
+                u(x, y, out=x)
+
+        combine_fast.accumulate = accumulate  # type: ignore[attr-defined]
         return combine_fast
     fn = ctx.computation(name)
     num_params = len(comp.parameters)
