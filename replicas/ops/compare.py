@@ -65,7 +65,7 @@ def make_compare(inst: Instruction, ctx: KernelContext) -> Compute:
     if t.is_complex:
         if direction not in ("EQ", "NE"):
             raise inst.error(f"complex values have no order: compare {direction} is not defined on {t.value}")
-        return finish(inst, ufunc, errors=False)
+        return finish(inst, ufunc)
 
     if t.is_floating:
         if kind in ("SIGNED", "UNSIGNED"):
@@ -74,7 +74,7 @@ def make_compare(inst: Instruction, ctx: KernelContext) -> Compute:
             def total_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
                 return ufunc(total_order_keys(a), total_order_keys(b))
 
-            return finish(inst, total_order, errors=False)
+            return finish(inst, total_order)
         if is_narrow_float(t) and not native_loop(ufunc, t.dtype, 2, np.dtype(np.bool_)):
             return finish(inst, lambda a, b: ufunc(a.astype(F32), b.astype(F32)))
         return finish(inst, ufunc)
@@ -83,4 +83,4 @@ def make_compare(inst: Instruction, ctx: KernelContext) -> Compute:
     if kind is not None and kind != expected:
         # XLA's verifier insists on the element type's own comparison type.
         raise inst.error(f"comparison type {kind} does not apply to {t.value} (expected {expected})")
-    return finish(inst, ufunc, errors=False)
+    return finish(inst, ufunc)

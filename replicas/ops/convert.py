@@ -194,7 +194,7 @@ def make_reduce_precision(inst: Instruction, ctx: KernelContext) -> Compute:
                          f"got {exponent_bits} and {mantissa_bits}")
     if t in _FLOAT_BITS:
         compute = _reduce_precision(t, exponent_bits, mantissa_bits)
-        return finish(inst, compute, errors=False) if compute is not _IDENTITY else compute
+        return finish(inst, compute) if compute is not _IDENTITY else compute
     dtype = t.dtype
     in_f32 = _reduce_precision(PrimitiveType.F32, exponent_bits, mantissa_bits)
     return finish(inst, lambda x: in_f32(x.astype(F32)).astype(dtype))

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from replicas.hlo.ir import Instruction
-from replicas.ops.registry import KernelContext, kernel
+from replicas.ops.registry import KernelContext, dimension_list, kernel
 from replicas.shapes import PrimitiveType
 
 _F32 = np.dtype(np.float32)
@@ -38,16 +38,6 @@ def _compute_dtype(types: list[PrimitiveType]) -> np.dtype:
     return np.dtype(np.int64)
 
 
-def _dims(inst: Instruction, name: str, rank: int) -> list[int]:
-    dims = [int(d) for d in inst.attrs.get(name, [])]
-    for d in dims:
-        if not 0 <= d < rank:
-            raise inst.error(f"{name} has dimension {d}, out of range for rank {rank}")
-    if len(set(dims)) != len(dims):
-        raise inst.error(f"{name} repeats a dimension: {dims}")
-    return dims
-
-
 @kernel("dot")
 def make_dot(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]:
     if len(inst.operands) != 2:
@@ -55,10 +45,10 @@ def make_dot(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]
     lhs_shape, rhs_shape = ctx.operand_shapes(inst)
     if not (lhs_shape.is_array and rhs_shape.is_array):
         raise inst.error("dot operands must be arrays")
-    lhs_batch = _dims(inst, "lhs_batch_dims", lhs_shape.rank)
-    rhs_batch = _dims(inst, "rhs_batch_dims", rhs_shape.rank)
-    lhs_contract = _dims(inst, "lhs_contracting_dims", lhs_shape.rank)
-    rhs_contract = _dims(inst, "rhs_contracting_dims", rhs_shape.rank)
+    lhs_batch = dimension_list(inst, "lhs_batch_dims", lhs_shape.rank)
+    rhs_batch = dimension_list(inst, "rhs_batch_dims", rhs_shape.rank)
+    lhs_contract = dimension_list(inst, "lhs_contracting_dims", lhs_shape.rank)
+    rhs_contract = dimension_list(inst, "rhs_contracting_dims", rhs_shape.rank)
     if len(lhs_batch) != len(rhs_batch) or len(lhs_contract) != len(rhs_contract):
         raise inst.error("lhs and rhs must have as many batch and contracting dimensions as each other")
     if set(lhs_batch) & set(lhs_contract) or set(rhs_batch) & set(rhs_contract):

@@ -75,13 +75,13 @@ def make_binary(inst: Instruction, ctx: KernelContext) -> Compute:
             raise inst.error(f"{op} is not defined on {t.value}")
         expect_result_type(inst, t)
         if t is PrimitiveType.PRED:
-            return finish(inst, table[op], errors=False)
+            return finish(inst, table[op])
         return finish(inst, float_compute(table[op], t, 2))
     if not t.is_integral or op == "atan2":
         raise inst.error(f"{op} is not defined on {t.value}")
     expect_result_type(inst, t)
     if op in _INT_UFUNCS:
-        return finish(inst, _INT_UFUNCS[op], errors=False)
+        return finish(inst, _INT_UFUNCS[op])
     return finish(inst, _INTEGER_KERNELS[op](t.dtype))
 
 
@@ -222,4 +222,4 @@ def make_complex(inst: Instruction, ctx: KernelContext) -> Compute:
         out.imag = imag
         return out
 
-    return finish(inst, make, errors=False)
+    return finish(inst, make)

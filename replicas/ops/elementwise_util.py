@@ -1,8 +1,8 @@
 """Shared machinery of the element-wise kernels (unary, binary, compare, convert, select).
 
 The hot path of an element-wise kernel is one numpy call: factories pick the function for the
-operand dtype once, and `finish` wraps it only as much as needed (numpy errors silenced for
-floating-point maths, 0-d results kept as arrays). Narrow floats (f16, bf16, f8) are computed
+operand dtype once, and `finish` wraps it only as much as needed (0-d results kept as arrays;
+numpy's warnings are silenced once per run by the interpreter). Narrow floats (f16, bf16, f8) are computed
 in f32 and rounded once, as XLA:CPU does, unless numpy or ml_dtypes has a loop of that dtype for
 the operation (those loops also compute in f32 and round once, and they are faster).
 
@@ -71,17 +71,16 @@ def expect_result_type(inst: Instruction, expected: PrimitiveType) -> None:
         raise inst.error(f"{inst.opcode} produces {expected.value}, but the instruction's shape is {inst.shape}")
 
 
-def finish(inst: Instruction, compute: Compute, *, errors: bool = True) -> Compute:
+def finish(inst: Instruction, compute: Compute) -> Compute:
     """The kernel: `compute` on the operands, 0-d results as arrays.
 
     Numpy's floating-point warnings are silenced once for the whole run by the interpreter
-    (`Interpreter.run`), not per call: `errors` is kept for callers that document it.
+    (`Interpreter.run`), not per call.
     When the result is a scalar and every operand is 0-d, they are viewed as 1-element arrays so
     `compute` may use `out=` on its own intermediates and always gets arrays back from numpy. A
     scalar computation (a reducer, a comparator) is also called on whole arrays: then the
     operands pass through as they are.
     """
-    del errors
     if inst.shape.rank == 0:
         def scalar_kernel(*args: np.ndarray) -> np.ndarray:
             for a in args:

@@ -32,6 +32,29 @@ def index_vectors(indices: np.ndarray, index_vector_dim: int) -> np.ndarray:
     return vectors.astype(np.int64, copy=False)
 
 
+def window_offsets(n_batch: int, sizes: list[int], strides: list[int]) -> np.ndarray:
+    """Flat offsets of every element of a window (sizes/strides per window dim), shaped
+    (1,) * n_batch + sizes so they broadcast against per-batch start offsets."""
+    offsets = np.zeros((1,) * n_batch + tuple(sizes), dtype=np.int64)
+    for i, (size, stride) in enumerate(zip(sizes, strides)):
+        shape = [1] * (n_batch + len(sizes))
+        shape[n_batch + i] = size
+        offsets = offsets + (np.arange(size, dtype=np.int64) * stride).reshape(shape)
+    return offsets
+
+
+def batching_grids(operand_dims: list[int], indices_dims: list[int], batch_axes: list[int],
+                   batch_shape: tuple[int, ...] | list[int], strides: list[int]) -> list[np.ndarray]:
+    """For each operand batching dim, the flat offset of the indices' own batch coordinate."""
+    grids = []
+    for od, idim in zip(operand_dims, indices_dims):
+        axis = batch_axes.index(idim)
+        shape = [1] * len(batch_shape)
+        shape[axis] = batch_shape[axis]
+        grids.append(np.arange(batch_shape[axis], dtype=np.int64).reshape(shape) * strides[od])
+    return grids
+
+
 def c_strides(dims: tuple[int, ...] | list[int]) -> list[int]:
     """Row-major element strides of an array of shape `dims`."""
     strides = [1] * len(dims)
@@ -120,18 +143,11 @@ def make_gather(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     strides = [s // row for s in c_strides(op_dims)] if row else c_strides(op_dims)
     prefix_window = [d for d in window_dims if d not in row_dims]
     # The slice part of the flat index: sum over window dims of arange * stride, shaped to broadcast.
-    window_offset = np.zeros((1,) * n_batch + tuple(slice_sizes[d] for d in prefix_window), dtype=np.int64)
-    for i, d in enumerate(prefix_window):
-        shape = [1] * (n_batch + len(prefix_window))
-        shape[n_batch + i] = slice_sizes[d]
-        window_offset = window_offset + (np.arange(slice_sizes[d], dtype=np.int64) * strides[d]).reshape(shape)
+    window_offset = window_offsets(n_batch, [slice_sizes[d] for d in prefix_window],
+                                   [strides[d] for d in prefix_window])
     # The batch coordinate grids for operand batching dims (start index = the indices' batch coordinate).
-    batching_terms = []
-    for od, idim in zip(operand_batching, indices_batching):
-        axis = batch_axes_of_indices.index(idim)
-        shape = [1] * n_batch
-        shape[axis] = batch_shape[axis]
-        batching_terms.append(np.arange(batch_shape[axis], dtype=np.int64).reshape(shape) * strides[od])
+    batching_terms = batching_grids(operand_batching, indices_batching, batch_axes_of_indices, batch_shape,
+                                    strides)
     # A start index into a row dim always clamps to 0, so only the others take part.
     used = [(k, op_dims[d] - slice_sizes[d], strides[d]) for k, d in enumerate(start_index_map) if d not in row_dims]
     empty = int(np.prod(out_shape, dtype=np.int64)) == 0

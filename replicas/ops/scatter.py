@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 
 from replicas.hlo.ir import Computation, Instruction
-from replicas.ops.gather import c_strides, check_dimension_numbers, index_vectors
+from replicas.ops.gather import (
+    batching_grids,
+    c_strides,
+    check_dimension_numbers,
+    index_vectors,
+    window_offsets,
+)
 from replicas.ops.recognize import binary_reducer
 from replicas.ops.registry import KernelContext, kernel
 
@@ -101,17 +107,8 @@ def make_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     identity_perm = canonical_perm == list(range(len(upd_dims)))
 
     strides = c_strides(op_dims)
-    window_offset = np.zeros((1,) * n_batch + window_extent, dtype=np.int64)
-    for i, d in enumerate(window_dims):
-        shape = [1] * (n_batch + len(window_dims))
-        shape[n_batch + i] = window_extent[i]
-        window_offset = window_offset + (np.arange(window_extent[i], dtype=np.int64) * strides[d]).reshape(shape)
-    batching_terms = []
-    for od, idim in zip(input_batching, indices_batching):
-        axis = batch_axes_of_indices.index(idim)
-        shape = [1] * n_batch
-        shape[axis] = batch_shape[axis]
-        batching_terms.append(np.arange(batch_shape[axis], dtype=np.int64).reshape(shape) * strides[od])
+    window_offset = window_offsets(n_batch, list(window_extent), [strides[d] for d in window_dims])
+    batching_terms = batching_grids(input_batching, indices_batching, batch_axes_of_indices, batch_shape, strides)
     window_size_of = {d: window_extent[i] for i, d in enumerate(window_dims)}
     start_limits = [op_dims[d] - window_size_of.get(d, 1) for d in to_operand]
     start_strides = [strides[d] for d in to_operand]

@@ -39,7 +39,7 @@ def make_select(inst: Instruction, ctx: KernelContext) -> Compute:
         raise inst.error(f"select with an array predicate needs array branches, got {on_true}")
     if pred.dimensions != on_true.dimensions:
         raise inst.error(f"select's predicate {pred} does not match its branches {on_true}")
-    return finish(inst, np.where, errors=False)
+    return finish(inst, np.where)
 
 
 @kernel("clamp")
@@ -69,7 +69,7 @@ def make_clamp(inst: Instruction, ctx: KernelContext) -> Compute:
         def clamp_pred(lo: np.ndarray, x: np.ndarray, hi: np.ndarray) -> np.ndarray:
             return np.logical_and(np.logical_or(x, lo), hi)
 
-        return finish(inst, clamp_pred, errors=False)
+        return finish(inst, clamp_pred)
 
     def clamp(lo: np.ndarray, x: np.ndarray, hi: np.ndarray) -> np.ndarray:
         r = np.maximum(x, lo)
@@ -84,4 +84,4 @@ def make_clamp(inst: Instruction, ctx: KernelContext) -> Compute:
         return finish(inst, clamp_narrow)
     # Scalar bounds broadcast against the operand, which is at least 1-d here (finish views a 0-d
     # operand as 1-d), so np.maximum returns a fresh array that `out=` may reuse.
-    return finish(inst, clamp, errors=t.is_floating)
+    return finish(inst, clamp)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from replicas.hlo.ir import Instruction
-from replicas.ops.registry import KernelContext, kernel
+from replicas.ops.registry import KernelContext, dimension_list, kernel
 from replicas.shapes import Shape
 
 
@@ -28,16 +28,7 @@ def _array_operand(inst: Instruction, ctx: KernelContext, count: int = 1) -> Sha
 
 
 def _dimension_list(inst: Instruction, rank: int, name: str = "dimensions") -> list[int]:
-    raw = inst.attrs.get(name)
-    if raw is None:
-        raise inst.error(f"missing attribute {name}")
-    dims = [int(d) for d in raw]
-    for d in dims:
-        if not 0 <= d < rank:
-            raise inst.error(f"{name} has dimension {d}, out of range for rank {rank}")
-    if len(set(dims)) != len(dims):
-        raise inst.error(f"{name} repeats a dimension: {dims}")
-    return dims
+    return dimension_list(inst, name, rank, required=True)
 
 
 def _check_same_type(inst: Instruction, operand: Shape) -> None:
