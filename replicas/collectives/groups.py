@@ -42,10 +42,22 @@ def is_spmd(module: Any) -> bool:
     return int(module.attrs.get("num_partitions", 1)) > 1 and int(module.attrs.get("replica_count", 1) or 1) == 1
 
 
+# One tuple object per distinct group (and list of groups) in the process: every member's kernel,
+# fingerprint and published BlockInfo share it, so N members of a 1024-group hold one copy, and a
+# batch of states pickles it once.
+_interned: dict[Any, Any] = {}
+
+
+def intern(value: Any) -> Any:
+    if len(_interned) > 4096:  # a long-lived actor running many programs: start over
+        _interned.clear()
+    return _interned.setdefault(value, value)
+
+
 def normalized_groups(inst: Instruction) -> tuple[Group, ...]:
     raw = inst.attrs.get("replica_groups") or []
     try:
-        return tuple(tuple(int(r) for r in g) for g in raw)
+        return intern(tuple(intern(tuple(int(r) for r in g)) for g in raw))
     except (TypeError, ValueError):
         raise inst.error(f"replica_groups must be a list of lists of ints, got {raw!r}") from None
 
@@ -59,10 +71,10 @@ def plan_groups(inst: Instruction, module: Any, replica_id: int, num_replicas: i
             if any(r != 0 for r in g):
                 raise inst.error(f"replica_groups {_text(groups)} name replicas other than 0, but the SPMD "
                                  f"module has one replica (a collective without channel_id is cross-replica)")
-        return GroupPlan(tuple((r,) for r in range(num_replicas)), (replica_id,), 0)
+        return GroupPlan(intern(tuple((r,) for r in range(num_replicas))), (replica_id,), 0)
     if not groups:
-        everyone = tuple(range(num_replicas))
-        return GroupPlan((everyone,), everyone, replica_id)
+        everyone = intern(tuple(range(num_replicas)))
+        return GroupPlan(intern((everyone,)), everyone, replica_id)
     seen: dict[int, int] = {}
     for gi, g in enumerate(groups):
         if not g:

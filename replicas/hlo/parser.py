@@ -92,6 +92,7 @@ class HloParser:
         for _, inst in module.instructions():
             if inst.opcode == "fusion" and "calls" in inst.attrs:
                 module.computations[inst.attrs["calls"]].is_fusion = True
+        _number_unnamed_channels(module)
         return module
 
     def _skip_stack_frames(self) -> None:
@@ -350,6 +351,35 @@ class HloParser:
                 raise self.s.error(f"bad shape {key!r:.80}: {e}", pos) from None
             self._shapes[key] = shape
         return shape
+
+
+_CHANNEL_STARTS = ("send", "recv")
+_CHANNEL_DONES = ("send-done", "recv-done")
+
+
+def _number_unnamed_channels(module: Module) -> None:
+    """Give send/recv written without a channel_id (XLA accepts them: its SendRecvCrossReplica test)
+    channel ids of their own, unused elsewhere in the module: the k-th such send pairs with the k-th
+    such recv, in program order; a send-done / recv-done takes its operand's channel."""
+    insts = [inst for _, inst in module.instructions()]
+    if all(inst.attrs.get("channel_id") is not None for inst in insts
+           if inst.opcode in _CHANNEL_STARTS + _CHANNEL_DONES):
+        return
+    used = [int(v) for inst in insts if isinstance(v := inst.attrs.get("channel_id"), int)]
+    base = max(used, default=0) + 1
+    ordinal = dict.fromkeys(_CHANNEL_STARTS, 0)
+    for comp in module.computations.values():
+        by_name = {inst.name: inst for inst in comp.instructions}
+        for inst in comp.instructions:
+            if inst.attrs.get("channel_id") is not None:
+                continue
+            if inst.opcode in _CHANNEL_STARTS:
+                inst.attrs["channel_id"] = base + ordinal[inst.opcode]
+                ordinal[inst.opcode] += 1
+            elif inst.opcode in _CHANNEL_DONES and inst.operands:
+                start = by_name.get(inst.operands[0])
+                if start is not None and start.attrs.get("channel_id") is not None:
+                    inst.attrs["channel_id"] = start.attrs["channel_id"]
 
 
 def _after_skip(s: Scanner) -> int:

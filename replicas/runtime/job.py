@@ -12,10 +12,11 @@ from typing import Any, Protocol
 
 from replicas.diagnostics.monitor import Monitor, deadlock_error
 from replicas.diagnostics.report import Report
-from replicas.diagnostics.state import ReplicaState
 from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError
 from replicas.hlo.ir import Module
 from replicas.limits import check_module, check_replicas
+from replicas.records import ReplicaState
+from replicas.runtime import keys
 from replicas.runtime.arguments import check_args_container, check_module_argument
 from replicas.runtime.compile import Executable, compile_module
 from replicas.runtime.interpreter import check_arguments
@@ -63,7 +64,7 @@ class Job:
         self._check_replica(replica)
         seq = self._infeed_seq[replica]
         self._infeed_seq[replica] = seq + 1
-        self._backend.deliver_from_host(replica, ("infeed", seq), value)
+        self._backend.deliver_from_host(replica, keys.infeed(seq), value)
 
     def outfeed(self, replica: int, timeout: float | None = None) -> Any:
         """The next value `replica` wrote to its outfeed; waits up to `timeout` seconds."""
@@ -81,7 +82,7 @@ class Job:
         self._check_replica(replica)
         seq = self._host_seq.get((replica, channel_id), 0)
         self._host_seq[(replica, channel_id)] = seq + 1
-        self._backend.deliver_from_host(replica, ("host", channel_id, seq), value)
+        self._backend.deliver_from_host(replica, keys.host_transfer(channel_id, seq), value)
 
     def recv(self, replica: int, channel_id: int, timeout: float | None = None) -> Any:
         """Device -> host: the next value a Send with is_host_transfer=true on `channel_id` sent."""
