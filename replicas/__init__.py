@@ -48,8 +48,8 @@ _LAZY = {
     "Report": "replicas.diagnostics.report",
     "MismatchReport": "replicas.diagnostics.report",
     "Edge": "replicas.diagnostics.report",
-    "ReplicaState": "replicas.diagnostics.state",
-    "BlockInfo": "replicas.diagnostics.state",  # the module itself; imports JAX only when used
+    "ReplicaState": "replicas.records",
+    "BlockInfo": "replicas.records",  # the module itself; imports JAX only when used
 }
 
 

@@ -21,6 +21,7 @@ from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
 from replicas.hlo.lexer import Scanner
 from replicas.hlo.literals import parse_literal
 from replicas.hlo.opcodes import KNOWN_OPCODES
+from replicas.limits import MAX_NESTING, check_replicas, check_shape
 from replicas.shapes import Shape, _ShapeParser
 
 _ARRAY_SHAPE_PATTERN = r"[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^{}\n]*\})?"
@@ -65,6 +66,10 @@ class HloParser:
                     module.attrs[key] = attributes.parse_int(raw)
                 except ValueError:
                     raise s.error(f"{key} must be an integer", value_pos) from None
+                try:
+                    check_replicas(module.attrs[key], key)
+                except ProgramError as e:
+                    raise s.error(str(e), value_pos) from None
             else:
                 module.attrs[key] = raw
         self._skip_stack_frames()
@@ -87,6 +92,7 @@ class HloParser:
         for _, inst in module.instructions():
             if inst.opcode == "fusion" and "calls" in inst.attrs:
                 module.computations[inst.attrs["calls"]].is_fusion = True
+        _number_unnamed_channels(module)
         return module
 
     def _skip_stack_frames(self) -> None:
@@ -305,17 +311,19 @@ class HloParser:
                     self._computation_refs.append((called, value_pos))
 
     # -- shapes ----------------------------------------------------------------------------------
-    def shape(self) -> Shape:
+    def shape(self, depth: int = 0) -> Shape:
         s = self.s
         s.skip()
         pos = s.pos
         text = s.text
         if text.startswith("(", pos):
+            if depth >= MAX_NESTING:
+                raise s.error(f"tuple shape nests deeper than {MAX_NESTING} levels", pos)
             s.pos += 1
             elements: list[Shape] = []
             if not s.accept(")"):
                 while True:
-                    elements.append(self.shape())
+                    elements.append(self.shape(depth + 1))
                     if s.accept(","):
                         continue
                     s.expect(")", "',' or ')' in a tuple shape")
@@ -338,10 +346,40 @@ class HloParser:
         if shape is None:
             try:
                 shape = Shape.parse(key)
+                check_shape(shape, "shape")  # before a constant of that shape is read
             except ProgramError as e:
-                raise self.s.error(f"bad shape {key!r}: {e}", pos) from None
+                raise self.s.error(f"bad shape {key!r:.80}: {e}", pos) from None
             self._shapes[key] = shape
         return shape
+
+
+_CHANNEL_STARTS = ("send", "recv")
+_CHANNEL_DONES = ("send-done", "recv-done")
+
+
+def _number_unnamed_channels(module: Module) -> None:
+    """Give send/recv written without a channel_id (XLA accepts them: its SendRecvCrossReplica test)
+    channel ids of their own, unused elsewhere in the module: the k-th such send pairs with the k-th
+    such recv, in program order; a send-done / recv-done takes its operand's channel."""
+    insts = [inst for _, inst in module.instructions()]
+    if all(inst.attrs.get("channel_id") is not None for inst in insts
+           if inst.opcode in _CHANNEL_STARTS + _CHANNEL_DONES):
+        return
+    used = [int(v) for inst in insts if isinstance(v := inst.attrs.get("channel_id"), int)]
+    base = max(used, default=0) + 1
+    ordinal = dict.fromkeys(_CHANNEL_STARTS, 0)
+    for comp in module.computations.values():
+        by_name = {inst.name: inst for inst in comp.instructions}
+        for inst in comp.instructions:
+            if inst.attrs.get("channel_id") is not None:
+                continue
+            if inst.opcode in _CHANNEL_STARTS:
+                inst.attrs["channel_id"] = base + ordinal[inst.opcode]
+                ordinal[inst.opcode] += 1
+            elif inst.opcode in _CHANNEL_DONES and inst.operands:
+                start = by_name.get(inst.operands[0])
+                if start is not None and start.attrs.get("channel_id") is not None:
+                    inst.attrs["channel_id"] = start.attrs["channel_id"]
 
 
 def _after_skip(s: Scanner) -> int:

@@ -169,6 +169,7 @@ def make_gather(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         result = result.reshape(canonical_shape)
         if not identity_transpose:
             result = result.transpose(canonical_axis_of_output)
-        return np.ascontiguousarray(result, dtype=out_dtype)
+        # asarray, not ascontiguousarray: that one turns a 0-d result into shape (1,).
+        return np.asarray(result, dtype=out_dtype, order="C")
 
     return gather

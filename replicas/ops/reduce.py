@@ -7,8 +7,9 @@ reduced in f32 and rounded once. max/min propagate NaN, like XLA.
 
 Otherwise the computation is evaluated on whole arrays by a pairwise tree: the reduced axes are
 moved last and flattened, then each level combines neighbours (element 2i with 2i+1, so the
-operands of every call stay in their original order) with one call of the computation, padding
-an odd length with the init values; the init is combined on the left at the end. That is
+operands of every call stay in their original order) with one call of the computation, an odd
+last element carried to the next level; the init is combined once, on the left, at the end (as
+XLA:CPU applies it once). That is
 log2(n) calls, never a per-element loop, and it handles variadic reducers such as argmax.
 
 When every output element reduces exactly one input element (no dimensions, or only size-1
@@ -108,17 +109,16 @@ def tree_reduce_last(
     if length == 0:
         return [np.broadcast_to(np.asarray(i, d), outer).copy() for i, d in zip(inits, dtypes)]
     while length > 1:
-        if length % 2:
-            current = [
-                np.concatenate([v, np.broadcast_to(np.asarray(i, d), outer + (1,))], axis=-1)
-                for v, i, d in zip(current, inits, dtypes)
-            ]
-            length += 1
-        left = [v[..., 0::2] for v in current]
-        right = [v[..., 1::2] for v in current]
+        # An odd last element waits for the next level (padding with the init would apply it twice).
+        pairs = length // 2
+        left = [v[..., 0:2 * pairs:2] for v in current]
+        right = [v[..., 1:2 * pairs:2] for v in current]
         combined = as_tuple(comp(*left, *right), n)
-        length //= 2
-        current = [np.broadcast_to(np.asarray(c, d), outer + (length,)) for c, d in zip(combined, dtypes)]
+        combined = [np.broadcast_to(np.asarray(c, d), outer + (pairs,)) for c, d in zip(combined, dtypes)]
+        if length % 2:
+            combined = [np.concatenate([c, v[..., -1:]], axis=-1) for c, v in zip(combined, current)]
+        length = pairs + length % 2
+        current = combined
     last = [v[..., 0] for v in current]
     init_arrays = [np.broadcast_to(np.asarray(i, d), outer) for i, d in zip(inits, dtypes)]
     final = as_tuple(comp(*init_arrays, *last), n)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from numbers import Real
 from typing import Any
 
 import numpy as np
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
+from replicas.limits import check_replicas
+from replicas.runtime.arguments import check_launch_options, check_timeout
 from replicas.runtime.compile import Executable
 from replicas.runtime.job import Job, prepare
 
@@ -49,8 +50,8 @@ def as_program(program: Program) -> Module | Executable:
     elif hasattr(program, "as_text") and hasattr(program, "input_shardings"):  # jax.stages.Compiled
         module = _from_jax_text(program.as_text())
     else:
-        raise ProgramError(f"expected a program (Module, path, HLO text or bytes, JAX lowered form), "
-                           f"got {type(program).__name__}")
+        raise ProgramError(f"module must be a program (a Module, a path, HLO text or bytes, JAX's lowered "
+                           f"form), got {type(program).__name__}")
     from replicas.jax.spmd_markers import has_spmd_markers, partition_spmd_markers
 
     return partition_spmd_markers(module) if has_spmd_markers(module) else module
@@ -100,25 +101,13 @@ def as_value(value: Any) -> Any:
     return value
 
 
-def as_arguments(args: Any) -> list[Any] | None:
-    if args is None:
-        return None
-    if isinstance(args, (np.ndarray, str, bytes, dict)) or hasattr(args, "__array__") \
-            or not isinstance(args, Sequence):
-        raise ProgramError(f"args must be a list of arguments (or one list per replica), got "
-                           f"{type(args).__name__}: for one argument x pass [x]")
-    return as_value(list(args))
-
-
-def _check_options(num_replicas: Any, timeout: Any, backend: str) -> None:
-    if isinstance(num_replicas, bool) or not isinstance(num_replicas, (int, np.integer)):
-        raise ProgramError(f"num_replicas must be an int, got {type(num_replicas).__name__} {num_replicas!r}")
-    if num_replicas < 1:
-        raise ProgramError(f"num_replicas must be >= 1, got {num_replicas}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, Real) or not timeout > 0):
-        raise ProgramError(f"timeout must be a number of seconds > 0 (or None for no limit), got {timeout!r}")
-    if backend not in BACKENDS:
-        raise ProgramError(f"backend must be one of {BACKENDS}, got {backend!r}")
+def as_arguments(args: Any) -> Any:
+    """Array-likes inside `args` as numpy arrays (the container itself is checked by `prepare`)."""
+    if isinstance(args, (list, tuple)):
+        return as_value(list(args))
+    if hasattr(args, "__array__") and not isinstance(args, np.ndarray):
+        return np.asarray(args)  # one array instead of a list: `prepare` says to wrap it
+    return args
 
 
 def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int | None = None, *,
@@ -143,7 +132,11 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
     program = as_program(module)
     if num_replicas is None:
         num_replicas = declared_replicas(program)
-    _check_options(num_replicas, timeout, backend)
+    num_replicas = check_launch_options(num_replicas=num_replicas, timeout=timeout, infeed=infeed, trace=trace,
+                                        strict=strict, backend=backend, replicas_per_actor=replicas_per_actor,
+                                        resources=resources, address=address)
+    if backend not in BACKENDS:
+        raise ProgramError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if infeed is not None and len(infeed) != num_replicas:
         raise ProgramError(f"infeed must have one list per replica ({num_replicas}), got {len(infeed)}")
     if resources is not None and len(resources) != num_replicas:
@@ -198,7 +191,8 @@ def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int 
     program = as_program(module)
     if num_replicas is None:
         num_replicas = declared_replicas(program)
-    _check_options(num_replicas, timeout, "threads")
+    num_replicas = check_replicas(num_replicas)
+    check_timeout(timeout)
     problem = find_problem(program.module if isinstance(program, Executable) else program, as_arguments(args),
                            num_replicas, timeout=timeout, infeed=infeed, strict=strict)
     if problem is not None:
