@@ -324,7 +324,7 @@ def test_large_all_reduce_moves_two_messages_per_peer():
         states = job.states()
     assert all((o == 6).all() for o in out)
     for s in states:  # reduce-scatter round + all-gather round
-        assert {p: c for p, c in s.sent.items() if p != s.replica} == {p: 2 for p in range(n) if p != s.replica}
+        assert s.sent == 2 * (n - 1)
 
 
 def test_flight_recorder_and_sequence_numbers():

@@ -15,8 +15,8 @@ from buggy_programs import BY_NAME, CASES, CORRECT, LENIENT_OK, Case
 
 import replicas as rp
 from replicas.diagnostics.report import Report
-from replicas.diagnostics.state import HOST
 from replicas.errors import CollectiveMismatchError, DeadlockError, ExecutionTimeout, ProgramError
+from replicas.records import HOST
 
 JOB_TIMEOUT = 30
 

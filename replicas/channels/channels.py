@@ -21,42 +21,30 @@ pending peers and sequence numbers behind it stay in this replica's channel stat
 from __future__ import annotations
 
 import re
-import threading
-import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from replicas.channels.feeds import host_value_checker, reject_nested_tuple
 from replicas.collectives.groups import parse_pairs
 from replicas.collectives.kernels import computation_of, zeros_of
-from replicas.diagnostics.state import BlockInfo
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Instruction
 from replicas.ops.registry import KernelContext, kernel
+from replicas.records import BlockInfo
+from replicas.runtime import keys
 from replicas.shapes import TOKEN, Shape
+
+if TYPE_CHECKING:
+    from replicas.runtime.fabric import Fabric
 
 PAIRS_ATTRIBUTE = "_xla_send_recv_source_target_pairs"
 _PAIR_RE = re.compile(r"\{\s*(-?\d+)\s*,\s*(-?\d+)\s*\}")
 
-_states: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
-_states_lock = threading.Lock()
-
-
-def channel_state(fabric: Any) -> dict[tuple, Any]:
+def channel_state(fabric: Fabric) -> dict[tuple, Any]:
     """This replica's pending sends and receives, by (direction, channel, context)."""
-    with _states_lock:
-        try:
-            state = _states.get(fabric)
-            if state is None:
-                state = _states[fabric] = {}
-        except TypeError:  # a fabric that takes no weak references keeps its state itself
-            state = getattr(fabric, "_channel_state", None)
-            if state is None:
-                state = {}
-                fabric._channel_state = state
-        return state
+    return fabric.kernel_state.setdefault(__name__, {})
 
 
 def channel_id(inst: Instruction) -> int:
@@ -97,7 +85,7 @@ def _frozen_zeros(shape: Shape) -> Any:
     return arr
 
 
-def _record(fabric: Any, kind: str, inst: Instruction, **info: Any) -> None:
+def _record(fabric: Fabric, kind: str, inst: Instruction, **info: Any) -> None:
     recorder = fabric.recorder
     if recorder is not None:
         recorder.end(recorder.begin(kind, inst.name, inst.opcode, **info))
@@ -108,7 +96,7 @@ class _Wait:
 
     __slots__ = ("recorder", "event")
 
-    def __init__(self, fabric: Any, kind: str, inst: Instruction, **info: Any) -> None:
+    def __init__(self, fabric: Fabric, kind: str, inst: Instruction, **info: Any) -> None:
         self.recorder = fabric.recorder
         self.event = self.recorder.begin(kind, inst.name, inst.opcode, **info) if self.recorder is not None else None
 
@@ -140,7 +128,7 @@ def make_send(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         posted = []
         for t in targets:
             seq = fabric.next_seq(("chan-send", channel, t))
-            fabric.send(t, ("chan", channel, seq), data)
+            fabric.send(t, keys.channel(channel, seq), data)
             posted.append((t, seq))
         if posted:
             state[("send", channel, k)] = posted
@@ -164,10 +152,10 @@ def make_send_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         posted = state.pop(("send", channel, int(started[1])), None)
         if posted:
             seq = posted[0][1]
-            block = BlockInfo("send-done", name, opcode, needs="one", seq=seq, channel_id=channel,
-                              computation=computation)
+            block = BlockInfo("send-done", name, opcode, tuple(t for t, _ in posted), needs="one", seq=seq,
+                              channel_id=channel, computation=computation)
             wait = _Wait(fabric, "send-done", inst, channel_id=channel, seq=seq)
-            fabric.recv_all([(t, ("chan-ack", channel, s)) for t, s in posted], block)
+            fabric.recv_all([(t, keys.channel_ack(channel, s)) for t, s in posted], block)
             wait.done()
         return TOKEN
 
@@ -202,7 +190,7 @@ def make_recv(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         k = fabric.next_seq(("recv-context", channel))
         if source is not None:
             seq = fabric.next_seq(("chan-recv", channel, source))
-            fabric.send(source, ("chan-ack", channel, seq), True)
+            fabric.send(source, keys.channel_ack(channel, seq), True)
             state[("recv", channel, k)] = (source, seq)
             _record(fabric, "recv", inst, channel_id=channel, peer=source, seq=seq)
         return (zeros, np.asarray(k, dtype=ctx_dtype), TOKEN)
@@ -237,10 +225,10 @@ def make_recv_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         if pending is None:  # this replica is no target of the channel
             return (zeros_of(data_shape), TOKEN)
         source, seq = pending
-        block = BlockInfo("recv-done", name, opcode, needs="one", seq=seq, channel_id=channel,
+        block = BlockInfo("recv-done", name, opcode, (source,), needs="one", seq=seq, channel_id=channel,
                           computation=computation)
         wait = _Wait(fabric, "recv-done", inst, channel_id=channel, peer=source, seq=seq)
-        data = fabric.recv(source, ("chan", channel, seq), block)
+        data = fabric.recv(source, keys.channel(channel, seq), block)
         wait.done()
         check(data, source)
         return (data, TOKEN)

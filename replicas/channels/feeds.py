@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from replicas.diagnostics.state import BlockInfo
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Instruction
 from replicas.ops.registry import KernelContext, kernel
+from replicas.records import BlockInfo
 from replicas.shapes import TOKEN, Shape
 
 

@@ -1,7 +1,7 @@
 """The collective algorithms, written against the fabric's send / recv_all.
 
-Every collective a replica executes gets the next number `seq = fabric.next_seq("coll")`; its
-messages are keyed `("coll", seq, round)`, one message per (sender, receiver, round). The first
+Every collective a replica executes gets the next number `seq = fabric.next_collective()`; its
+messages are keyed `keys.collective(seq, round)`, one message per (sender, receiver, round). The first
 round carries the sender's fingerprint next to the data, so a receiver always compares before
 it uses anything (`Exchange`). Keys do not depend on the kind of collective: a replica that
 reached a different collective still sends under the same key, and the receiver reports the
@@ -19,13 +19,17 @@ are never modified; splitting uses views, not copies.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from replicas.collectives.fingerprint import Fingerprint, diff, mismatch_error
 from replicas.collectives.groups import Group
-from replicas.diagnostics.state import BlockInfo
+from replicas.records import BlockInfo
+from replicas.runtime import keys
+
+if TYPE_CHECKING:
+    from replicas.runtime.fabric import Fabric
 
 SMALL_BYTES = 256 * 1024  # below this, an all-reduce takes the one-round path
 
@@ -38,7 +42,7 @@ class Exchange:
 
     __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "_fp_checked")
 
-    def __init__(self, fabric: Any, seq: int, fingerprint: Fingerprint, block: BlockInfo) -> None:
+    def __init__(self, fabric: Fabric, seq: int, fingerprint: Fingerprint, block: BlockInfo) -> None:
         self.fabric = fabric
         self.seq = seq
         self.me = fabric.replica_id
@@ -48,18 +52,18 @@ class Exchange:
 
     def send(self, dst: int, round_: int, payload: Any) -> None:
         value = (self.fingerprint.wire, payload) if round_ == 0 else payload
-        self.fabric.send(dst, ("coll", self.seq, round_), value)
+        self.fabric.send(dst, keys.collective(self.seq, round_), value)
 
     def recv(self, sources: Sequence[int], round_: int) -> list[Any]:
         """The payloads `sources` sent in `round_`, in that order (fingerprints checked in round 0)."""
         if not sources:
             return []
-        key = ("coll", self.seq, round_)
+        key = keys.collective(self.seq, round_)
         values = self.fabric.recv_all([(s, key) for s in sources], self.block)
         if round_ != 0:
             return values
         own = self.fingerprint.wire
-        strict = bool(getattr(self.fabric, "strict", True))
+        strict = self.fabric.strict
         payloads = []
         for src, value in zip(sources, values):
             theirs, payload = value

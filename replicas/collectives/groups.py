@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from replicas.hlo.ir import Instruction
+from replicas.limits import missing_ids, short_text
 
 Group = tuple[int, ...]
 
@@ -41,10 +42,22 @@ def is_spmd(module: Any) -> bool:
     return int(module.attrs.get("num_partitions", 1)) > 1 and int(module.attrs.get("replica_count", 1) or 1) == 1
 
 
+# One tuple object per distinct group (and list of groups) in the process: every member's kernel,
+# fingerprint and published BlockInfo share it, so N members of a 1024-group hold one copy, and a
+# batch of states pickles it once.
+_interned: dict[Any, Any] = {}
+
+
+def intern(value: Any) -> Any:
+    if len(_interned) > 4096:  # a long-lived actor running many programs: start over
+        _interned.clear()
+    return _interned.setdefault(value, value)
+
+
 def normalized_groups(inst: Instruction) -> tuple[Group, ...]:
     raw = inst.attrs.get("replica_groups") or []
     try:
-        return tuple(tuple(int(r) for r in g) for g in raw)
+        return intern(tuple(intern(tuple(int(r) for r in g)) for g in raw))
     except (TypeError, ValueError):
         raise inst.error(f"replica_groups must be a list of lists of ints, got {raw!r}") from None
 
@@ -58,25 +71,24 @@ def plan_groups(inst: Instruction, module: Any, replica_id: int, num_replicas: i
             if any(r != 0 for r in g):
                 raise inst.error(f"replica_groups {_text(groups)} name replicas other than 0, but the SPMD "
                                  f"module has one replica (a collective without channel_id is cross-replica)")
-        return GroupPlan(tuple((r,) for r in range(num_replicas)), (replica_id,), 0)
+        return GroupPlan(intern(tuple((r,) for r in range(num_replicas))), (replica_id,), 0)
     if not groups:
-        everyone = tuple(range(num_replicas))
-        return GroupPlan((everyone,), everyone, replica_id)
+        everyone = intern(tuple(range(num_replicas)))
+        return GroupPlan(intern((everyone,)), everyone, replica_id)
     seen: dict[int, int] = {}
     for gi, g in enumerate(groups):
         if not g:
             raise inst.error(f"replica_groups {_text(groups)}: group {gi} is empty")
         for r in g:
             if not 0 <= r < num_replicas:
-                raise inst.error(f"replica_groups {_text(groups)} name replica {r}, but the job has "
+                raise inst.error(f"replica_groups {short_text(_text(groups))} name replica {r}, but the job has "
                                  f"{num_replicas} replicas")
             if r in seen:
-                raise inst.error(f"replica_groups {_text(groups)} name replica {r} twice")
+                raise inst.error(f"replica_groups {short_text(_text(groups))} name replica {r} twice")
             seen[r] = gi
-    missing = [r for r in range(num_replicas) if r not in seen]
-    if missing:
-        raise inst.error(f"replica_groups {_text(groups)} leave out replica{'s' if len(missing) > 1 else ''} "
-                         f"{', '.join(map(str, missing))}: groups must cover every replica exactly once")
+    if len(seen) != num_replicas:
+        raise inst.error(f"replica_groups {short_text(_text(groups))} leave out replicas "
+                         f"{missing_ids(seen, num_replicas)}: groups must cover every replica exactly once")
     group = groups[seen[replica_id]]
     return GroupPlan(groups, group, group.index(replica_id))
 

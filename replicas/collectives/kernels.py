@@ -15,11 +15,11 @@ import numpy as np
 
 from replicas.collectives import algorithms as alg
 from replicas.collectives.fingerprint import Fingerprint, make_fingerprint
-from replicas.collectives.groups import GroupPlan, is_spmd, parse_pairs, plan_groups
-from replicas.diagnostics.state import BlockInfo
+from replicas.collectives.groups import GroupPlan, intern, is_spmd, parse_pairs, plan_groups
 from replicas.hlo.ir import Instruction
 from replicas.ops.recognize import binary_reducer
 from replicas.ops.registry import KernelContext, kernel
+from replicas.records import BlockInfo
 from replicas.shapes import Shape
 
 _UFUNCS: dict[str, np.ufunc] = {
@@ -54,16 +54,15 @@ class Collective:
 
     def exchange(self) -> alg.Exchange:
         fabric = self.fabric
-        seq = fabric.next_seq("coll")
+        seq = fabric.next_collective()
         inst = self.inst
-        block = BlockInfo("collective", inst.name, inst.opcode, needs="all",
-                          computation=self.fingerprint.computation, seq=seq, group=self.group,
-                          fingerprint=self.fingerprint_dict)
+        block = BlockInfo("collective", inst.name, inst.opcode, needs="group",
+                          computation=self.fingerprint.computation, seq=seq, group=self.group)
         return alg.Exchange(fabric, seq, self.fingerprint, block)
 
     def run(self, algorithm: Callable[..., Any], *args: Any) -> Any:
         ex = self.exchange()
-        recorder = getattr(self.fabric, "recorder", None)
+        recorder = self.fabric.recorder
         if recorder is None:
             return algorithm(ex, *args)
         event = recorder.begin("collective", self.inst.name, self.inst.opcode, seq=ex.seq, group=list(self.group),
@@ -85,7 +84,7 @@ def _bind(inst: Instruction, ctx: KernelContext, *, pairs: tuple | None = None
         plan = plan_groups(inst, ctx.module, ctx.replica_id, ctx.num_replicas)
     fp = make_fingerprint(inst, computation_of(ctx, inst), operand_shapes, ctx.module,
                           groups=plan.groups if plan is not None else (), pairs=pairs or ())
-    group = plan.group if plan is not None else tuple(sorted({r for p in pairs or () for r in p}))
+    group = plan.group if plan is not None else intern(tuple(sorted({r for p in pairs or () for r in p})))
     return plan, Collective(inst, ctx, group, fp)
 
 

@@ -12,9 +12,10 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from replicas.diagnostics.report import mismatch_diff
-from replicas.diagnostics.state import HOST
 from replicas.errors import CollectiveMismatchError, ProgramError, ReplicasError
 from replicas.hlo.ir import Module
+from replicas.records import HOST
+from replicas.runtime import keys
 
 
 def check(module: Module, args: Sequence[Any] | None = None, num_replicas: int = 2, *,
@@ -35,8 +36,8 @@ def check(module: Module, args: Sequence[Any] | None = None, num_replicas: int =
             job.result()
     except ReplicasError as e:
         return e
-    mailboxes = job._backend._mailboxes  # noqa: SLF001 - the finished job's leftovers are the evidence
-    findings = [line for r, box in enumerate(mailboxes) for line in leftovers(r, box._messages)]  # noqa: SLF001
+    left = job._backend.leftovers()  # noqa: SLF001 - the finished job's leftovers are the evidence
+    findings = [line for r, messages in left.items() for line in leftovers(r, messages)]
     if findings:
         return ProgramError("messages nobody received after every replica finished:\n  " + "\n  ".join(findings))
     return None
@@ -49,16 +50,16 @@ def leftovers(replica: int, messages: dict[tuple[int, Hashable], Any]) -> list[s
         if src == HOST or not isinstance(key, tuple) or not key:
             continue
         protocol = key[0]
-        if protocol == "coll":
+        if protocol == keys.COLLECTIVE:
             seq, round_ = key[1], key[2]
             what = f"collective #{seq}"
             if round_ == 0 and isinstance(value, tuple) and len(value) == 2:
                 what += f" ({_collective_name(value[0])})"
             out.append(f"replica {src} sent its {what} to replica {replica}, which never took part in it")
-        elif protocol == "chan":
+        elif protocol == keys.CHANNEL:
             out.append(f"replica {src} sent message #{key[2]} on channel {key[1]} to replica {replica}, "
                        f"which never received it (its recv-done did not run)")
-        elif protocol == "chan-ack":
+        elif protocol == keys.CHANNEL_ACK:
             out.append(f"replica {src} posted recv #{key[2]} on channel {key[1]} from replica {replica}, "
                        f"whose send-done never ran")
         else:

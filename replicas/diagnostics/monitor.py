@@ -14,11 +14,12 @@ built from that replica's flight recorder.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from replicas.diagnostics.report import Edge, MismatchReport, Report, find_cycles
-from replicas.diagnostics.state import HOST, BlockInfo, ReplicaState
 from replicas.errors import CollectiveMismatchError, DeadlockError, ReplicasError
+from replicas.records import HOST, BlockInfo, ReplicaState
 
 
 class Monitor:
@@ -39,20 +40,48 @@ class Monitor:
 
 
 def stuck_key(states: list[ReplicaState], host_may_send: bool) -> tuple | None:
-    """A fingerprint of the global state if it is stuck right now, else None."""
-    blocked = [s for s in states if s.status == "blocked"]
-    if not blocked or any(s.status == "running" for s in states):
-        return None
-    for s in blocked:
-        if host_may_send and s.block is not None and HOST in s.block.waits_for:
-            return None
+    """A fingerprint of the global state if it is stuck right now, else None. O(N).
+
+    Messages in flight are counted, not listed: every message is counted sent before it is posted
+    and received when delivered, so sum(sent) == sum(received) means none is on its way. (Two
+    consecutive equal fingerprints mean no replica moved between them, so the second snapshot is
+    consistent as of a moment when all were blocked.)"""
+    sent = received = 0
+    blocked = False
     for s in states:
-        for dst, n in s.sent.items():
-            if dst == s.replica or dst == HOST:
-                continue
-            if 0 <= dst < len(states) and states[dst].received.get(s.replica, 0) < n:
-                return None  # in flight: its delivery may unblock the receiver
+        status = s.status
+        if status == "running":
+            return None
+        if status == "blocked":
+            blocked = True
+            b = s.block
+            if host_may_send and b is not None and HOST in b.waits_for:
+                return None
+        sent += s.sent
+        received += s.received
+    if not blocked or sent != received:
+        return None  # nothing blocked, or a message in flight whose delivery may unblock its receiver
     return tuple((s.status, s.progress) for s in states)
+
+
+def with_derived_waits(states: list[ReplicaState]) -> list[ReplicaState]:
+    """`states` with each collective block's `waits_for` filled in (and `needs="all"`): the group's
+    members that have not joined this collective (blocked in the same collective number with the same group). O(N) per
+    distinct (collective number, group), not per waiter."""
+    joined: dict[tuple, set[int]] = {}
+    for s in states:
+        b = s.block
+        if s.status == "blocked" and b is not None and b.needs == "group":
+            joined.setdefault((b.seq, b.group), set()).add(s.replica)
+    missing = {key: tuple(t for t in key[1] or () if t not in members) for key, members in joined.items()}
+    out = []
+    for s in states:
+        b = s.block
+        if s.status == "blocked" and b is not None and b.needs == "group":
+            derived = dataclasses.replace(b, waits_for=missing[(b.seq, b.group)], needs="all")
+            s = dataclasses.replace(s, block=derived)
+        out.append(s)
+    return out
 
 
 def _replicas(reps: list[int] | set[int]) -> str:
@@ -77,7 +106,7 @@ def passed(b: BlockInfo, target: ReplicaState) -> bool:
     """Whether `target` already started its collective number `b.seq` (elsewhere: it did not send to us)."""
     if b.kind != "collective" or b.seq is None:
         return False
-    started = target.collectives_done
+    started = target.collectives_started
     if target.status == "blocked" and target.block is not None and target.block.kind == "collective" \
             and target.block.seq == b.seq:
         # Same number, other group: they can never meet. (Another instruction of the same form and group is
@@ -87,6 +116,7 @@ def passed(b: BlockInfo, target: ReplicaState) -> bool:
 
 
 def explain(states: list[ReplicaState]) -> Report:
+    states = with_derived_waits(states)
     by_id = {s.replica: s for s in states}
     edges: list[Edge] = []
     lines: list[str] = []  # collective findings first: "replica 3 never reached all-reduce #7" leads
@@ -119,7 +149,7 @@ def explain(states: list[ReplicaState]) -> Report:
                 mismatches.extend((w, t) for w in waiters)
                 continue
             if ts.status == "finished":
-                finished_before.setdefault(ts.collectives_done, []).append(t)
+                finished_before.setdefault(ts.collectives_started, []).append(t)
             elif ts.status == "blocked" and ts.block is not None:
                 lines.append(f"replica {t} never reached {_coll(b)}, which {_replicas(waiters)} "
                              f"{'is' if len(waiters) == 1 else 'are'} waiting in: it is blocked in "
@@ -171,7 +201,7 @@ def _lagging_summary(states: list[ReplicaState]) -> list[str]:
     counts: dict[int, list[int]] = {}
     for s in states:
         if s.block is not None and s.block.kind == "collective":
-            counts.setdefault(s.collectives_done, []).append(s.replica)
+            counts.setdefault(s.collectives_started, []).append(s.replica)
     if len(counts) < 2:
         return []
     top = max(counts)
@@ -204,7 +234,8 @@ def _mismatch_from_history(report: Report, waiter: int, target: int) -> Collecti
     b = by_id[waiter].block
     assert b is not None and b.seq is not None
     theirs = _collective_event(report.events.get(target, []), b.seq)
-    own_fp = b.fingerprint
+    own_event = _collective_event(report.events.get(waiter, []), b.seq)
+    own_fp = own_event.get("fingerprint") if own_event is not None else None
     if theirs is not None and own_fp is not None and theirs.get("fingerprint") is not None:
         own = Fingerprint(_wire(own_fp, FIELDS))
         their_wire = _wire(theirs["fingerprint"], FIELDS)
@@ -227,7 +258,7 @@ def _mismatch_from_history(report: Report, waiter: int, target: int) -> Collecti
             "replicas": [waiter, target],
             "instructions": {str(waiter): {"computation": b.computation, "name": b.instruction, "opcode": b.opcode},
                              str(target): their_identity},
-            "fields": [], "expected": b.fingerprint, "found": None, "deadlock": report.to_dict()})
+            "fields": [], "expected": own_fp, "found": None, "deadlock": report.to_dict()})
         return error
     out = CollectiveMismatchError(message)
     out.report = MismatchReport(error.report)

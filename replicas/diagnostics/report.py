@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from replicas.diagnostics.state import HOST, ReplicaState
+from replicas.records import HOST, ReplicaState
 
 
 def _who(r: int) -> str:

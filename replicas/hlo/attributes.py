@@ -9,6 +9,7 @@ position).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from replicas import limits
 from replicas.hlo.ir import make_window
 from replicas.hlo.lexer import Scanner, quote
 from replicas.shapes import Shape
@@ -109,7 +111,11 @@ def _parse_replica_groups(raw: str) -> list[list[int]]:
         raise ValueError("iota replica groups need [groups,group_size]")
     if sorted(perm) != list(range(len(reshape_dims))):
         raise ValueError("the transpose is not a permutation of the reshape dimensions")
-    total = int(np.prod(reshape_dims, dtype=np.int64))
+    total = math.prod(reshape_dims)
+    ceiling = limits.current().max_replicas
+    if total > ceiling or min(reshape_dims + group_dims, default=0) < 0:
+        raise ValueError(f"iota replica groups over {limits.short_text(total)} devices: more than the "
+                         f"ceiling of {ceiling} replicas, or a negative size")
     if total != group_dims[0] * group_dims[1]:
         raise ValueError(f"{group_dims} groups do not hold the {total} devices of {reshape_dims}")
     ids = np.arange(total, dtype=np.int64).reshape(reshape_dims).transpose(perm).reshape(group_dims)

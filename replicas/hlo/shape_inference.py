@@ -25,6 +25,7 @@ from replicas.hlo import (  # noqa: F401  (importing registers the rules)
     shape_inference_linalg,
 )
 from replicas.hlo.ir import Computation
+from replicas.hlo.opcodes import OPCODES
 from replicas.hlo.shape_inference_base import RULES, Ctx
 from replicas.hlo.shape_inference_elementwise import comparison_type_for
 from replicas.hlo.shape_inference_linalg import ConvDimensionNumbers, parse_dim_labels
@@ -42,6 +43,9 @@ def infer_shape(opcode: str, operand_shapes: Sequence[Shape], attrs: dict[str, A
     operands = [s.without_layout() for s in operand_shapes]
     declared = result.without_layout() if result is not None else None
     ctx = Ctx(opcode, operands, dict(attrs), computations, declared, num_replicas)
+    arity = OPCODES[opcode].arity if opcode in OPCODES else None
+    if arity is not None:
+        ctx.count(arity)
     try:
         shape = rule(ctx)
     except ProgramError:

@@ -9,11 +9,14 @@ everything static in the factory: `fn` is the hot path.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.shapes import Shape
+
+if TYPE_CHECKING:
+    from replicas.runtime.fabric import Fabric
 
 Kernel = Callable[..., Any]
 
@@ -24,7 +27,7 @@ class KernelContext(Protocol):
     module: Module
     replica_id: int
     num_replicas: int
-    fabric: Any  # the replica's fabric (collectives, channels, feeds); opaque to ops/
+    fabric: Fabric  # the replica's fabric (collectives, channels, feeds); opaque to ops/
 
     def computation(self, name: str) -> Kernel:
         """The named computation compiled to `fn(*args) -> value`. Called with whole arrays where

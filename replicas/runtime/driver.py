@@ -7,6 +7,7 @@ from typing import Any
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
+from replicas.runtime.arguments import check_launch_options
 from replicas.runtime.compile import Executable
 from replicas.runtime.job import Job, prepare
 
@@ -29,6 +30,9 @@ def launch(module: Module | Executable, args: Sequence[Any] | None = None, num_r
         exceeds twice the cluster's CPUs: then they are packed so about that many processes start
         (each costs ~2 s of CPU to start; 32 replicas on 2 cores start in ~4 s instead of ~32 s).
     """
+    num_replicas = check_launch_options(num_replicas=num_replicas, timeout=timeout, infeed=infeed, trace=trace,
+                                        strict=strict, backend=backend, replicas_per_actor=replicas_per_actor,
+                                        resources=resources, address=address)
     if backend not in BACKENDS:
         raise ProgramError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if infeed is not None and len(infeed) != num_replicas:

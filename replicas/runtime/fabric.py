@@ -1,34 +1,70 @@
 """The fabric: everything a replica's interpreter exchanges with peers and the host.
 
-Collectives (`replicas.collectives`) and channels/feeds (`replicas.channels`) are written once
-against this interface; transports differ only in `_post` (how a message reaches a peer's
-mailbox): `LocalFabric` (one replica), `ThreadFabric` (replicas as threads in one process) and
-the Ray fabric (replicas as actors).
+`Fabric` is the contract kernels, collectives and channels are written against (a
+`typing.Protocol`: they never import a transport). `MailboxFabric` implements it over the
+replica's `Mailbox`; transports differ only in `_post(dst, key, value)` (how a message reaches
+a peer's mailbox): `LocalFabric` (one replica), `ThreadFabric` (replicas as threads of one
+process) and `RayFabric` (replicas in actors). Message keys come from `replicas.runtime.keys`.
 
-Messages are keyed: a key is a hashable tuple whose first element names the protocol
-("ar", "chan", ...). A (source, key) pair is delivered at most once.
+`placement[r]` is the process hosting replica r (0 for every thread of the threads backend,
+the actor's index under Ray): collectives meet in-process first and cross processes once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-from replicas.diagnostics.state import HOST, BlockInfo
+from replicas.records import HOST, BlockInfo
+from replicas.runtime import keys
 from replicas.runtime.mailbox import Mailbox
 
+if TYPE_CHECKING:
+    from replicas.diagnostics.recorder import FlightRecorder
 
-class Fabric:
-    """Base of every transport. Subclasses implement `_post(dst, key, value)`."""
+
+class Fabric(Protocol):
+    """What one replica's kernels may use: peers, the host, and a per-replica state slot."""
+
+    replica_id: int
+    num_replicas: int
+    strict: bool  # collective matching compares instruction identity too
+    recorder: FlightRecorder | None
+    # State kernels keep on this replica between instructions (a Send's posted messages until its
+    # SendDone), by the owning module's name: kernels are bound per replica, but their state must
+    # outlive one kernel call and belong to the replica, not to a module-level table.
+    kernel_state: dict[str, Any]
+    placement: Sequence[int]  # replica -> the process hosting it
+
+    def next_seq(self, counter: Hashable) -> int: ...
+    def next_collective(self) -> int: ...
+    def collectives_started(self) -> int: ...
+    def send(self, dst: int, key: Hashable, value: Any) -> None: ...
+    def recv(self, src: int, key: Hashable, block: BlockInfo) -> Any: ...
+    def recv_all(self, wanted: list[tuple[int, Hashable]], block: BlockInfo) -> list[Any]: ...
+    def poll(self, src: int, key: Hashable) -> bool: ...
+    def infeed(self, block: BlockInfo) -> Any: ...
+    def outfeed(self, value: Any) -> None: ...
+    def to_host(self, channel_id: int, value: Any) -> None: ...
+    def from_host(self, channel_id: int, block: BlockInfo) -> Any: ...
+    def check_abort(self) -> None: ...
+
+
+class MailboxFabric:
+    """`Fabric` over the replica's mailbox. Subclasses implement `_post(dst, key, value)`."""
 
     def __init__(self, replica_id: int, num_replicas: int, mailbox: Mailbox | None = None, *,
-                 strict: bool = True, recorder: Any = None) -> None:
+                 strict: bool = True, recorder: FlightRecorder | None = None,
+                 placement: Sequence[int] | None = None) -> None:
         self.replica_id = replica_id
         self.num_replicas = num_replicas
         self.mailbox = mailbox if mailbox is not None else Mailbox(replica_id)
-        self.strict = strict  # collective matching compares instruction identity too
-        self.recorder = recorder  # diagnostics.recorder.FlightRecorder or None
+        self.strict = strict
+        self.recorder = recorder
+        self.kernel_state: dict[str, Any] = {}
+        self.placement: Sequence[int] = placement if placement is not None else [0] * num_replicas
         self._counters: dict[Hashable, int] = {}
+        self._collectives = 0
 
     # -- sequence numbers (collective #k, channel message #k) ------------------------------------
     def next_seq(self, counter: Hashable) -> int:
@@ -36,13 +72,18 @@ class Fabric:
         self._counters[counter] = n + 1
         return n
 
+    def next_collective(self) -> int:
+        n = self._collectives
+        self._collectives = n + 1
+        return n
+
     def collectives_started(self) -> int:
-        return self._counters.get("coll", 0)
+        return self._collectives
 
     # -- point to point ---------------------------------------------------------------------------
     def send(self, dst: int, key: Hashable, value: Any) -> None:
         """Post `value` to replica `dst` under `key`. Never blocks."""
-        self.mailbox.count_sent(dst)
+        self.mailbox.count_sent()  # before the post: the monitor never sees it received but not sent
         if dst == self.replica_id:
             self.mailbox.deliver(self.replica_id, key, value)
         else:
@@ -65,9 +106,10 @@ class Fabric:
     # -- host -------------------------------------------------------------------------------------
     def infeed(self, block: BlockInfo) -> Any:
         """The next value the host queued for this replica's infeed."""
-        seq = self.next_seq(("infeed",))
+        seq = self.next_seq(keys.INFEED)
         block.seq = seq
-        return self.mailbox.take(HOST, ("infeed", seq), block)
+        block.waits_for = (HOST,)
+        return self.mailbox.take(HOST, keys.infeed(seq), block)
 
     def outfeed(self, value: Any) -> None:
         self.mailbox.put_outfeed(value)
@@ -78,30 +120,23 @@ class Fabric:
 
     def from_host(self, channel_id: int, block: BlockInfo) -> Any:
         """A Recv with is_host_transfer=true: the next value the host sent on `channel_id`."""
-        seq = self.next_seq(("from_host", channel_id))
+        seq = self.next_seq((keys.HOST_TRANSFER, channel_id))
         block.seq = seq
-        return self.mailbox.take(HOST, ("host", channel_id, seq), block)
+        block.waits_for = (HOST,)
+        return self.mailbox.take(HOST, keys.host_transfer(channel_id, seq), block)
 
     def check_abort(self) -> None:
         self.mailbox.check_abort()
 
 
-class LocalFabric(Fabric):
+class LocalFabric(MailboxFabric):
     """One replica alone; host feeds can be preloaded."""
 
     def __init__(self, replica_id: int = 0, num_replicas: int = 1, infeed: list[Any] | None = None,
                  **kwargs: Any) -> None:
         super().__init__(replica_id, num_replicas, **kwargs)
         for i, value in enumerate(infeed or []):
-            self.mailbox.deliver(HOST, ("infeed", i), value)
+            self.mailbox.deliver(HOST, keys.infeed(i), value)
 
     def _post(self, dst: int, key: Hashable, value: Any) -> None:
         raise RuntimeError(f"replica {self.replica_id} has no peer {dst} in a one-replica run")
-
-
-def host_infeed_key(seq: int) -> tuple[str, int]:
-    return ("infeed", seq)
-
-
-def host_channel_key(channel_id: int, seq: int) -> tuple[str, int, int]:
-    return ("host", channel_id, seq)

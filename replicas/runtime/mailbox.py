@@ -4,6 +4,10 @@ Everything that arrives for a replica (collective pieces, channel data, acks, in
 host transfers) is a message delivered here; the replica takes what it needs, blocking with its
 `BlockInfo` published so the monitor can see what it waits for. `abort(exc)` wakes every waiter
 with `exc` (deadlock, mismatch, cancel).
+
+Cost: delivering, taking and publishing are O(1) per message whatever the number of peers (a
+set of what the blocked replica still misses; the waiter wakes when it empties). A collective's
+block lists no peers: the monitor derives them from the group (see `replicas.records`).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Any
 
-from replicas.diagnostics.state import BlockInfo, ReplicaState
+from replicas.records import BlockInfo, ReplicaState
 
 _POLL = 0.25  # seconds between checks of an abort while blocked (notify wakes waiters at once)
 
@@ -27,10 +31,8 @@ class Mailbox:
         self._abort: BaseException | None = None
         self._outfeed: deque[Any] = deque()
         self._to_host: dict[int, deque[Any]] = {}  # channel id -> values sent to the host
-        # What the replica's thread is waiting for: a delivery wakes it only when this empties.
-        self._missing: set[tuple[int, Hashable]] | None = None
-        self._block: BlockInfo | None = None
-        self._missing: list[tuple[int, Hashable]] = []  # what the blocked replica waits for
+        # What the blocked replica still waits for: a delivery wakes it only when this empties.
+        self._missing: set[tuple[int, Hashable]] = set()
 
     # -- delivery (any thread) -------------------------------------------------------------------
     def deliver(self, src: int, key: Hashable, value: Any) -> None:
@@ -38,19 +40,19 @@ class Mailbox:
             if (src, key) in self._messages:
                 raise RuntimeError(f"replica {self.state.replica}: duplicate message {key} from {src}")
             self._messages[(src, key)] = value
-            self.state.received[src] = self.state.received.get(src, 0) + 1
-            self.state.progress += 1
+            state = self.state
+            if src >= 0:  # from a replica (the host's feeds are not in the sent/received balance)
+                state.received += 1
+            state.progress += 1
             missing = self._missing
-            if missing is not None and (src, key) in missing:
+            if missing:
                 missing.discard((src, key))
-                if missing:
-                    self._block.waits_for = tuple(dict.fromkeys(s for s, _ in missing))
-                else:
+                if not missing:
                     self._cond.notify_all()
 
-    def count_sent(self, dst: int) -> None:
+    def count_sent(self) -> None:
         with self._cond:
-            self.state.sent[dst] = self.state.sent.get(dst, 0) + 1
+            self.state.sent += 1
 
     def abort(self, exc: BaseException) -> None:
         with self._cond:
@@ -72,12 +74,12 @@ class Mailbox:
         with self._cond:
             if self._abort is not None:
                 raise self._abort
-            missing = {w for w in wanted if w not in msgs}
+            missing = self._missing
+            missing.update(w for w in wanted if w not in msgs)
             if missing:
                 state = self.state
-                block.waits_for = tuple(dict.fromkeys(src for src, _ in missing))
-                self._missing = missing
-                self._block = block
+                if block.needs != "group" and not block.waits_for:
+                    block.waits_for = tuple(dict.fromkeys(src for src, _ in missing))
                 state.block = block
                 state.status = "blocked"
                 try:
@@ -86,8 +88,7 @@ class Mailbox:
                             raise self._abort
                         self._cond.wait(_POLL)
                 finally:
-                    self._missing = None
-                    self._block = None
+                    missing.clear()
                     state.block = None
                     if state.status == "blocked":
                         state.status = "running"
@@ -101,6 +102,11 @@ class Mailbox:
     def check_abort(self) -> None:
         if self._abort is not None:
             raise self._abort
+
+    def leftovers(self) -> dict[tuple[int, Hashable], Any]:
+        """The messages nobody took (a finished job's evidence for `replicas check`)."""
+        with self._cond:
+            return dict(self._messages)
 
     # -- host side ---------------------------------------------------------------------------------
     def put_outfeed(self, value: Any) -> None:
@@ -131,19 +137,17 @@ class Mailbox:
             raise TimeoutError
 
     def snapshot(self) -> ReplicaState:
+        """A copy of the state, O(1): the block is shared (it never changes once published)."""
         with self._cond:
             s = self.state
             status, block = s.status, s.block
-            if status == "blocked" and block is not None:
-                # The waiting thread may not have woken yet to see a delivered message: publish what is
-                # really missing, and "running" when nothing is (it is about to take its messages).
-                missing = [w for w in self._missing if w not in self._messages]
-                if not missing:
-                    status, block = "running", None
-                else:
-                    block = dataclasses.replace(block, waits_for=tuple(dict.fromkeys(src for src, _ in missing)))
-            return ReplicaState(s.replica, status, block, s.instruction, s.progress, dict(s.sent),
-                                dict(s.received), s.error, s.collectives_done, s.node)
+            if status == "blocked" and not self._missing:
+                # Everything arrived; the waiting thread has not woken yet to take it: it is running.
+                status, block = "running", None
+            elif block is not None and len(block.waits_for) > 1 and block.needs != "group":
+                # A Send-done acked by some of its targets: name only those still missing.
+                block = dataclasses.replace(block, waits_for=tuple(dict.fromkeys(src for src, _ in self._missing)))
+            return dataclasses.replace(s, status=status, block=block)
 
     def set_status(self, status: str, error: str | None = None) -> None:
         with self._cond:

@@ -15,10 +15,10 @@ from collections.abc import Hashable
 from typing import Any
 
 from replicas.diagnostics.recorder import FlightRecorder
-from replicas.diagnostics.state import HOST, ReplicaState
 from replicas.errors import ReplicaFailure, ReplicasError
+from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable
-from replicas.runtime.fabric import Fabric
+from replicas.runtime.fabric import MailboxFabric
 from replicas.runtime.mailbox import Mailbox
 from replicas.runtime.wire import WIRE_MAX_BYTES, Wire, payload_bytes
 
@@ -52,7 +52,7 @@ def ensure_ray(address: str | None = None) -> None:
             raise ReplicaFailure(f"cannot start or join Ray (address={address!r}): {type(e).__name__}: {e}") from e
 
 
-class RayFabric(Fabric):
+class RayFabric(MailboxFabric):
     def __init__(self, replica_id: int, num_replicas: int, mailbox: Mailbox,
                  local: dict[int, Mailbox], **kwargs: Any) -> None:
         super().__init__(replica_id, num_replicas, mailbox, **kwargs)
@@ -104,7 +104,7 @@ class ReplicaHost:
         import hashlib
 
         from replicas.ops.custom_call import register_custom_call
-        from replicas.runtime.threads import ReplicaRunner
+        from replicas.runtime.replica_runner import ReplicaRunner
 
         # The driver's registered custom calls (never names from the program) run here too.
         for name, fn in (custom_calls or {}).items():
@@ -140,10 +140,13 @@ class ReplicaHost:
     def ping(self) -> bool:
         return True
 
-    def connect(self, routes: dict[int, Any], wire_routes: dict[int, dict[str, Any]]) -> None:
+    def connect(self, routes: dict[int, Any], wire_routes: dict[int, dict[str, Any]],
+                placement: list[int] | None = None) -> None:
         for fabric in self._fabrics:
             fabric.routes = routes
             fabric.wire_routes = wire_routes
+            if placement is not None:
+                fabric.placement = placement
 
     def start(self, args: dict[int, list[Any]]) -> None:
         for r, a in args.items():
@@ -333,7 +336,11 @@ class RayBackend:
             wire_routes = {r: address for address, ids in zip(addresses, groups) for r in ids}
             ray.get([a.setup.remote(self._token, ids, n, module_ref, strict, record_every_instruction, calls)
                      for a, ids in zip(self._actors, groups)])
-            ray.get([a.connect.remote(self._actor_of, wire_routes) for a in self._actors])
+            placement = [0] * n  # replica -> the index of its actor: collectives meet in-actor first
+            for index, ids in enumerate(groups):
+                for r in ids:
+                    placement[r] = index
+            ray.get([a.connect.remote(self._actor_of, wire_routes, placement) for a in self._actors])
             ray.get([a.start.remote({r: args[r] for r in ids}) for a, ids in zip(self._actors, groups)])
         except Exception as e:
             self.shutdown()

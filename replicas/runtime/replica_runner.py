@@ -1,0 +1,58 @@
+"""One replica's interpreter running in its own thread (under threads or inside a Ray actor)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from replicas.diagnostics.recorder import FlightRecorder
+from replicas.records import ReplicaState
+from replicas.runtime.compile import Executable
+from replicas.runtime.fabric import MailboxFabric
+from replicas.runtime.interpreter import Interpreter
+
+
+class ReplicaRunner:
+    def __init__(self, executable: Executable, fabric: MailboxFabric, recorder: FlightRecorder) -> None:
+        self.replica_id = fabric.replica_id
+        self.fabric = fabric
+        self.mailbox = fabric.mailbox
+        self.recorder = recorder
+        self.interpreter = Interpreter(executable, fabric.replica_id, fabric, fabric.num_replicas)
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, args: Sequence[Any]) -> None:
+        self._thread = threading.Thread(target=self._run, args=(list(args),), daemon=True,
+                                        name=f"replica-{self.replica_id}")
+        self._thread.start()
+
+    def _run(self, args: list[Any]) -> None:
+        try:
+            self.result = self.interpreter.run(args)
+            self.mailbox.set_status("finished")
+        except BaseException as e:  # noqa: BLE001 - reported to the driver, never swallowed
+            self.error = e
+            status = "cancelled" if self.mailbox.aborted is e else "failed"
+            self.mailbox.set_status(status, f"{type(e).__name__}: {e}")
+
+    def join(self, timeout: float | None = None) -> bool:
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def state(self) -> ReplicaState:
+        s = self.mailbox.snapshot()
+        s.collectives_started = self.fabric.collectives_started()
+        if s.status == "running":
+            inst = self.interpreter.current
+            s.instruction = None if inst is None else f"%{inst.name} ({inst.opcode})"
+        return s
+
+    def own_error(self) -> BaseException | None:
+        """The replica's error unless it was only woken by an abort."""
+        e = self.error
+        return None if e is None or self.mailbox.aborted is e else e
