@@ -3,7 +3,7 @@ send/recv, infeed/outfeed, tokens, async wrappers, rng, custom-call, replica-id.
 
 from __future__ import annotations
 
-from replicas.hlo.shape_inference_base import (
+from replicas.hlo.shape_inference.base import (
     PRED,
     U32,
     Ctx,
