@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from replicas.errors import ProgramError
+from replicas.limits import MAX_NESTING
 
 
 class PrimitiveType(enum.Enum):
@@ -374,9 +375,11 @@ class _ShapeParser:
     def fail(self, what: str) -> ProgramError:
         return ProgramError(f"bad shape at column {self.pos + 1}: {what} in {self.text[:80]!r}")
 
-    def shape(self) -> Shape:
+    def shape(self, depth: int = 0) -> Shape:
         self.skip_ws()
         if self.text.startswith("(", self.pos):
+            if depth >= MAX_NESTING:
+                raise self.fail(f"tuple shape nests deeper than {MAX_NESTING} levels")
             self.pos += 1
             elems: list[Shape] = []
             self.skip_ws()
@@ -384,7 +387,7 @@ class _ShapeParser:
                 self.pos += 1
                 return Shape.tuple([])
             while True:
-                elems.append(self.shape())
+                elems.append(self.shape(depth + 1))
                 self.skip_ws()
                 if self.text.startswith(",", self.pos):
                     self.pos += 1

@@ -142,7 +142,7 @@ def test_replica_groups_cover_every_replica() -> None:
     verify(_all_reduce_module([]), num_replicas=4)
     verify(_all_reduce_module([[0, 1], [2, 3]]))  # replica count unknown: only uniqueness
     rejects(_all_reduce_module([[0, 1], [2, 3]]), "do not cover every one of the 6 replicas", num_replicas=6)
-    rejects(_all_reduce_module([[0, 1], [2, 3]], replica_count=6), "missing \\[4, 5\\]")
+    rejects(_all_reduce_module([[0, 1], [2, 3]], replica_count=6), "missing 4-5")
     rejects(_all_reduce_module([[0, 1], [1, 2]]), "id 1 appears more than once")
     rejects(_all_reduce_module([[0, 1], [2, 3]]), "id 3 out of range for 3 replicas", num_replicas=3)
 
@@ -151,7 +151,7 @@ def test_global_device_ids_use_partitions() -> None:
     main = simple_main(ins("r", "all-reduce", "f32[4]", ["x"], replica_groups=[[0, 1, 2, 3]], to_apply="add",
                          channel_id=1, use_global_device_ids=True))
     verify(module(adder(), main, replica_count=2, num_partitions=2))
-    rejects(module(adder(), main, replica_count=2, num_partitions=3), "missing \\[4, 5\\]")
+    rejects(module(adder(), main, replica_count=2, num_partitions=3), "missing 4-5")
 
 
 def test_all_gather_shape_uses_replica_count() -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from replicas.hlo.ir import Instruction
+from replicas.limits import missing_ids, short_text
 
 Group = tuple[int, ...]
 
@@ -80,15 +81,14 @@ def plan_groups(inst: Instruction, module: Any, replica_id: int, num_replicas: i
             raise inst.error(f"replica_groups {_text(groups)}: group {gi} is empty")
         for r in g:
             if not 0 <= r < num_replicas:
-                raise inst.error(f"replica_groups {_text(groups)} name replica {r}, but the job has "
+                raise inst.error(f"replica_groups {short_text(_text(groups))} name replica {r}, but the job has "
                                  f"{num_replicas} replicas")
             if r in seen:
-                raise inst.error(f"replica_groups {_text(groups)} name replica {r} twice")
+                raise inst.error(f"replica_groups {short_text(_text(groups))} name replica {r} twice")
             seen[r] = gi
-    missing = [r for r in range(num_replicas) if r not in seen]
-    if missing:
-        raise inst.error(f"replica_groups {_text(groups)} leave out replica{'s' if len(missing) > 1 else ''} "
-                         f"{', '.join(map(str, missing))}: groups must cover every replica exactly once")
+    if len(seen) != num_replicas:
+        raise inst.error(f"replica_groups {short_text(_text(groups))} leave out replicas "
+                         f"{missing_ids(seen, num_replicas)}: groups must cover every replica exactly once")
     group = groups[seen[replica_id]]
     return GroupPlan(groups, group, group.index(replica_id))
 

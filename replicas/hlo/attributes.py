@@ -9,6 +9,7 @@ position).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from replicas import limits
 from replicas.hlo.ir import make_window
 from replicas.hlo.lexer import Scanner, quote
 from replicas.shapes import Shape
@@ -109,7 +111,11 @@ def _parse_replica_groups(raw: str) -> list[list[int]]:
         raise ValueError("iota replica groups need [groups,group_size]")
     if sorted(perm) != list(range(len(reshape_dims))):
         raise ValueError("the transpose is not a permutation of the reshape dimensions")
-    total = int(np.prod(reshape_dims, dtype=np.int64))
+    total = math.prod(reshape_dims)
+    ceiling = limits.current().max_replicas
+    if total > ceiling or min(reshape_dims + group_dims, default=0) < 0:
+        raise ValueError(f"iota replica groups over {limits.short_text(total)} devices: more than the "
+                         f"ceiling of {ceiling} replicas, or a negative size")
     if total != group_dims[0] * group_dims[1]:
         raise ValueError(f"{group_dims} groups do not hold the {total} devices of {reshape_dims}")
     ids = np.arange(total, dtype=np.int64).reshape(reshape_dims).transpose(perm).reshape(group_dims)
@@ -361,6 +367,7 @@ def _build_specs() -> dict[str, AttrSpec]:
     add("padding", "padding", _parse_padding, _fmt_padding)
     add("window", "window", _parse_window, format_window)
     add("frontend_attributes", "frontend_attributes", parse_frontend_attributes, _fmt_frontend_attributes)
+    add("sharding", "sharding", str, str)  # raw `{devices=...}`: SPMD markers read it (replicas.jax)
     return specs
 
 
@@ -369,7 +376,7 @@ BY_IR_NAME: dict[str, AttrSpec] = {spec.ir_name: spec for spec in SPECS.values()
 
 # Attributes that never change what a program computes: accepted and dropped.
 DROPPED = frozenset({
-    "metadata", "sharding", "statistics", "origin", "original_value", "operand_precision", "precision_config",
+    "metadata", "statistics", "origin", "original_value", "operand_precision", "precision_config",
     "result_accuracy", "control-predecessors", "api_version", "schedule", "custom_call_schedule",
     "custom_call_has_side_effect", "operand_layout_constraints", "output_to_operand_aliasing",
     "async_execution_thread", "cross_program_prefetch_index", "cross_program_prefetch", "constrain_layout",
@@ -380,6 +387,7 @@ DROPPED = frozenset({
 # Attributes whose meaning depends on the opcode: kept only on these, dropped elsewhere.
 KEPT_ONLY_ON = {
     "backend_config": frozenset({"custom-call"}),
+    "sharding": frozenset({"custom-call"}),
     "algorithm": frozenset({"rng-bit-generator"}),
 }
 

@@ -8,6 +8,7 @@ path that cannot be read or written.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -39,16 +40,19 @@ def load(path: str | os.PathLike[str]) -> Module:
     path = _as_path(path)
     kind = _format_of(path)
     try:
-        data = path.read_bytes()
+        data = _read_bounded(path)
     except FileNotFoundError:
         raise ProgramError(f"{str(path)!r}: no such file") from None
     except OSError as e:
         raise ProgramError(f"{str(path)!r}: cannot read: {e.strerror or e}") from None
     if kind == "msgpack":
         from replicas.hlo.serialize import module_from_bytes
+        from replicas.limits import check_module
 
         try:
-            return module_from_bytes(data)
+            module = module_from_bytes(data)
+            check_module(module)
+            return module
         except ProgramError as e:
             raise _naming_path(e, path) from None
     try:
@@ -61,6 +65,20 @@ def load(path: str | os.PathLike[str]) -> Module:
         return parse_hlo(text)
     except ProgramError as e:
         raise _naming_path(e, path) from None
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The file's bytes; a special file (a pipe, /dev/zero) or one over the byte ceiling is refused
+    before it is read."""
+    from replicas.limits import current, format_bytes
+
+    info = path.stat()
+    if not stat.S_ISREG(info.st_mode):
+        raise ProgramError(f"{str(path)!r}: cannot read: not a regular file")
+    if info.st_size > current().max_bytes:
+        raise ProgramError(f"{str(path)!r}: {format_bytes(info.st_size)} is more than the ceiling of "
+                           f"{format_bytes(current().max_bytes)}")
+    return path.read_bytes()
 
 
 def _naming_path(error: ProgramError, path: Path) -> ProgramError:

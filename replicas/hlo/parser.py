@@ -21,6 +21,7 @@ from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
 from replicas.hlo.lexer import Scanner
 from replicas.hlo.literals import parse_literal
 from replicas.hlo.opcodes import KNOWN_OPCODES
+from replicas.limits import MAX_NESTING, check_replicas, check_shape
 from replicas.shapes import Shape, _ShapeParser
 
 _ARRAY_SHAPE_PATTERN = r"[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^{}\n]*\})?"
@@ -65,6 +66,10 @@ class HloParser:
                     module.attrs[key] = attributes.parse_int(raw)
                 except ValueError:
                     raise s.error(f"{key} must be an integer", value_pos) from None
+                try:
+                    check_replicas(module.attrs[key], key)
+                except ProgramError as e:
+                    raise s.error(str(e), value_pos) from None
             else:
                 module.attrs[key] = raw
         self._skip_stack_frames()
@@ -306,17 +311,19 @@ class HloParser:
                     self._computation_refs.append((called, value_pos))
 
     # -- shapes ----------------------------------------------------------------------------------
-    def shape(self) -> Shape:
+    def shape(self, depth: int = 0) -> Shape:
         s = self.s
         s.skip()
         pos = s.pos
         text = s.text
         if text.startswith("(", pos):
+            if depth >= MAX_NESTING:
+                raise s.error(f"tuple shape nests deeper than {MAX_NESTING} levels", pos)
             s.pos += 1
             elements: list[Shape] = []
             if not s.accept(")"):
                 while True:
-                    elements.append(self.shape())
+                    elements.append(self.shape(depth + 1))
                     if s.accept(","):
                         continue
                     s.expect(")", "',' or ')' in a tuple shape")
@@ -339,8 +346,9 @@ class HloParser:
         if shape is None:
             try:
                 shape = Shape.parse(key)
+                check_shape(shape, "shape")  # before a constant of that shape is read
             except ProgramError as e:
-                raise self.s.error(f"bad shape {key!r}: {e}", pos) from None
+                raise self.s.error(f"bad shape {key!r:.80}: {e}", pos) from None
             self._shapes[key] = shape
         return shape
 

@@ -254,9 +254,12 @@ def _check_value(shape: Shape, value: Any, what: str) -> Any:
                                f"(XLA type {shape.element_type.value} is numpy {shape.dtype})")
         arr = value
     elif isinstance(value, (int, float, complex, bool, list, np.generic)):
+        if isinstance(value, list) and len(value) != (shape.dimensions[0] if shape.dimensions else -1):
+            # Checked before converting: a long list for a small shape never becomes an array.
+            raise ProgramError(f"{what}: expected {shape}, got a list of {len(value)}")
         try:
             arr = np.asarray(value, dtype=shape.dtype)
-        except (TypeError, ValueError, OverflowError) as e:
+        except (TypeError, ValueError, OverflowError, RecursionError) as e:
             raise ProgramError(f"{what}: cannot convert {_describe(value)} to {shape}: {e}") from None
     else:
         raise ProgramError(f"{what}: expected a numpy array {shape}, got {_describe(value)}")

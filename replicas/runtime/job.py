@@ -14,8 +14,10 @@ from replicas.diagnostics.monitor import Monitor, deadlock_error
 from replicas.diagnostics.report import Report
 from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError
 from replicas.hlo.ir import Module
+from replicas.limits import check_module, check_replicas
 from replicas.records import ReplicaState
 from replicas.runtime import keys
+from replicas.runtime.arguments import check_args_container, check_module_argument
 from replicas.runtime.compile import Executable, compile_module
 from replicas.runtime.interpreter import check_arguments
 
@@ -190,12 +192,22 @@ class Job:
             if not ok:
                 backend.abort(value)
             if self._trace:
-                from replicas.diagnostics.trace import write_trace
-
-                write_trace(self._trace, self._final_events)
+                self._write_trace()
         finally:
             backend.shutdown()
         return self._outcome
+
+    def _write_trace(self) -> None:
+        """A trace that cannot be written is a warning: it never costs the job's results or error."""
+        import warnings
+
+        from replicas.diagnostics.trace import write_trace
+
+        try:
+            write_trace(self._trace, self._final_events)
+        except Exception as e:  # noqa: BLE001 - disk full, directory removed meanwhile, ...
+            warnings.warn(f"trace {self._trace!r} was not written: {type(e).__name__}: {e}", RuntimeWarning,
+                          stacklevel=3)
 
     def _raise_if_failed(self) -> None:
         states = self._backend.states()
@@ -213,9 +225,9 @@ def per_replica_args(args: Sequence[Any] | None, num_replicas: int, num_params: 
     It is per replica when it holds `num_replicas` lists of `num_params` values each; tuples stand
     for tuple-shaped parameters, never for a replica's argument list.
     """
+    args = check_args_container(args)
     if args is None:
         return [[] for _ in range(num_replicas)]
-    args = list(args)
     if (len(args) == num_replicas and all(isinstance(a, list) for a in args)
             and all(len(a) == num_params for a in args)):
         return [list(a) for a in args]
@@ -224,9 +236,11 @@ def per_replica_args(args: Sequence[Any] | None, num_replicas: int, num_params: 
 
 def prepare(module: Module | Executable, args: Sequence[Any] | None, num_replicas: int
             ) -> tuple[Executable, list[list[Any]]]:
-    if num_replicas < 1:
-        raise ProgramError(f"num_replicas must be >= 1, got {num_replicas}")
-    _check_replica_count(module.module if isinstance(module, Executable) else module, num_replicas)
+    num_replicas = check_replicas(num_replicas)  # before any per-replica list is built
+    check_module_argument(module)
+    ir = module.module if isinstance(module, Executable) else module
+    _check_replica_count(ir, num_replicas)
+    check_module(ir, num_replicas)
     executable = module if isinstance(module, Executable) else compile_module(module, num_replicas=num_replicas)
     entry = executable.module.entry_computation
     per_replica = per_replica_args(args, num_replicas, len(entry.parameters))

@@ -13,6 +13,7 @@ from typing import Any
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation
+from replicas.limits import missing_ids, short_text
 from replicas.shapes import PrimitiveType, Shape
 
 PRED = PrimitiveType.PRED
@@ -230,15 +231,15 @@ def check_replica_groups(c: Ctx, *, uniform: bool) -> int | None:
             raise c.fail("replica_groups has an empty group")
         for r in g:
             if r < 0 or (n is not None and r >= n):
-                raise c.fail(f"replica_groups {groups}: id {r} out of range"
+                raise c.fail(f"replica_groups {short_text(groups)}: id {r} out of range"
                              + (f" for {n} replicas" if n is not None else ""))
             if r in seen:
-                raise c.fail(f"replica_groups {groups}: id {r} appears more than once")
+                raise c.fail(f"replica_groups {short_text(groups)}: id {r} appears more than once")
             seen.add(r)
     if n is not None and len(seen) != n:
-        missing = sorted(set(range(n)) - seen)
-        raise c.fail(f"replica_groups {groups} do not cover every one of the {n} replicas (missing {missing})")
+        raise c.fail(f"replica_groups {short_text(groups)} do not cover every one of the {n} replicas "
+                     f"(missing {missing_ids(seen, n)})")
     sizes = {len(g) for g in groups}
     if uniform and len(sizes) != 1:
-        raise c.fail(f"replica_groups {groups} must all have the same size")
+        raise c.fail(f"replica_groups {short_text(groups)} must all have the same size")
     return len(groups[0]) if len(sizes) == 1 else None

@@ -1,0 +1,205 @@
+"""Ceilings on what one program or job may ask for, checked before anything is allocated.
+
+A 200-byte program can declare `replica_count=2**64` or `f32[999999999999]`; a caller can pass
+`num_replicas=2**70`. Each is refused with a ProgramError that states the size and the ceiling,
+before a list, an array or a message of that size is built.
+
+    max_replicas  replicas of one job (and a module's replica_count / num_partitions);
+                  default 4096, environment variable REPLICAS_MAX_REPLICAS.
+    max_bytes     bytes of one value a program declares, and of one value times the number of
+                  replicas (every replica materializes its own); default: this machine's physical
+                  memory, environment variable REPLICAS_MAX_BYTES.
+    max_nesting   depth of tuple shapes and of nested values; fixed at 64 (XLA programs use < 10).
+
+`configure(...)` changes them for this process (Ray actors read the environment variables).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from replicas.errors import ProgramError
+
+DEFAULT_MAX_REPLICAS = 4096
+MAX_NESTING = 64
+# Error messages list at most this many ranges of replica ids, then say how many were left out.
+MAX_LISTED_RANGES = 8
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ProgramError(f"environment variable {name}={raw!r} is not an integer") from None
+    if value < 1:
+        raise ProgramError(f"environment variable {name}={raw!r} must be >= 1")
+    return value
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_replicas: int
+    max_bytes: int
+    max_nesting: int = MAX_NESTING
+
+
+_current = Limits(_env_int("REPLICAS_MAX_REPLICAS", DEFAULT_MAX_REPLICAS),
+                  _env_int("REPLICAS_MAX_BYTES", _physical_memory()))
+
+
+def current() -> Limits:
+    return _current
+
+
+def configure(*, max_replicas: int | None = None, max_bytes: int | None = None) -> Limits:
+    """Set this process's ceilings; returns the previous ones (pass them back to restore)."""
+    global _current
+    previous = _current
+    changes: dict[str, int] = {}
+    for name, value in (("max_replicas", max_replicas), ("max_bytes", max_bytes)):
+        if value is not None:
+            if not _is_int(value) or value < 1:
+                raise ProgramError(f"{name} must be a positive integer, got {value!r}")
+            changes[name] = int(value)
+    _current = replace(_current, **changes)
+    return previous
+
+
+def restore(limits: Limits) -> None:
+    global _current
+    _current = limits
+
+
+def _is_int(value: Any) -> bool:
+    import numpy as np
+
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_replicas(value: Any, what: str = "num_replicas") -> int:
+    """`value` as a replica count in [1, max_replicas], or ProgramError naming `what`."""
+    if not _is_int(value):
+        raise ProgramError(f"{what} must be an integer, got {type(value).__name__} {_short(value)}")
+    n = int(value)
+    if n < 1:
+        raise ProgramError(f"{what} must be >= 1, got {n}")
+    ceiling = _current.max_replicas
+    if n > ceiling:
+        raise ProgramError(f"{what}={_short(n)} exceeds the ceiling of {ceiling} replicas per job "
+                           "(replicas.limits.configure(max_replicas=...) or REPLICAS_MAX_REPLICAS)")
+    return n
+
+
+def shape_bytes(shape: Any) -> int:
+    """Bytes a value of `shape` takes (sub-byte types one byte per element), without recursion;
+    ProgramError if tuples nest deeper than max_nesting."""
+    total = 0
+    stack = [(shape, 0)]
+    while stack:
+        s, depth = stack.pop()
+        if depth > _current.max_nesting:
+            raise ProgramError(f"tuple shape nests deeper than {_current.max_nesting} levels")
+        if s.is_tuple:
+            stack.extend((t, depth + 1) for t in s.tuple_shapes)
+        elif not s.is_token:
+            total += math.prod(s.dimensions) * max(1, s.dtype.itemsize)
+    return total
+
+
+def check_shape(shape: Any, what: str = "a shape") -> int:
+    """The bytes of `shape`, or ProgramError if one value of it exceeds max_bytes."""
+    size = shape_bytes(shape)
+    ceiling = _current.max_bytes
+    if size > ceiling:
+        raise ProgramError(f"{what} {_short(shape)} takes {format_bytes(size)}, more than the ceiling of "
+                           f"{format_bytes(ceiling)} per value (replicas.limits.configure(max_bytes=...) "
+                           "or REPLICAS_MAX_BYTES)")
+    return size
+
+
+def check_module(module: Any, num_replicas: int | None = None) -> None:
+    """Every shape of `module` within max_bytes (times `num_replicas` when given), and its
+    replica_count / num_partitions within max_replicas; before the verifier or a kernel sizes
+    anything by them."""
+    for key in ("replica_count", "num_partitions"):
+        value = module.attrs.get(key)
+        if value is not None:
+            check_replicas(value, f"module {module.name}: {key}")
+    largest, where = 0, ""
+    for comp in module.computations.values():
+        for inst in comp.instructions:
+            size = check_shape(inst.shape, f"instruction %{inst.name} of shape")
+            if size > largest:
+                largest, where = size, f"%{inst.name} ({_short(inst.shape)})"
+    if num_replicas is not None and largest * num_replicas > _current.max_bytes:
+        raise ProgramError(f"{num_replicas} replicas each holding {where} need "
+                           f"{format_bytes(largest * num_replicas)}, more than the ceiling of "
+                           f"{format_bytes(_current.max_bytes)} per job (replicas.limits.configure(max_bytes=...) "
+                           "or REPLICAS_MAX_BYTES)")
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit} ({n} bytes)"
+    return f"{n} bytes"
+
+
+def id_ranges(ids: Iterable[int], limit: int = MAX_LISTED_RANGES) -> str:
+    """Sorted ids as ranges, at most `limit` of them: "0-3, 7, 9-999999 (and 12 more ranges)"."""
+    ranges: list[tuple[int, int]] = []
+    for i in sorted(ids):
+        if ranges and i == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], i)
+        elif not ranges or i != ranges[-1][1]:
+            ranges.append((i, i))
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges[:limit])
+    if len(ranges) > limit:
+        text += f" (and {len(ranges) - limit} more ranges)"
+    return text
+
+
+def missing_ids(present: Iterable[int], n: int) -> str:
+    """The ids in range(n) missing from `present`, as ranges, in time proportional to `present`."""
+    gaps: list[tuple[int, int]] = []
+    previous = -1
+    for i in sorted(set(present)):
+        if i > previous + 1:
+            gaps.append((previous + 1, i - 1))
+        previous = i
+    if previous < n - 1:
+        gaps.append((previous + 1, n - 1))
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in gaps[:MAX_LISTED_RANGES])
+    if len(gaps) > MAX_LISTED_RANGES:
+        text += f" (and {len(gaps) - MAX_LISTED_RANGES} more ranges)"
+    return text
+
+
+def short_text(value: Any, limit: int = 120) -> str:
+    """`str(value)` cut to `limit` characters, for error messages about hostile input."""
+    return _short(value, limit)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"an integer of {value.bit_length()} bits"
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+__all__ = ["Limits", "current", "configure", "restore", "check_replicas", "check_shape", "check_module",
+           "shape_bytes", "format_bytes", "id_ranges", "missing_ids", "short_text"]

@@ -1,0 +1,118 @@
+"""Checks of what a caller passes to `rp.run` / `rp.launch`, before anything starts or allocates.
+
+Each bad value is a ProgramError naming the argument; nothing a caller passes escapes as a
+TypeError, AttributeError, KeyError or FileNotFoundError from deep inside the runtime.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replicas.errors import ProgramError
+from replicas.limits import check_replicas, short_text
+
+
+def _type(value: Any) -> str:
+    return type(value).__name__
+
+
+def check_module_argument(module: Any) -> None:
+    from replicas.hlo.ir import Module
+    from replicas.runtime.compile import Executable
+
+    if not isinstance(module, (Module, Executable)):
+        hint = " (read a file with rp.load(path))" if isinstance(module, (str, os.PathLike)) else ""
+        raise ProgramError(f"module must be a replicas Module or Executable{hint}, got {_type(module)}")
+
+
+def check_args_container(args: Any) -> list[Any] | None:
+    """`args` as a list: one list of values for every replica, or one list per replica."""
+    if args is None:
+        return None
+    if isinstance(args, (str, bytes, Mapping, np.ndarray)) or not hasattr(args, "__iter__"):
+        hint = "; wrap a single value as [x]" if isinstance(args, np.ndarray) else ""
+        raise ProgramError(f"args must be a list of argument values (or one list per replica), "
+                           f"got {_type(args)}{hint}")
+    try:
+        return list(args)
+    except Exception as e:  # noqa: BLE001 - an iterable that fails while iterated
+        raise ProgramError(f"args could not be read as a list: {type(e).__name__}: {e}") from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float, np.integer, np.floating))
+            and not isinstance(value, (bool, np.bool_)))
+
+
+def check_timeout(value: Any, what: str = "timeout") -> None:
+    if value is None:
+        return
+    if not _is_number(value) or math.isnan(value) or value <= 0:
+        raise ProgramError(f"{what} must be a positive number of seconds or None, got {short_text(repr(value))}")
+
+
+def check_trace_path(trace: Any) -> None:
+    """The trace file can be created: its directory exists and is writable (checked before the job
+    starts, so a bad path never costs a job's results)."""
+    if trace is None:
+        return
+    if not isinstance(trace, (str, os.PathLike)):
+        raise ProgramError(f"trace must be a file path, got {_type(trace)}")
+    path = Path(trace)
+    directory = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ProgramError(f"trace={str(trace)!r} is a directory; give a file name")
+    if not directory.is_dir():
+        raise ProgramError(f"trace={str(trace)!r}: directory {str(directory)!r} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ProgramError(f"trace={str(trace)!r}: directory {str(directory)!r} is not writable")
+
+
+def check_launch_options(*, num_replicas: Any, timeout: Any, infeed: Any, trace: Any, strict: Any,
+                         backend: Any, replicas_per_actor: Any, resources: Any, address: Any) -> int:
+    """Every option of `launch` but the module and args; returns num_replicas as an int."""
+    n = check_replicas(num_replicas)
+    check_timeout(timeout)
+    if not isinstance(strict, (bool, np.bool_)):
+        raise ProgramError(f"strict must be True or False, got {_type(strict)}")
+    if not isinstance(backend, str):
+        raise ProgramError(f"backend must be a string, got {_type(backend)}")
+    if address is not None and not isinstance(address, str):
+        raise ProgramError(f"address must be a string or None, got {_type(address)}")
+    if replicas_per_actor is not None and (not _is_int(replicas_per_actor) or replicas_per_actor < 0):
+        raise ProgramError(f"replicas_per_actor must be a positive integer or None, "
+                           f"got {short_text(repr(replicas_per_actor))}")
+    if infeed is not None:
+        if isinstance(infeed, (str, bytes, Mapping, np.ndarray)) or not hasattr(infeed, "__len__"):
+            raise ProgramError(f"infeed must be a list with one list of values per replica, got {_type(infeed)}")
+        for r, values in enumerate(infeed):
+            if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__iter__"):
+                raise ProgramError(f"infeed[{r}] must be a list of values for replica {r}, got {_type(values)}")
+    if resources is not None:
+        if isinstance(resources, (str, bytes, Mapping)) or not hasattr(resources, "__len__"):
+            raise ProgramError(f"resources must be a list with one dict per replica, got {_type(resources)}")
+        for r, request in enumerate(resources):
+            if request is None:
+                continue
+            if not isinstance(request, Mapping):
+                raise ProgramError(f"resources[{r}] must be a dict of resource name -> amount, got {_type(request)}")
+            for name, amount in request.items():
+                if not isinstance(name, str) or not _is_number(amount) or not amount >= 0:
+                    raise ProgramError(f"resources[{r}]: {short_text(repr(name))}: {short_text(repr(amount))} "
+                                       "must be a resource name and a non-negative amount")
+    check_trace_path(trace)
+    return n
+
+
+__all__ = ["check_module_argument", "check_args_container", "check_timeout", "check_trace_path",
+           "check_launch_options"]
