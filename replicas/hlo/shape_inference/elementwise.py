@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replicas.hlo.shape_inference_base import PRED, Ctx, rule, same_dims
+from replicas.hlo.shape_inference.base import PRED, Ctx, rule, same_dims
 from replicas.shapes import PrimitiveType, Shape
 
 _FLOAT_ONLY = ("floor", "ceil", "erf", "round-nearest-afz", "round-nearest-even", "is-finite")

@@ -3,7 +3,7 @@ reduce-window, select-and-scatter, sort."""
 
 from __future__ import annotations
 
-from replicas.hlo.shape_inference_base import (
+from replicas.hlo.shape_inference.base import (
     PRED,
     S32,
     Ctx,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from replicas.errors import ProgramError
-from replicas.hlo.builder_core import BuilderCore, XlaOp
+from replicas.hlo.builder.core import BuilderCore, XlaOp
 from replicas.shapes import Shape
 
 SEND_RECV_PAIRS_ATTR = "_xla_send_recv_source_target_pairs"

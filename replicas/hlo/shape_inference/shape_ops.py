@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replicas.hlo.shape_inference_base import S32, Ctx, array_shape, check_dims_unique_in_range, rule
+from replicas.hlo.shape_inference.base import S32, Ctx, array_shape, check_dims_unique_in_range, rule
 from replicas.shapes import Shape
 
 

@@ -3,7 +3,7 @@ send/recv, infeed/outfeed, tokens, async wrappers, rng, custom-call, replica-id.
 
 from __future__ import annotations
 
-from replicas.hlo.shape_inference_base import (
+from replicas.hlo.shape_inference.base import (
     PRED,
     U32,
     Ctx,
@@ -308,7 +308,12 @@ def _replica_id(c: Ctx) -> Shape:
 
 @rule("rng")
 def _rng(c: Ctx) -> None:
+    c.count(2, 3)
     a, b = c.array(0, "a"), c.array(1, "b")
+    if len(c.operands) == 3:  # XLA's optional third operand: the result dimensions, s64[rank]
+        dims = c.array(2, "shape")
+        if dims.rank != 1 or not dims.element_type.is_integral:
+            raise c.fail(f"the third operand gives the result dimensions as an integer vector, got {dims}")
     dist = c.attr("distribution")
     if not (a.is_scalar and b.is_scalar and a.element_type is b.element_type):
         raise c.fail(f"parameters {a} and {b} must be scalars of the same type")

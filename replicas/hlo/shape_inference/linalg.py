@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from replicas.errors import ProgramError
-from replicas.hlo.shape_inference_base import (
+from replicas.hlo.shape_inference.base import (
     Ctx,
     array_shape,
     check_dims_unique_in_range,
