@@ -14,6 +14,7 @@ from replicas.hlo.shape_inference.base import (
     compatible,
     rule,
     scalar,
+    second_of_start,
     tuple_or_single,
 )
 from replicas.shapes import PrimitiveType, Shape
@@ -188,12 +189,9 @@ def _done_same(c: Ctx) -> Shape:
     return c.operands[0]
 
 
-@rule("all-gather-done", "collective-permute-done", "async-done", "copy-done")
+@rule("all-gather-done", "collective-permute-done")
 def _done_second(c: Ctx) -> Shape:
-    s = c.operands[0]
-    if not s.is_tuple or len(s.tuple_shapes) < 2:
-        raise c.fail(f"operand must be the tuple produced by the matching start, got {s}")
-    return s.tuple_shapes[1]
+    return second_of_start(c)
 
 
 @rule("copy-start")
@@ -219,6 +217,16 @@ def _async_start(c: Ctx) -> None:
 @rule("async-update")
 def _async_update(c: Ctx) -> Shape:
     return c.operands[0]
+
+
+@rule("async-done")
+def _async_done(c: Ctx) -> Shape:
+    return second_of_start(c)
+
+
+@rule("copy-done")
+def _copy_done(c: Ctx) -> Shape:
+    return second_of_start(c)
 
 
 def _channel(c: Ctx) -> None:

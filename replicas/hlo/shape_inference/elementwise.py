@@ -17,13 +17,10 @@ def _signed(t: PrimitiveType) -> bool:
     return t.is_signed_integral or t.is_floating
 
 
-@rule("abs", "negate", "sign", "not", "count-leading-zeros", "popcnt", "real", "imag", "copy", *_FLOAT_ONLY,
+@rule("abs", "negate", "sign", "not", "count-leading-zeros", "popcnt", "real", "imag", *_FLOAT_ONLY,
       *_FLOAT_OR_COMPLEX)
 def _unary(c: Ctx) -> Shape:
     op = c.opcode
-    s = c.operands[0]
-    if op == "copy":
-        return s
     s = c.array(0)
     t = s.element_type
     name = t.value

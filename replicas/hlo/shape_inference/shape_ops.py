@@ -95,6 +95,11 @@ def _bitcast(c: Ctx) -> None:
     return None
 
 
+@rule("copy")
+def _copy(c: Ctx) -> Shape:
+    return c.operands[0]
+
+
 @rule("transpose")
 def _transpose(c: Ctx) -> Shape:
     s = c.array(0)
