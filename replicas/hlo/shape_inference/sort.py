@@ -1,0 +1,43 @@
+"""Shape rules of sort and topk."""
+
+from __future__ import annotations
+
+from replicas.hlo.shape_inference.base import (
+    PRED,
+    S32,
+    Ctx,
+    array_shape,
+    check_scalar_computation,
+    rule,
+    same_dims,
+    tuple_or_single,
+)
+from replicas.shapes import Shape
+
+
+@rule("sort")
+def _sort(c: Ctx) -> Shape:
+    c.count(at_least=1)
+    first = c.array(0)
+    for i in range(len(c.operands)):
+        s = c.array(i)
+        if not same_dims(s, first):
+            raise c.fail(f"operand {i} {s} must have the dimensions of operand 0 {first}")
+    dims = c.int_list("dimensions")
+    if len(dims) != 1 or not 0 <= dims[0] < first.rank:
+        raise c.fail(f"dimensions {dims} must hold one dimension of the rank {first.rank} operands")
+    types = [t for s in c.operands for t in (s.element_type, s.element_type)]
+    check_scalar_computation(c, c.computation("to_apply"), types, [PRED], "comparator")
+    return tuple_or_single(list(c.operands))
+
+
+@rule("topk")
+def _topk(c: Ctx) -> Shape:
+    s = c.array(0)
+    k = int(c.attr("k"))
+    if s.rank < 1:
+        raise c.fail(f"operand {s} must have at least one dimension")
+    if not 0 <= k <= s.dimensions[-1]:
+        raise c.fail(f"k={k} must be between 0 and the size of the last dimension of {s}")
+    dims = list(s.dimensions[:-1]) + [k]
+    return Shape.tuple([array_shape(s.element_type, dims), array_shape(S32, dims)])
