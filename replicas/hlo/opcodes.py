@@ -74,7 +74,7 @@ _TABLE: list[Opcode] = [
     *_ops("reduce_window", None, "reduce-window"),
     *_ops("reduce_window", 3, "select-and-scatter"),
     *_ops("sort", None, "sort"),
-    Opcode("topk", "sort", 1, supported=False),
+    Opcode("topk", "topk", 1),
     *_ops("control_flow", None, "call", "fusion", "conditional", "map"),
     *_ops("control_flow", 1, "while"),
     Opcode("async-start", "control_flow", None, side_effect=True),
