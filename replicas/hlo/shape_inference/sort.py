@@ -1,12 +1,10 @@
-"""Shape rules of sort and topk."""
+"""Shape rule of sort."""
 
 from __future__ import annotations
 
 from replicas.hlo.shape_inference.base import (
     PRED,
-    S32,
     Ctx,
-    array_shape,
     check_scalar_computation,
     rule,
     same_dims,
@@ -29,15 +27,3 @@ def _sort(c: Ctx) -> Shape:
     types = [t for s in c.operands for t in (s.element_type, s.element_type)]
     check_scalar_computation(c, c.computation("to_apply"), types, [PRED], "comparator")
     return tuple_or_single(list(c.operands))
-
-
-@rule("topk")
-def _topk(c: Ctx) -> Shape:
-    s = c.array(0)
-    k = int(c.attr("k"))
-    if s.rank < 1:
-        raise c.fail(f"operand {s} must have at least one dimension")
-    if not 0 <= k <= s.dimensions[-1]:
-        raise c.fail(f"k={k} must be between 0 and the size of the last dimension of {s}")
-    dims = list(s.dimensions[:-1]) + [k]
-    return Shape.tuple([array_shape(s.element_type, dims), array_shape(S32, dims)])
