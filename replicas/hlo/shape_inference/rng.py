@@ -16,7 +16,12 @@ U64 = PrimitiveType.U64
 
 @rule("rng")
 def _rng(c: Ctx) -> None:
+    c.count(2, 3)
     a, b = c.array(0, "a"), c.array(1, "b")
+    if len(c.operands) == 3:  # XLA's optional third operand: the result dimensions, s64[rank]
+        dims = c.array(2, "shape")
+        if dims.rank != 1 or not dims.element_type.is_integral:
+            raise c.fail(f"the third operand gives the result dimensions as an integer vector, got {dims}")
     dist = c.attr("distribution")
     if not (a.is_scalar and b.is_scalar and a.element_type is b.element_type):
         raise c.fail(f"parameters {a} and {b} must be scalars of the same type")
