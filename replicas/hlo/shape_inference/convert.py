@@ -1,8 +1,8 @@
-"""Shape rules of the conversions: convert, bitcast-convert, reduce-precision, stochastic-convert."""
+"""Shape rules of the conversions: convert, bitcast-convert, reduce-precision."""
 
 from __future__ import annotations
 
-from replicas.hlo.shape_inference.base import PRED, Ctx, rule, same_dims
+from replicas.hlo.shape_inference.base import PRED, Ctx, rule
 from replicas.shapes import PrimitiveType, Shape
 
 
@@ -66,11 +66,3 @@ def _reduce_precision(c: Ctx) -> Shape:
     if m < 0:
         raise c.fail(f"mantissa_bits must be non-negative, got {m}")
     return s
-
-
-@rule("stochastic-convert")
-def _stochastic_convert(c: Ctx) -> Shape | None:
-    s, rand = c.array(0), c.array(1)
-    if not same_dims(s, rand):
-        raise c.fail(f"random operand {rand} must have the operand's dimensions {s}")
-    return None if c.result is None else s.with_element_type(c.result.element_type)

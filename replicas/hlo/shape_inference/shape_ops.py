@@ -39,17 +39,22 @@ def _broadcast(c: Ctx) -> None:
     return None
 
 
-@rule("reshape", "dynamic-reshape")
+@rule("reshape")
 def _reshape(c: Ctx) -> None:
-    s = c.array(0)
+    s = same_type_result(c)
     r = c.result
-    if r is None:
-        return None
-    if not r.is_array or r.element_type is not s.element_type:
-        raise c.fail(f"result {r} must be an array of the operand's element type {s.element_type.value}")
-    if c.opcode == "reshape" and r.numel != s.numel:
+    if r is not None and r.numel != s.numel:
         raise c.fail(f"element count changes from {s.numel} ({s}) to {r.numel} ({r})")
     return None
+
+
+def same_type_result(c: Ctx) -> Shape:
+    """Operand 0, once the declared result is known to be an array of its element type."""
+    s = c.array(0)
+    r = c.result
+    if r is not None and (not r.is_array or r.element_type is not s.element_type):
+        raise c.fail(f"result {r} must be an array of the operand's element type {s.element_type.value}")
+    return s
 
 
 @rule("bitcast")
