@@ -33,7 +33,7 @@ _LAZY = {
     "XlaBuilder": "replicas.hlo.builder",
     "XlaOp": "replicas.hlo.builder",
     "verify": "replicas.hlo.verify",
-    "compile": ("replicas.runtime.compile", "compile_module"),
+    "compile_module": "replicas.runtime.compile",
     "Executable": "replicas.runtime.compile",
     "Interpreter": "replicas.runtime.interpreter",
     "evaluate": "replicas.runtime.interpreter",
@@ -41,7 +41,15 @@ _LAZY = {
     "launch": "replicas.runtime.driver",
     "Job": "replicas.runtime.job",
     "register_custom_call": "replicas.ops.custom_call",
-    "check": "replicas.diagnostics.check",
+    "unregister_custom_call": "replicas.ops.custom_call",
+    "check": "replicas.runtime.driver",
+    "jax": ("replicas.jax", None),
+    # What users receive: the reports carried by errors, the replicas' published states.
+    "Report": "replicas.diagnostics.report",
+    "MismatchReport": "replicas.diagnostics.report",
+    "Edge": "replicas.diagnostics.report",
+    "ReplicaState": "replicas.records",
+    "BlockInfo": "replicas.records",  # the module itself; imports JAX only when used
 }
 
 
@@ -50,7 +58,8 @@ def __getattr__(name: str) -> Any:
     if target is None:
         raise AttributeError(f"module 'replicas' has no attribute {name!r}")
     module_name, attr = target if isinstance(target, tuple) else (target, name)
-    value = getattr(importlib.import_module(module_name), attr)
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
     globals()[name] = value
     return value
 

@@ -18,7 +18,9 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from replicas.errors import ProgramError  # noqa: E402
 from replicas.hlo.ir import Module  # noqa: E402
+from replicas.hlo.opcodes import UNSUPPORTED_OPCODES  # noqa: E402
 from replicas.hlo.text import parse_hlo, print_module  # noqa: E402
+from replicas.hlo.verify import verify  # noqa: E402
 
 F = np.arange(12, dtype=np.float32).reshape(3, 4) / 7 - 0.5
 G = np.arange(16, dtype=np.float32).reshape(4, 4) / 5 + 1
@@ -119,9 +121,14 @@ def _texts(fn, args):
 
 
 def _round_trip(text: str) -> Module:
-    module = parse_hlo(text)
+    module = parse_hlo(text, verify=False)
+    if any(inst.opcode in UNSUPPORTED_OPCODES for _, inst in module.instructions()):
+        with pytest.raises(ProgramError, match="is not supported"):
+            verify(module)
+    else:
+        verify(module)
     printed = module.to_hlo_text()
-    again = parse_hlo(printed)
+    again = parse_hlo(printed, verify=False)
     assert again == module
     assert print_module(again) == printed  # printing is deterministic
     return module

@@ -108,7 +108,6 @@ BAD_ARGUMENTS = {
     "args is a dict": (dict(args={"x": X}), "args must be a list"),
     "num_replicas is a str": (dict(num_replicas="2"), "num_replicas must be an integer"),
     "num_replicas is a float": (dict(num_replicas=2.0), "num_replicas must be an integer"),
-    "num_replicas is None": (dict(num_replicas=None), "num_replicas must be an integer"),
     "num_replicas is 2**70": (dict(num_replicas=2**70), "exceeds the ceiling"),
     "num_replicas is 0": (dict(num_replicas=0), ">= 1"),
     "timeout is a str": (dict(timeout="1"), "timeout must be"),
@@ -125,7 +124,7 @@ BAD_ARGUMENTS = {
     "replicas_per_actor is a str": (dict(replicas_per_actor="2"), "replicas_per_actor"),
     "strict is a str": (dict(strict="no"), "strict must be"),
     "module is None": (dict(module=None), "module must be"),
-    "module is a path": (dict(module="program.hlo"), r"rp.load\(path\)"),
+    "module is a missing path": (dict(module="program.hlo"), "program.hlo"),
     "a list argument of the wrong length": (dict(args=[[0.0] * 10**6]), "got a list of 1000000"),
     "a nested list argument": (dict(args=[[[[[[0.0]]]]] * 4]), "argument 0"),
 }

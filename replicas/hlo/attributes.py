@@ -367,6 +367,7 @@ def _build_specs() -> dict[str, AttrSpec]:
     add("padding", "padding", _parse_padding, _fmt_padding)
     add("window", "window", _parse_window, format_window)
     add("frontend_attributes", "frontend_attributes", parse_frontend_attributes, _fmt_frontend_attributes)
+    add("sharding", "sharding", str, str)  # raw `{devices=...}`: SPMD markers read it (replicas.jax)
     return specs
 
 
@@ -375,7 +376,7 @@ BY_IR_NAME: dict[str, AttrSpec] = {spec.ir_name: spec for spec in SPECS.values()
 
 # Attributes that never change what a program computes: accepted and dropped.
 DROPPED = frozenset({
-    "metadata", "sharding", "statistics", "origin", "original_value", "operand_precision", "precision_config",
+    "metadata", "statistics", "origin", "original_value", "operand_precision", "precision_config",
     "result_accuracy", "control-predecessors", "api_version", "schedule", "custom_call_schedule",
     "custom_call_has_side_effect", "operand_layout_constraints", "output_to_operand_aliasing",
     "async_execution_thread", "cross_program_prefetch_index", "cross_program_prefetch", "constrain_layout",
@@ -386,6 +387,7 @@ DROPPED = frozenset({
 # Attributes whose meaning depends on the opcode: kept only on these, dropped elsewhere.
 KEPT_ONLY_ON = {
     "backend_config": frozenset({"custom-call"}),
+    "sharding": frozenset({"custom-call"}),
     "algorithm": frozenset({"rng-bit-generator"}),
 }
 

@@ -19,21 +19,6 @@ from replicas.shapes import Shape
 COMPUTATION_ATTRS = ("to_apply", "condition", "body", "calls", "true_computation", "false_computation",
                      "select", "scatter", "branch_computations", "called_computations")
 
-# Opcodes with effects beyond their result: they keep their program order in a schedule.
-SIDE_EFFECT_OPCODES = frozenset({
-    "send", "send-done", "recv", "recv-done", "infeed", "outfeed", "all-reduce", "all-reduce-start",
-    "all-reduce-done", "all-gather", "all-gather-start", "all-gather-done", "reduce-scatter",
-    "all-to-all", "collective-permute", "collective-permute-start", "collective-permute-done",
-    "collective-broadcast", "custom-call", "rng", "rng-get-and-update-state", "after-all",
-    "async-start", "async-update", "async-done",
-})
-
-COLLECTIVE_OPCODES = frozenset({
-    "all-reduce", "all-reduce-start", "all-gather", "all-gather-start", "reduce-scatter", "all-to-all",
-    "collective-permute", "collective-permute-start", "collective-broadcast",
-})
-
-
 @dataclass(eq=False)
 class Instruction:
     name: str

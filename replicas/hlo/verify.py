@@ -11,27 +11,12 @@ from __future__ import annotations
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
+from replicas.hlo.opcodes import DONE_OF, GROUPED_OPCODES, OPCODES, PAIRED_OPCODES
 from replicas.hlo.shape_inference import infer_shape
 
-# -done op -> the start ops whose result it may consume directly. A context may also arrive through
-# a loop-carried tuple (XLA's pipelined send/recv), hence the pass-through opcodes.
-_DONE_OF = {
-    "send-done": ("send",),
-    "recv-done": ("recv",),
-    "all-reduce-done": ("all-reduce-start",),
-    "all-gather-done": ("all-gather-start",),
-    "collective-permute-done": ("collective-permute-start",),
-    "async-update": ("async-start", "async-update"),
-    "async-done": ("async-start", "async-update"),
-    "copy-done": ("copy-start",),
-}
+# A context may also arrive through a loop-carried tuple (XLA's pipelined send/recv).
 _PASS_THROUGH = frozenset({"get-tuple-element", "parameter", "opt-barrier"})
-_GROUPED = frozenset({"all-reduce", "all-reduce-start", "all-gather", "all-gather-start", "reduce-scatter",
-                      "all-to-all", "collective-broadcast"})
-_PAIRED = frozenset({"collective-permute", "collective-permute-start"})
-# With a channel_id (and no global ids) these still group replica ids (XLA's kCrossReplicaAndPartition).
-_CROSS_REPLICA_MODE = frozenset({"all-reduce", "all-reduce-start", "all-gather", "all-gather-start",
-                                 "reduce-scatter"})
+_COMMUNICATING = GROUPED_OPCODES | PAIRED_OPCODES
 
 
 def verify(module: Module, num_replicas: int | None = None) -> None:
@@ -129,7 +114,7 @@ def _participants(inst: Instruction, replicas: int | None, partitions: int, expl
         return replicas
     if inst.attrs.get("use_global_device_ids"):
         return replicas * partitions
-    if inst.attrs.get("channel_id") is not None and partitions > 1 and inst.opcode not in _CROSS_REPLICA_MODE:
+    if inst.attrs.get("channel_id") is not None and partitions > 1 and OPCODES[inst.opcode].channel_groups_partitions:
         return partitions
     return replicas
 
@@ -138,8 +123,11 @@ def _verify_shapes(module: Module, comp: Computation, replicas: int | None, part
                    explicit: bool) -> None:
     by_name = comp.by_name
     for inst in comp.instructions:
+        spec = OPCODES.get(inst.opcode)
+        if spec is not None and not spec.supported:
+            raise inst.error(f"{inst.opcode} is not supported: it parses, but no kernel runs it")
         operand_shapes = [by_name[op].shape for op in inst.operands]
-        n = _participants(inst, replicas, partitions, explicit) if inst.opcode in _GROUPED | _PAIRED else None
+        n = _participants(inst, replicas, partitions, explicit) if inst.opcode in _COMMUNICATING else None
         try:
             inferred = infer_shape(inst.opcode, operand_shapes, inst.attrs, module.computation,
                                    result=inst.shape, num_replicas=n)
@@ -153,7 +141,7 @@ def _verify_async_pairs(comp: Computation) -> None:
     by_name = comp.by_name
     consumer: dict[str, Instruction] = {}
     for inst in comp.instructions:
-        starts = _DONE_OF.get(inst.opcode)
+        starts = DONE_OF.get(inst.opcode)
         if starts is None:
             continue
         if len(inst.operands) != 1:

@@ -6,7 +6,8 @@ A program can only name targets that were registered: it never names code to imp
 target is a ProgramError naming it.
 
 The annotation targets XLA leaves in programs (sharding, host-offloading markers) are built in and
-pass their operand through: on one partition they do not change the value.
+pass their operand through: on one partition they do not change the value. Other modules add built-in
+targets with `builtin_target` (jaxlib's LAPACK calls, XLA:CPU's TopK): factories like kernels'.
 
 The registry is per process: a job running replicas in other processes must register the same
 functions there (`registered_custom_calls()` lists them for shipping).
@@ -21,12 +22,13 @@ import numpy as np
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Instruction
-from replicas.ops.registry import KernelContext, kernel
+from replicas.ops.registry import KernelContext, KernelFactory, kernel
 from replicas.shapes import TOKEN, Shape
 
 CustomCallFunction = Callable[..., Any]
 
 _CUSTOM_CALLS: dict[str, CustomCallFunction] = {}
+_BUILTIN_TARGETS: dict[str, KernelFactory] = {}
 
 # XLA annotations that do not change the value on one partition.
 PASS_THROUGH_TARGETS = frozenset({
@@ -35,14 +37,27 @@ PASS_THROUGH_TARGETS = frozenset({
 })
 
 
+def builtin_target(*names: str) -> Callable[[KernelFactory], KernelFactory]:
+    """Register a kernel factory for custom calls naming one of `names` (built in, not user code)."""
+
+    def register(factory: KernelFactory) -> KernelFactory:
+        for name in names:
+            if name in _BUILTIN_TARGETS:
+                raise RuntimeError(f"built-in custom-call target {name!r} registered twice")
+            _BUILTIN_TARGETS[name] = factory
+        return factory
+
+    return register
+
+
 def register_custom_call(name: str, fn: CustomCallFunction) -> None:
     """Make `custom_call_target=name` call `fn(*operand_values) -> result`. Re-registering replaces."""
     if not isinstance(name, str) or not name:
         raise ProgramError(f"custom-call target name must be a non-empty string, got {name!r}")
     if not callable(fn):
         raise ProgramError(f"custom-call target {name!r}: {fn!r} is not callable")
-    if name in PASS_THROUGH_TARGETS:
-        raise ProgramError(f"custom-call target {name!r} is built in (it passes its operand through)")
+    if name in PASS_THROUGH_TARGETS or name in _BUILTIN_TARGETS:
+        raise ProgramError(f"custom-call target {name!r} is built in")
     _CUSTOM_CALLS[name] = fn
 
 
@@ -71,6 +86,9 @@ def make_custom_call(inst: Instruction, ctx: KernelContext) -> Callable[..., Any
             return x
 
         return pass_through
+    builtin = _BUILTIN_TARGETS.get(target)
+    if builtin is not None:
+        return builtin(inst, ctx)
     fn = _CUSTOM_CALLS.get(target)
     if fn is None:
         known = ", ".join(sorted(_CUSTOM_CALLS)) or "none registered"

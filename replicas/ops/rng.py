@@ -212,7 +212,7 @@ def make_rng(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]
     distribution = inst.attrs.get("distribution")
     if distribution not in ("rng_uniform", "rng_normal"):
         raise inst.error(f"unknown rng distribution {distribution!r}")
-    shapes = ctx.operand_shapes(inst)
+    shapes = ctx.operand_shapes(inst)[:2]  # a third operand repeats the (static) result dimensions
     if len(shapes) != 2 or not all(s.is_scalar for s in shapes):
         raise inst.error("rng takes two scalar parameters")
     shape = inst.shape
@@ -232,12 +232,12 @@ def make_rng(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]
         runs[0] += 1
         return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed_words + [runs[0]])))
 
-    def normal(mu: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    def normal(mu: np.ndarray, sigma: np.ndarray, _dims: np.ndarray | None = None) -> np.ndarray:
         draws = generator().standard_normal(dims)
         with np.errstate(all="ignore"):
             return np.asarray(float(mu) + float(sigma) * draws).astype(dtype)
 
-    def uniform(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def uniform(a: np.ndarray, b: np.ndarray, _dims: np.ndarray | None = None) -> np.ndarray:
         rng = generator()
         if kind.is_floating:
             lo, hi = float(a), float(b)
@@ -256,3 +256,25 @@ def make_rng(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]
         return rng.integers(lo, hi, size=dims, dtype=dtype)
 
     return normal if distribution == "rng_normal" else uniform
+
+
+# XLA:CPU's initial value of the module's 128-bit rng state (llvm_util.cc, GetOrCreateVariableForRngState).
+RNG_STATE_INITIAL = 0x7012395
+
+
+@kernel("rng-get-and-update-state")
+def make_rng_get_and_update_state(inst: Instruction, ctx: KernelContext) -> Callable[[], np.ndarray]:
+    """The module's 128-bit state as u64[2] (low word first), then advanced by `delta`. One state per
+    replica's module, shared by every such instruction and kept across executions, as XLA:CPU's global."""
+    if inst.operands:
+        raise inst.error("rng-get-and-update-state takes no operands")
+    delta = int(inst.attrs.get("delta", 0))
+    states = ctx.__dict__.setdefault("_rng_state", [RNG_STATE_INITIAL])
+    mask = (1 << 128) - 1
+
+    def rng_get_and_update_state() -> np.ndarray:
+        old = states[0]
+        states[0] = (old + delta) & mask
+        return np.array([old & 0xFFFFFFFFFFFFFFFF, old >> 64], dtype=np.uint64)
+
+    return rng_get_and_update_state

@@ -162,7 +162,8 @@ def make_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
 
     def scatter(*args: np.ndarray) -> Any:
         operands, indices, updates = args[:n], args[n], args[n + 1:]
-        results = [np.array(o, dtype=dt, copy=True) for o, dt in zip(operands, out_dtypes)]
+        # order="C": the flat views written below must be views, whatever layout the operand had.
+        results = [np.array(o, dtype=dt, copy=True, order="C") for o, dt in zip(operands, out_dtypes)]
         if nothing_to_do:
             return results[0] if n == 1 else tuple(results)
         targets, keep = targets_of(indices)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from replicas.errors import ProgramError
-from replicas.hlo.ir import SIDE_EFFECT_OPCODES, Computation, Instruction, Module
+from replicas.hlo.ir import Computation, Instruction, Module
+from replicas.hlo.opcodes import SIDE_EFFECT_OPCODES
 
 
 @dataclass(frozen=True)

@@ -1,35 +1,137 @@
-"""The public entry points: launch N replicas of a program, or run it to completion."""
+"""The public entry points: launch N replicas of a program, run it to completion, or check it.
+
+A *program* is a Module or Executable, a path to an `.hlo`/`.txt`/`.msgpack` file, HLO text, the
+bytes of either, or JAX's lowered / compiled form (`jax.jit(f).lower(*args)`, `.compile()`).
+Arguments may be numpy arrays, JAX arrays (anything with `__array__`), Python scalars and lists.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
-from replicas.runtime.arguments import check_launch_options
+from replicas.limits import check_replicas
+from replicas.runtime.arguments import check_launch_options, check_timeout
 from replicas.runtime.compile import Executable
 from replicas.runtime.job import Job, prepare
 
 BACKENDS = ("ray", "threads")
+DEFAULT_TIMEOUT = 60.0
+
+Program = Module | Executable | str | bytes | os.PathLike | Any
 
 
-def launch(module: Module | Executable, args: Sequence[Any] | None = None, num_replicas: int = 4, *,
-           timeout: float | None = 60, address: str | None = None,
+def as_program(program: Program) -> Module | Executable:
+    """The Module (or Executable) that `program` names; ProgramError for anything else."""
+    if isinstance(program, Executable):
+        return program
+    if isinstance(program, Module):
+        module = program
+    elif isinstance(program, os.PathLike) or (isinstance(program, str) and _looks_like_path(program)):
+        from replicas.hlo.files import load
+
+        module = load(program)
+    elif isinstance(program, str):
+        from replicas.hlo.text import parse_hlo
+
+        module = parse_hlo(program)
+    elif isinstance(program, (bytes, bytearray, memoryview)):
+        module = _from_bytes(bytes(program))
+    elif hasattr(program, "lower") and callable(program):
+        raise ProgramError("rp.run got a JAX function: JAX needs its arguments to lower it; run it with "
+                           "rp.jax.run(f, *args, num_replicas=N), which also splits and joins the shards")
+    elif hasattr(program, "as_text") and hasattr(program, "compile"):  # jax.stages.Lowered
+        module = _from_jax_text(program.compile().as_text())
+    elif hasattr(program, "as_text") and hasattr(program, "input_shardings"):  # jax.stages.Compiled
+        module = _from_jax_text(program.as_text())
+    else:
+        raise ProgramError(f"module must be a program (a Module, a path, HLO text or bytes, JAX's lowered "
+                           f"form), got {type(program).__name__}")
+    from replicas.jax.spmd_markers import has_spmd_markers, partition_spmd_markers
+
+    return partition_spmd_markers(module) if has_spmd_markers(module) else module
+
+
+def _looks_like_path(text: str) -> bool:
+    return "\n" not in text and not text.lstrip().startswith("HloModule") and len(text) < 4096
+
+
+def _from_bytes(data: bytes) -> Module:
+    from replicas.hlo.serialize import MAGIC, module_from_bytes
+
+    if data.startswith(MAGIC):
+        return module_from_bytes(data)
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise ProgramError("bytes that are neither a .msgpack module nor HLO text (UTF-8)") from None
+    from replicas.hlo.text import parse_hlo
+
+    return parse_hlo(text)
+
+
+def _from_jax_text(text: str) -> Module:
+    """JAX's compiled per-device text: its arguments are each partition's shards (rp.jax.run splits them)."""
+    from replicas.hlo.text import parse_hlo
+
+    return parse_hlo(text)
+
+
+def declared_replicas(module: Module | Executable) -> int:
+    """The replica count a module declares: replica_count x num_partitions (1 when it declares none)."""
+    m = module.module if isinstance(module, Executable) else module
+    return int(m.attrs.get("replica_count") or 1) * m.num_partitions
+
+
+def as_value(value: Any) -> Any:
+    """numpy arrays for array-likes (JAX arrays, ...); lists and tuples keep their structure."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, list):
+        return [as_value(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(as_value(v) for v in value)
+    if hasattr(value, "__array__") and not isinstance(value, np.generic):
+        return np.asarray(value)
+    return value
+
+
+def as_arguments(args: Any) -> Any:
+    """Array-likes inside `args` as numpy arrays (the container itself is checked by `prepare`)."""
+    if isinstance(args, (list, tuple)):
+        return as_value(list(args))
+    if hasattr(args, "__array__") and not isinstance(args, np.ndarray):
+        return np.asarray(args)  # one array instead of a list: `prepare` says to wrap it
+    return args
+
+
+def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int | None = None, *,
+           timeout: float | None = DEFAULT_TIMEOUT, address: str | None = None,
            infeed: Sequence[Sequence[Any]] | None = None, trace: str | None = None, strict: bool = True,
            backend: str = "ray", replicas_per_actor: int | None = None,
            resources: Sequence[dict[str, float]] | None = None,
            record_every_instruction: bool = False) -> Job:
     """Start `num_replicas` replicas of `module` and return the Job without waiting.
 
+    module: a Module, Executable, path, HLO text or bytes, or JAX's lowered/compiled form.
     args: one list of values per replica, or one list given to every replica.
+    num_replicas: default the module's declared count (replica_count x num_partitions).
     infeed: values preloaded into each replica's infeed queue (one list per replica).
     backend: "ray" (actors; `address` joins a cluster) or "threads" (one process, no Ray).
     resources: per-replica Ray custom resources, to place replicas on chosen nodes.
     replicas_per_actor: how many replicas share one actor process. By default one each, until N
         exceeds twice the cluster's CPUs: then they are packed so about that many processes start
         (each costs ~2 s of CPU to start; 32 replicas on 2 cores start in ~4 s instead of ~32 s).
+    record_every_instruction: the flight recorder (and `trace`) also records local ops.
     """
+    program = as_program(module)
+    if num_replicas is None:
+        num_replicas = declared_replicas(program)
     num_replicas = check_launch_options(num_replicas=num_replicas, timeout=timeout, infeed=infeed, trace=trace,
                                         strict=strict, backend=backend, replicas_per_actor=replicas_per_actor,
                                         resources=resources, address=address)
@@ -39,7 +141,7 @@ def launch(module: Module | Executable, args: Sequence[Any] | None = None, num_r
         raise ProgramError(f"infeed must have one list per replica ({num_replicas}), got {len(infeed)}")
     if resources is not None and len(resources) != num_replicas:
         raise ProgramError(f"resources must have one dict per replica ({num_replicas}), got {len(resources)}")
-    executable, per_replica = prepare(module, args, num_replicas)
+    executable, per_replica = prepare(program, as_arguments(args), num_replicas)
     if backend == "threads":
         from replicas.runtime.threads import ThreadBackend
 
@@ -55,23 +157,46 @@ def launch(module: Module | Executable, args: Sequence[Any] | None = None, num_r
     job = Job(engine, executable, timeout=timeout, host_may_send=True, trace=trace)
     for r, values in enumerate(infeed or []):
         for v in values:
-            job.infeed(r, v)
+            job.infeed(r, as_value(v))
     return job
 
 
-def run(module: Module | Executable, args: Sequence[Any] | None = None, num_replicas: int = 4, *,
-        timeout: float | None = 60, address: str | None = None,
+def run(module: Program, args: Sequence[Any] | None = None, num_replicas: int | None = None, *,
+        timeout: float | None = DEFAULT_TIMEOUT, address: str | None = None,
         infeed: Sequence[Sequence[Any]] | None = None, trace: str | None = None, strict: bool = True,
         backend: str = "ray", replicas_per_actor: int | None = None,
-        resources: Sequence[dict[str, float]] | None = None) -> list[Any]:
+        resources: Sequence[dict[str, float]] | None = None,
+        record_every_instruction: bool = False) -> list[Any]:
     """Run `module` on `num_replicas` replicas to completion; one result per replica.
 
-    Nothing hangs: a deadlock raises DeadlockError within seconds, a disagreement between the
-    members of a collective raises CollectiveMismatchError, and `timeout` seconds of work raise
-    ExecutionTimeout naming what each replica was doing.
+    Takes every option `launch` takes. Nothing hangs: a deadlock raises DeadlockError within
+    seconds, a disagreement between the members of a collective raises CollectiveMismatchError,
+    and `timeout` seconds of work raise ExecutionTimeout naming what each replica was doing.
     """
     job = launch(module, args, num_replicas, timeout=timeout, address=address, infeed=infeed, trace=trace,
-                 strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources)
+                 strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
+                 record_every_instruction=record_every_instruction)
     job._host_may_send = False  # noqa: SLF001 - run() feeds nothing beyond the preloaded infeed
     with job:
         return job.result()
+
+
+def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int | None = None, *,
+          timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None, strict: bool = True) -> None:
+    """Run `module` on threads and raise what goes wrong, as `rp.verify` raises for a bad module:
+    DeadlockError, CollectiveMismatchError, ReplicaFailure, ExecutionTimeout, or a ProgramError for
+    messages nobody received. Without `args` every parameter is zeros. Returns None when clean."""
+    from replicas.diagnostics.check import check as find_problem
+
+    program = as_program(module)
+    if num_replicas is None:
+        num_replicas = declared_replicas(program)
+    num_replicas = check_replicas(num_replicas)
+    check_timeout(timeout)
+    problem = find_problem(program.module if isinstance(program, Executable) else program, as_arguments(args),
+                           num_replicas, timeout=timeout, infeed=infeed, strict=strict)
+    if problem is not None:
+        raise problem
+
+
+__all__ = ["BACKENDS", "as_program", "as_value", "check", "declared_replicas", "launch", "run"]

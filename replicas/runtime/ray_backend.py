@@ -22,6 +22,8 @@ from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
 from replicas.runtime.faults import actor_failure, is_memory_error, unplaceable
 from replicas.runtime.mailbox import Mailbox
+from replicas.runtime.shm import Inbox, Outbox, Shared, remove_job_segments
+from replicas.runtime.shm import available as shm_available
 from replicas.runtime.wire import WIRE_MAX_BYTES, Wire, WireError, payload_bytes
 
 _init_lock = threading.Lock()
@@ -63,12 +65,22 @@ class RayFabric(MailboxFabric):
         self.wire: Wire | None = None
         self.wire_routes: dict[int, dict[str, Any]] = {}  # replica -> its actor's wire address
         self.token = ""
+        self.outbox: Outbox | None = None  # this actor's shared-memory arena (peers on its node)
+        self.same_node: frozenset[int] = frozenset()  # replicas whose actors share this node
+        self.shm_sent: dict[int, int] = {}  # dst -> messages sent through shared memory
 
     def _post(self, dst: int, key: Hashable, value: Any) -> None:
         box = self._local.get(dst)
         if box is not None:
             box.deliver(self.replica_id, key, value)
-        elif self.wire is not None and payload_bytes(value) <= WIRE_MAX_BYTES:
+            return
+        if self.outbox is not None and dst in self.same_node:
+            shared = self.outbox.encode(value)
+            if shared is not None:  # a descriptor over the socket; the bytes wait in the arena
+                self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
+                self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, shared))
+                return
+        if self.wire is not None and payload_bytes(value) <= WIRE_MAX_BYTES:
             self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, value))
         else:
             self.routes[dst].deliver.remote(self.token, dst, self.replica_id, key, value)
@@ -86,6 +98,9 @@ class ReplicaHost:
         self._wire: Wire | None = None
         self._token = ""  # the current job's: messages of an earlier job are dropped
         self._faults: dict[int, ReplicaFailure] = {}  # replica -> a fault found outside its thread
+        self._outbox: Outbox | None = None  # this job's shared-memory arena, when it has peers
+        self._inbox: Inbox | None = None
+        self._shm_report: dict[int, dict[int, int]] = {}
 
     def wire_address(self, authkey: bytes, across_nodes: bool = False) -> dict[str, Any]:
         """Open (once per actor) the direct message sockets; their address for the peers. A TCP
@@ -103,11 +118,18 @@ class ReplicaHost:
         if not (isinstance(message, tuple) and len(message) == 5):
             raise WireError(f"a message must be (token, dst, src, key, value), got {type(message).__name__}")
         token, dst, src, key, value = message
-        if token != self._token:
-            return  # an earlier job's message, late
         box = self._mailboxes.get(dst)
+        inbox = self._inbox
+        if token != self._token:  # an earlier job's message, late: dropped
+            if type(value) is Shared and inbox is not None:
+                inbox.release_unread(value)
+            return
         if box is None:
+            if type(value) is Shared and inbox is not None:
+                inbox.release_unread(value)
             raise WireError(f"a message for replica {dst!r}, which this actor does not run")
+        if type(value) is Shared and inbox is not None:
+            value = inbox.decode(value)
         box.deliver(src, key, value)
 
     def _on_wire_fault(self, error: BaseException) -> None:
@@ -138,16 +160,21 @@ class ReplicaHost:
         if executable is None:
             executable = Executable.from_bytes(module_bytes)
             self._executables = {digest: executable}  # keep the last program only
+        self._close_shared_memory()
         self._token = token
         self._faults = {}
         self._mailboxes = {r: Mailbox(r) for r in replica_ids}
         self._runners = {}
         self._fabrics = []
+        self._shm_report = {}
+        self._inbox = Inbox(token)
+        if len(replica_ids) < num_replicas and shm_available():
+            self._outbox = Outbox(token, replica_ids[0])
         for r in replica_ids:
             recorder = FlightRecorder(r, every_instruction=record_every_instruction)
             fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
                                recorder=recorder)
-            fabric.wire, fabric.token = self._wire, token
+            fabric.wire, fabric.token, fabric.outbox = self._wire, token, self._outbox
             self._fabrics.append(fabric)
             self._runners[r] = ReplicaRunner(executable, fabric, recorder)
 
@@ -161,19 +188,38 @@ class ReplicaHost:
         clean = clean and not any(is_memory_error(runner.error) for runner in self._runners.values())
         if self._wire is not None:
             self._wire.drop_peers()
+        self._shm_report = self.shm_sent()
+        self._close_shared_memory()
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
             self._token = ""
         return clean
+
+    def _close_shared_memory(self) -> None:
+        """Unlink this job's segments on this node (a dead peer's too) and drop the mappings."""
+        if self._outbox is not None:
+            self._outbox.close()
+        if self._inbox is not None:
+            self._inbox.close()
+        remove_job_segments(self._token)
+        self._outbox = self._inbox = None
+
+    def shm_sent(self) -> dict[int, dict[int, int]]:
+        """Per hosted replica: messages it sent through shared memory, by destination (the
+        running job's, or the last job's once it was reset)."""
+        return {f.replica_id: dict(f.shm_sent) for f in self._fabrics} or self._shm_report
 
     def ping(self) -> bool:
         return True
 
     def connect(self, routes: dict[int, Any], wire_routes: dict[int, dict[str, Any]],
                 placement: list[int] | None = None) -> None:
+        node = self._wire.address["node"] if self._wire is not None else None
+        same_node = frozenset(r for r, address in wire_routes.items() if address["node"] == node)
         for fabric in self._fabrics:
             fabric.routes = routes
             fabric.wire_routes = wire_routes
+            fabric.same_node = same_node
             if placement is not None:
                 fabric.placement = placement
 
@@ -484,6 +530,7 @@ class RayBackend:
         live = [i for i in range(len(self._actors)) if i not in self._dead]
         POOL.release([(self._actors[i], self._options[i]) for i in live])
         POOL.discard([self._actors[i] for i in self._dead])
+        remove_job_segments(self._token)  # what killed actors of this node left behind
 
     def deliver_from_host(self, replica: int, key: tuple, value: Any) -> None:
         self._actor_of[replica].deliver.remote(self._token, replica, HOST, key, value)

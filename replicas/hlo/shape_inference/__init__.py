@@ -7,7 +7,7 @@ broadcast, convert, rng, custom-call, infeed, recv, ...). Pass the instruction's
 number of participating devices as `num_replicas=` to check replica groups and infer collective
 result shapes. Violations raise `ProgramError` naming the opcode and the rule.
 
-The rules live in one module per family (`shape_inference_*.py`); importing them registers them.
+The rules live in one module per family (`shape_inference/*.py`); importing them registers them.
 """
 
 from __future__ import annotations
@@ -16,18 +16,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from replicas.errors import ProgramError
-from replicas.hlo import (  # noqa: F401  (importing registers the rules)
-    shape_inference_comm,
-    shape_inference_control,
-    shape_inference_elementwise,
-    shape_inference_indexing,
-    shape_inference_layout,
-    shape_inference_linalg,
-)
 from replicas.hlo.ir import Computation
-from replicas.hlo.shape_inference_base import RULES, Ctx
-from replicas.hlo.shape_inference_elementwise import comparison_type_for
-from replicas.hlo.shape_inference_linalg import ConvDimensionNumbers, parse_dim_labels
+from replicas.hlo.opcodes import OPCODES
+from replicas.hlo.shape_inference import (  # noqa: F401  (importing registers the rules)
+    collectives,
+    control_flow,
+    elementwise,
+    gather,
+    linalg,
+    shape_ops,
+)
+from replicas.hlo.shape_inference.base import RULES, Ctx
+from replicas.hlo.shape_inference.elementwise import comparison_type_for
+from replicas.hlo.shape_inference.linalg import ConvDimensionNumbers, parse_dim_labels
 from replicas.shapes import Shape
 
 
@@ -42,6 +43,9 @@ def infer_shape(opcode: str, operand_shapes: Sequence[Shape], attrs: dict[str, A
     operands = [s.without_layout() for s in operand_shapes]
     declared = result.without_layout() if result is not None else None
     ctx = Ctx(opcode, operands, dict(attrs), computations, declared, num_replicas)
+    arity = OPCODES[opcode].arity if opcode in OPCODES else None
+    if arity is not None:
+        ctx.count(arity)
     try:
         shape = rule(ctx)
     except ProgramError:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replicas.hlo.shape_inference_base import (
+from replicas.hlo.shape_inference.base import (
     Ctx,
     array_shape,
     check_dims_unique_in_range,
@@ -40,7 +40,6 @@ def _check_batching(c: Ctx, operand: Shape, indices: Shape, operand_batching: li
 
 @rule("gather")
 def _gather(c: Ctx) -> Shape:
-    c.count(2)
     operand, indices = c.array(0, "operand"), c.array(1, "start indices")
     ivd = int(c.attr("index_vector_dim"))
     expanded = _expanded_indices(c, indices, ivd)

@@ -8,7 +8,7 @@
 
 Every op infers its shape when it is added (ProgramError naming the op and the rule otherwise);
 instructions follow docs/ir.md, are named `<opcode>.<n>` (unique in the module) and keep their
-creation order. The methods are grouped by family in the `builder_*.py` mixins.
+creation order. The methods are grouped by family in the `builder/*.py` mixins.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from replicas.errors import ProgramError
-from replicas.hlo.builder_comm import CommOps, format_source_target_pairs
-from replicas.hlo.builder_compute import ComputeOps, conv_dimension_numbers, padding_pairs
-from replicas.hlo.builder_core import XlaOp
-from replicas.hlo.builder_data import DataOps
-from replicas.hlo.builder_elementwise import ElementwiseOps
+from replicas.hlo.builder.collectives import CommOps, format_source_target_pairs
+from replicas.hlo.builder.control_flow import ComputeOps, conv_dimension_numbers, padding_pairs
+from replicas.hlo.builder.core import XlaOp
+from replicas.hlo.builder.elementwise import ElementwiseOps
+from replicas.hlo.builder.shape_ops import DataOps
 from replicas.hlo.ir import Computation, Instruction, Module
 
 

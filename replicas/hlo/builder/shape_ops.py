@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from replicas.errors import ProgramError
-from replicas.hlo.builder_core import BuilderCore, ElementType, XlaOp, as_type
+from replicas.hlo.builder.core import BuilderCore, ElementType, XlaOp, as_type
 from replicas.shapes import Shape
 
 _GATHER_FIELDS = ("offset_dims", "collapsed_slice_dims", "start_index_map", "operand_batching_dims",

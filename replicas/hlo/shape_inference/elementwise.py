@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replicas.hlo.shape_inference_base import PRED, Ctx, rule, same_dims
+from replicas.hlo.shape_inference.base import PRED, Ctx, rule, same_dims
 from replicas.shapes import PrimitiveType, Shape
 
 _FLOAT_ONLY = ("floor", "ceil", "erf", "round-nearest-afz", "round-nearest-even", "is-finite")
@@ -20,7 +20,6 @@ def _signed(t: PrimitiveType) -> bool:
 @rule("abs", "negate", "sign", "not", "count-leading-zeros", "popcnt", "real", "imag", "copy", *_FLOAT_ONLY,
       *_FLOAT_OR_COMPLEX)
 def _unary(c: Ctx) -> Shape:
-    c.count(1)
     op = c.opcode
     s = c.operands[0]
     if op == "copy":
@@ -76,7 +75,6 @@ _SHIFTS = ("shift-left", "shift-right-arithmetic", "shift-right-logical", "mulhi
 
 
 def _binary_operands(c: Ctx) -> tuple[Shape, Shape]:
-    c.count(2)
     lhs, rhs = c.array(0, "lhs"), c.array(1, "rhs")
     if not same_dims(lhs, rhs):
         raise c.fail(f"operands must have the same dimensions, got {lhs} and {rhs} "
@@ -141,7 +139,6 @@ def _compare(c: Ctx) -> Shape:
 
 @rule("select")
 def _select(c: Ctx) -> Shape:
-    c.count(3)
     pred, on_true, on_false = c.array(0, "pred"), c.operands[1], c.operands[2]
     if pred.element_type is not PRED:
         raise c.fail(f"the predicate must have element type pred, got {pred}")
@@ -156,7 +153,6 @@ def _select(c: Ctx) -> Shape:
 
 @rule("clamp")
 def _clamp(c: Ctx) -> Shape:
-    c.count(3)
     lo, x, hi = c.array(0, "min"), c.array(1, "operand"), c.array(2, "max")
     for what, s in (("min", lo), ("max", hi)):
         if s.element_type is not x.element_type:
@@ -170,7 +166,6 @@ def _clamp(c: Ctx) -> Shape:
 
 @rule("convert")
 def _convert(c: Ctx) -> Shape | None:
-    c.count(1)
     s = c.array(0)
     r = c.result
     if r is None:
@@ -185,7 +180,6 @@ def _convert(c: Ctx) -> Shape | None:
 
 @rule("bitcast-convert")
 def _bitcast_convert(c: Ctx) -> Shape | None:
-    c.count(1)
     s = c.array(0)
     r = c.result
     if r is None:
@@ -221,7 +215,6 @@ def bitcast_convert_shape(c: Ctx, s: Shape, new_type: PrimitiveType) -> Shape:
 
 @rule("reduce-precision")
 def _reduce_precision(c: Ctx) -> Shape:
-    c.count(1)
     s = c.array(0)
     if not s.element_type.is_floating:
         raise c.fail(f"expects a floating-point operand, got {s}")
@@ -235,7 +228,6 @@ def _reduce_precision(c: Ctx) -> Shape:
 
 @rule("stochastic-convert")
 def _stochastic_convert(c: Ctx) -> Shape | None:
-    c.count(2)
     s, rand = c.array(0), c.array(1)
     if not same_dims(s, rand):
         raise c.fail(f"random operand {rand} must have the operand's dimensions {s}")

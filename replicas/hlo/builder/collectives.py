@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from replicas.errors import ProgramError
-from replicas.hlo.builder_core import BuilderCore, XlaOp
+from replicas.hlo.builder.core import BuilderCore, XlaOp
 from replicas.shapes import Shape
 
 SEND_RECV_PAIRS_ATTR = "_xla_send_recv_source_target_pairs"
@@ -260,7 +260,7 @@ class CommOps(BuilderCore):
                     opaque: str = "", has_side_effect: bool = False,
                     called_computations: Sequence[Any] | None = None) -> XlaOp:
         """A custom-call; `has_side_effect` is accepted for XLA compatibility, but every custom-call
-        already keeps its program order here (ir.SIDE_EFFECT_OPCODES)."""
+        already keeps its program order here (opcodes.SIDE_EFFECT_OPCODES)."""
         if isinstance(shape, str):
             shape = Shape.parse(shape)
         attrs: dict[str, Any] = {"custom_call_target": call_target_name}

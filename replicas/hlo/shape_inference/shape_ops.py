@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from replicas.hlo.shape_inference_base import S32, Ctx, array_shape, check_dims_unique_in_range, rule
+from replicas.hlo.shape_inference.base import S32, Ctx, array_shape, check_dims_unique_in_range, rule
 from replicas.shapes import Shape
 
 
 @rule("parameter")
 def _parameter(c: Ctx) -> None:
-    c.count(0)
     n = c.attr("parameter_number")
     if not isinstance(n, int) or n < 0:
         raise c.fail(f"parameter_number must be a non-negative integer, got {n!r}")
@@ -31,7 +30,6 @@ def _literal_matches(shape: Shape, literal: object) -> bool:
 
 @rule("constant")
 def _constant(c: Ctx) -> None:
-    c.count(0)
     literal = c.attrs.get("literal")
     if c.result is not None and literal is not None and not _literal_matches(c.result, literal):
         got = np.asarray(literal).shape if not isinstance(literal, tuple) else "a tuple"
@@ -41,7 +39,6 @@ def _constant(c: Ctx) -> None:
 
 @rule("iota")
 def _iota(c: Ctx) -> None:
-    c.count(0)
     d = c.attr("iota_dimension")
     r = c.result
     if r is not None:
@@ -56,7 +53,6 @@ def _iota(c: Ctx) -> None:
 
 @rule("broadcast")
 def _broadcast(c: Ctx) -> None:
-    c.count(1)
     s = c.array(0)
     dims = c.int_list("dimensions", [])
     if len(dims) != s.rank:
@@ -76,8 +72,6 @@ def _broadcast(c: Ctx) -> None:
 
 @rule("reshape", "dynamic-reshape")
 def _reshape(c: Ctx) -> None:
-    if c.opcode == "reshape":
-        c.count(1)
     s = c.array(0)
     r = c.result
     if r is None:
@@ -91,7 +85,6 @@ def _reshape(c: Ctx) -> None:
 
 @rule("bitcast")
 def _bitcast(c: Ctx) -> None:
-    c.count(1)
     s = c.array(0)
     r = c.result
     if r is not None:
@@ -104,7 +97,6 @@ def _bitcast(c: Ctx) -> None:
 
 @rule("transpose")
 def _transpose(c: Ctx) -> Shape:
-    c.count(1)
     s = c.array(0)
     perm = c.int_list("dimensions")
     if sorted(perm) != list(range(s.rank)):
@@ -114,7 +106,6 @@ def _transpose(c: Ctx) -> Shape:
 
 @rule("reverse")
 def _reverse(c: Ctx) -> Shape:
-    c.count(1)
     s = c.array(0)
     check_dims_unique_in_range(c, c.int_list("dimensions"), s.rank, "dimensions")
     return s
@@ -122,7 +113,6 @@ def _reverse(c: Ctx) -> Shape:
 
 @rule("slice")
 def _slice(c: Ctx) -> Shape:
-    c.count(1)
     s = c.array(0)
     spec = c.attr("slice")
     if len(spec) != s.rank:
@@ -188,7 +178,6 @@ def _dynamic_update_slice(c: Ctx) -> Shape:
 
 @rule("pad")
 def _pad(c: Ctx) -> Shape:
-    c.count(2)
     s, v = c.array(0), c.array(1, "padding value")
     if not v.is_scalar or v.element_type is not s.element_type:
         raise c.fail(f"padding value {v} must be a scalar of the operand's element type {s.element_type.value}")
@@ -242,7 +231,6 @@ def _tuple(c: Ctx) -> Shape:
 
 @rule("get-tuple-element")
 def _gte(c: Ctx) -> Shape:
-    c.count(1)
     s = c.operands[0]
     if not s.is_tuple:
         raise c.fail(f"operand must be a tuple, got {s}")
@@ -254,7 +242,6 @@ def _gte(c: Ctx) -> Shape:
 
 @rule("get-dimension-size")
 def _get_dimension_size(c: Ctx) -> Shape:
-    c.count(1)
     s = c.array(0)
     dims = c.int_list("dimensions")
     if len(dims) != 1 or not 0 <= dims[0] < s.rank:
@@ -264,7 +251,6 @@ def _get_dimension_size(c: Ctx) -> Shape:
 
 @rule("set-dimension-size")
 def _set_dimension_size(c: Ctx) -> Shape:
-    c.count(2)
     s, size = c.array(0), c.array(1, "size")
     dims = c.int_list("dimensions")
     if len(dims) != 1 or not 0 <= dims[0] < s.rank:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from replicas.errors import ProgramError
-from replicas.hlo.builder_core import BuilderCore, ElementType, XlaOp, as_type
+from replicas.hlo.builder.core import BuilderCore, ElementType, XlaOp, as_type
 from replicas.hlo.ir import Computation, Instruction, make_window
 from replicas.hlo.shape_inference import ConvDimensionNumbers, parse_dim_labels
 from replicas.shapes import PrimitiveType, Shape

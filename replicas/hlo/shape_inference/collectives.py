@@ -3,7 +3,7 @@ send/recv, infeed/outfeed, tokens, async wrappers, rng, custom-call, replica-id.
 
 from __future__ import annotations
 
-from replicas.hlo.shape_inference_base import (
+from replicas.hlo.shape_inference.base import (
     PRED,
     U32,
     Ctx,
@@ -185,13 +185,11 @@ def _collective_broadcast(c: Ctx) -> Shape:
 
 @rule("all-reduce-done", "collective-broadcast-done")
 def _done_same(c: Ctx) -> Shape:
-    c.count(1)
     return c.operands[0]
 
 
 @rule("all-gather-done", "collective-permute-done", "async-done", "copy-done")
 def _done_second(c: Ctx) -> Shape:
-    c.count(1)
     s = c.operands[0]
     if not s.is_tuple or len(s.tuple_shapes) < 2:
         raise c.fail(f"operand must be the tuple produced by the matching start, got {s}")
@@ -200,7 +198,6 @@ def _done_second(c: Ctx) -> Shape:
 
 @rule("copy-start")
 def _copy_start(c: Ctx) -> Shape | None:
-    c.count(1)
     s = c.operands[0]
     return None if c.result is not None else Shape.tuple([s, s, scalar(U32)])
 
@@ -221,7 +218,6 @@ def _async_start(c: Ctx) -> None:
 
 @rule("async-update")
 def _async_update(c: Ctx) -> Shape:
-    c.count(1)
     return c.operands[0]
 
 
@@ -238,7 +234,6 @@ def _is_context(s: Shape) -> bool:
 
 @rule("send")
 def _send(c: Ctx) -> Shape:
-    c.count(2)
     _channel(c)
     c.token(1, "operand 1 (the token)")
     return Shape.tuple([c.operands[0], scalar(U32), Shape.token()])
@@ -246,7 +241,6 @@ def _send(c: Ctx) -> Shape:
 
 @rule("recv")
 def _recv(c: Ctx) -> None:
-    c.count(1)
     _channel(c)
     c.token(0, "operand 0 (the token)")
     if c.result is not None and not _is_context(c.result):
@@ -256,7 +250,6 @@ def _recv(c: Ctx) -> None:
 
 @rule("send-done")
 def _send_done(c: Ctx) -> Shape:
-    c.count(1)
     _channel(c)
     if not _is_context(c.operands[0]):
         raise c.fail(f"operand must be a send's (data, u32[], token[]), got {c.operands[0]}")
@@ -265,7 +258,6 @@ def _send_done(c: Ctx) -> Shape:
 
 @rule("recv-done")
 def _recv_done(c: Ctx) -> Shape:
-    c.count(1)
     _channel(c)
     s = c.operands[0]
     if not _is_context(s):
@@ -275,7 +267,6 @@ def _recv_done(c: Ctx) -> Shape:
 
 @rule("infeed")
 def _infeed(c: Ctx) -> None:
-    c.count(1)
     c.token(0, "operand 0 (the token)")
     r = c.result
     if r is not None and not (r.is_tuple and len(r.tuple_shapes) == 2 and r.tuple_shapes[1].is_token):
@@ -285,7 +276,6 @@ def _infeed(c: Ctx) -> None:
 
 @rule("outfeed")
 def _outfeed(c: Ctx) -> Shape:
-    c.count(2)
     c.token(1, "operand 1 (the token)")
     declared = c.attrs.get("outfeed_shape")
     if declared is not None and not compatible(declared, c.operands[0]):
@@ -302,27 +292,28 @@ def _after_all(c: Ctx) -> Shape:
 
 @rule("add-dependency")
 def _add_dependency(c: Ctx) -> Shape:
-    c.count(2)
     c.token(1, "operand 1 (the token)")
     return c.operands[0]
 
 
 @rule("opt-barrier", "domain")
 def _identity(c: Ctx) -> Shape:
-    c.count(1)
     return c.operands[0]
 
 
 @rule("replica-id", "partition-id")
 def _replica_id(c: Ctx) -> Shape:
-    c.count(0)
     return scalar(U32)
 
 
 @rule("rng")
 def _rng(c: Ctx) -> None:
-    c.count(2)
+    c.count(2, 3)
     a, b = c.array(0, "a"), c.array(1, "b")
+    if len(c.operands) == 3:  # XLA's optional third operand: the result dimensions, s64[rank]
+        dims = c.array(2, "shape")
+        if dims.rank != 1 or not dims.element_type.is_integral:
+            raise c.fail(f"the third operand gives the result dimensions as an integer vector, got {dims}")
     dist = c.attr("distribution")
     if not (a.is_scalar and b.is_scalar and a.element_type is b.element_type):
         raise c.fail(f"parameters {a} and {b} must be scalars of the same type")
@@ -341,7 +332,6 @@ def _rng(c: Ctx) -> None:
 
 @rule("rng-bit-generator")
 def _rng_bit_generator(c: Ctx) -> None:
-    c.count(1)
     state = c.array(0, "state")
     if state.rank != 1 or not state.element_type.is_unsigned_integral:
         raise c.fail(f"state {state} must be a rank-1 unsigned integer array")
@@ -358,7 +348,6 @@ def _rng_bit_generator(c: Ctx) -> None:
 
 @rule("rng-get-and-update-state")
 def _rng_state(c: Ctx) -> Shape:
-    c.count(0)
     return array_shape(U64, [2])
 
 
@@ -372,7 +361,6 @@ def _custom_call(c: Ctx) -> None:
 
 @rule("ragged-all-to-all")
 def _ragged_all_to_all(c: Ctx) -> Shape:
-    c.count(6)
     data, output = c.array(0, "input"), c.array(1, "output")
     if data.element_type is not output.element_type or data.rank != output.rank:
         raise c.fail(f"output {output} must have the input's element type and rank ({data})")

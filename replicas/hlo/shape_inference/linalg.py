@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from replicas.errors import ProgramError
-from replicas.hlo.shape_inference_base import (
+from replicas.hlo.shape_inference.base import (
     Ctx,
     array_shape,
     check_dims_unique_in_range,
@@ -32,7 +32,6 @@ def _result_type(c: Ctx, lhs: Shape) -> PrimitiveType:
 
 @rule("dot")
 def _dot(c: Ctx) -> Shape:
-    c.count(2)
     lhs, rhs = c.array(0, "lhs"), c.array(1, "rhs")
     if not _operand_types_agree(lhs.element_type, rhs.element_type):
         raise c.fail(f"lhs {lhs} and rhs {rhs} must have the same element type")
@@ -121,7 +120,6 @@ def parse_dim_labels(s: str) -> ConvDimensionNumbers:
 
 @rule("convolution")
 def _convolution(c: Ctx) -> Shape:
-    c.count(2)
     lhs, rhs = c.array(0, "lhs"), c.array(1, "rhs")
     if not _operand_types_agree(lhs.element_type, rhs.element_type):
         raise c.fail(f"lhs {lhs} and rhs {rhs} must have the same element type")
@@ -174,7 +172,6 @@ _COMPLEX_OF = {v: k for k, v in _REAL_OF.items()}
 
 @rule("fft")
 def _fft(c: Ctx) -> Shape:
-    c.count(1)
     s = c.array(0)
     kind = c.attr("fft_type")
     lengths = c.int_list("fft_length")
@@ -220,7 +217,6 @@ def _check_matrix(c: Ctx, s: Shape, what: str) -> None:
 
 @rule("cholesky")
 def _cholesky(c: Ctx) -> Shape:
-    c.count(1)
     a = c.array(0, "a")
     _check_matrix(c, a, "a")
     if a.dimensions[-1] != a.dimensions[-2]:
@@ -230,7 +226,6 @@ def _cholesky(c: Ctx) -> Shape:
 
 @rule("triangular-solve")
 def _triangular_solve(c: Ctx) -> Shape:
-    c.count(2)
     a, b = c.array(0, "a"), c.array(1, "b")
     _check_matrix(c, a, "a")
     _check_matrix(c, b, "b")
@@ -259,8 +254,7 @@ def _feature_vector(c: Ctx, i: int, what: str, operand: Shape, feature_index: in
                      f"(the size of feature dimension {feature_index})")
 
 
-def _batch_norm_operand(c: Ctx, nargs: int) -> tuple[Shape, int]:
-    c.count(nargs)
+def _batch_norm_operand(c: Ctx) -> tuple[Shape, int]:
     x = c.array(0, "operand")
     if not x.element_type.is_floating:
         raise c.fail(f"operand {x} must be floating-point")
@@ -275,7 +269,7 @@ def _batch_norm_operand(c: Ctx, nargs: int) -> tuple[Shape, int]:
 
 @rule("batch-norm-training")
 def _batch_norm_training(c: Ctx) -> Shape:
-    x, f = _batch_norm_operand(c, 3)
+    x, f = _batch_norm_operand(c)
     _feature_vector(c, 1, "scale", x, f)
     _feature_vector(c, 2, "offset", x, f)
     v = array_shape(x.element_type, [x.dimensions[f]])
@@ -284,7 +278,7 @@ def _batch_norm_training(c: Ctx) -> Shape:
 
 @rule("batch-norm-inference")
 def _batch_norm_inference(c: Ctx) -> Shape:
-    x, f = _batch_norm_operand(c, 5)
+    x, f = _batch_norm_operand(c)
     for i, what in enumerate(("scale", "offset", "mean", "variance"), start=1):
         _feature_vector(c, i, what, x, f)
     return x
@@ -292,7 +286,7 @@ def _batch_norm_inference(c: Ctx) -> Shape:
 
 @rule("batch-norm-grad")
 def _batch_norm_grad(c: Ctx) -> Shape:
-    x, f = _batch_norm_operand(c, 5)
+    x, f = _batch_norm_operand(c)
     for i, what in enumerate(("scale", "mean", "variance"), start=1):
         _feature_vector(c, i, what, x, f)
     g = c.array(4, "grad_output")

@@ -1,0 +1,207 @@
+"""Run JAX functions on N replicas: JAX lowers and partitions, replicas runs the per-device program.
+
+    import replicas as rp
+    from jax.sharding import PartitionSpec as P
+
+    y = rp.jax.run(f, x, num_replicas=4, in_specs=(P("x"),), out_specs=P("x"))   # a global array
+
+`f` is a plain function, a `jax.jit` one or a `shard_map` one. With `in_specs`/`out_specs` the
+function is wrapped in `shard_map` over `mesh` (or a one-axis mesh of `num_replicas` devices named
+`axis_name`); without them it is jitted as it is (its own shardings, if any, decide the split).
+JAX compiles it to the per-device (SPMD) program; each replica runs one partition of it on the
+shard of each global argument that JAX's input sharding gives that partition, and the outputs are
+put back together by JAX's output shardings: the result is what `jax.jit(f)(*args)` returns, as
+numpy arrays in the same pytree.
+
+JAX is an optional extra (`pip install 'replicas[jax]'`) and is imported only here, on first use.
+JAX needs as many devices as partitions: on a CPU-only machine set
+`XLA_FLAGS=--xla_force_host_platform_device_count=8` before JAX is imported.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from replicas.errors import ProgramError
+from replicas.hlo.ir import Module
+from replicas.jax.spmd_markers import has_spmd_markers, partition_spmd_markers
+
+__all__ = ["JaxProgram", "compile_jax", "has_spmd_markers", "partition_spmd_markers", "replicated", "run"]
+
+DEVICE_COUNT_HINT = ("set XLA_FLAGS=--xla_force_host_platform_device_count=N (N >= the number of replicas) "
+                     "before JAX is imported")
+
+
+def _jax() -> Any:
+    try:
+        import jax
+    except ImportError:
+        raise ProgramError("replicas.jax needs JAX: pip install 'replicas[jax]'") from None
+    return jax
+
+
+@dataclass
+class JaxProgram:
+    """A JAX function compiled for `num_replicas` replicas: the per-device module, and how global
+    arguments split into shards and shards join into global results (JAX's shardings)."""
+
+    module: Module
+    num_replicas: int
+    in_shardings: list[Any]  # one jax Sharding per flattened argument
+    out_shardings: list[Any]  # one per flattened output
+    out_avals: list[Any]  # global shape and dtype of each flattened output
+    out_tree: Any
+    devices: list[Any]  # partition p runs what JAX would run on devices[p]
+    arg_dtypes: list[np.dtype]
+
+    def split(self, args: Sequence[Any]) -> list[list[np.ndarray]]:
+        """Per replica, the shard of every flattened global argument."""
+        jax = _jax()
+        leaves = jax.tree_util.tree_leaves(list(args))
+        if len(leaves) != len(self.in_shardings):
+            raise ProgramError(f"the program was compiled for {len(self.in_shardings)} array arguments, "
+                               f"got {len(leaves)}")
+        per_replica: list[list[np.ndarray]] = [[] for _ in range(self.num_replicas)]
+        for leaf, sharding, dtype in zip(leaves, self.in_shardings, self.arg_dtypes):
+            value = np.asarray(leaf, dtype=dtype)
+            index = _indices(sharding, value.shape, self.num_replicas)
+            for p in range(self.num_replicas):
+                per_replica[p].append(np.ascontiguousarray(value[index[p]]))
+        return per_replica
+
+    def join(self, results: Sequence[Any]) -> Any:
+        """The global outputs (the pytree `f` returns) from every replica's result."""
+        jax = _jax()
+        per_replica = [_output_leaves(r, len(self.out_avals)) for r in results]
+        outputs = []
+        for i, (aval, sharding) in enumerate(zip(self.out_avals, self.out_shardings)):
+            out = np.empty(aval.shape, dtype=aval.dtype)
+            index = _indices(sharding, aval.shape, self.num_replicas)
+            for p in range(self.num_replicas):
+                out[index[p]] = per_replica[p][i]
+            outputs.append(out)
+        return jax.tree_util.tree_unflatten(self.out_tree, outputs)
+
+
+def _indices(sharding: Any, shape: tuple[int, ...], num_replicas: int) -> list[Any]:
+    """For each partition, the index of its shard in a global array of `shape`."""
+    if sharding is None:
+        return [tuple(slice(None) for _ in shape)] * num_replicas
+    by_device = sharding.devices_indices_map(tuple(shape))
+    devices = _device_order(sharding)
+    if len(devices) == 1:
+        return [by_device[devices[0]]] * num_replicas
+    return [by_device[d] for d in devices]
+
+
+def _device_order(sharding: Any) -> list[Any]:
+    order = getattr(sharding, "_device_assignment", None)
+    if order is None:  # a NamedSharding: the mesh's devices in logical-id order
+        order = sharding.mesh.devices.flat
+    return list(order)
+
+
+def _output_leaves(result: Any, count: int) -> list[Any]:
+    if count == 1 and not (isinstance(result, tuple) and len(result) == 1):
+        return [result]
+    if not isinstance(result, tuple) or len(result) != count:
+        raise ProgramError(f"the program returned {type(result).__name__}, expected a tuple of {count} outputs")
+    return list(result)
+
+
+def _mesh(mesh: Any, num_replicas: int | None, axis_name: str) -> Any:
+    jax = _jax()
+    if mesh is not None:
+        if num_replicas is not None and num_replicas != mesh.devices.size:
+            raise ProgramError(f"num_replicas={num_replicas} but the mesh has {mesh.devices.size} devices")
+        return mesh
+    if num_replicas is None:
+        return None
+    devices = jax.devices()
+    if len(devices) < num_replicas:
+        raise ProgramError(f"JAX sees {len(devices)} device(s), {num_replicas} replicas need as many: "
+                           f"{DEVICE_COUNT_HINT}")
+    return jax.sharding.Mesh(np.array(devices[:num_replicas]), (axis_name,))
+
+
+def compile_jax(f: Callable[..., Any], *args: Any, num_replicas: int | None = None, mesh: Any = None,
+                in_specs: Any = None, out_specs: Any = None, axis_name: str = "x") -> JaxProgram:
+    """Lower and compile `f` for `args` with JAX; the per-device module and its shardings."""
+    jax = _jax()
+    from replicas.hlo.text import parse_hlo
+
+    mesh = _mesh(mesh, num_replicas, axis_name)
+    fn = f
+    if in_specs is not None or out_specs is not None:
+        if mesh is None:
+            raise ProgramError("in_specs/out_specs need num_replicas=N or mesh=...")
+        fn = _shard_map(f, mesh, in_specs, out_specs)
+    leaves = [jax.numpy.asarray(leaf) for leaf in jax.tree_util.tree_leaves(list(args))]
+    try:
+        lowered = jax.jit(fn, keep_unused=True).lower(*args)
+        compiled = lowered.compile()
+    except RuntimeError as e:
+        if "devices" in str(e):
+            raise ProgramError(f"JAX could not compile for this mesh: {e}; {DEVICE_COUNT_HINT}") from None
+        raise
+    module = parse_hlo(compiled.as_text())
+    partitions = module.num_partitions
+    if num_replicas is None:
+        num_replicas = partitions if partitions > 1 else (mesh.devices.size if mesh is not None else 1)
+    if partitions > 1 and partitions != num_replicas:
+        raise ProgramError(f"JAX partitioned the program {partitions} ways; num_replicas={num_replicas}")
+    if partitions == 1:
+        module.attrs.pop("num_partitions", None)
+    in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0]) if partitions > 1 else [None] * len(leaves)
+    out_avals = jax.tree_util.tree_leaves(lowered.out_info)
+    out_shardings = jax.tree_util.tree_leaves(compiled.output_shardings) if partitions > 1 \
+        else [None] * len(out_avals)
+    devices = _device_order(in_shardings[0] if in_shardings and in_shardings[0] is not None
+                            else out_shardings[0]) if partitions > 1 else []
+    return JaxProgram(module, num_replicas, in_shardings, out_shardings, out_avals, lowered.out_tree, devices,
+                      [np.dtype(leaf.dtype) for leaf in leaves])
+
+
+def _shard_map(f: Callable[..., Any], mesh: Any, in_specs: Any, out_specs: Any) -> Callable[..., Any]:
+    _jax()
+    try:
+        from jax import shard_map
+    except ImportError:  # jax < 0.7
+        from jax.experimental.shard_map import shard_map
+    return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+
+
+def run(f: Callable[..., Any], *args: Any, num_replicas: int | None = None, mesh: Any = None,
+        in_specs: Any = None, out_specs: Any = None, axis_name: str = "x", **options: Any) -> Any:
+    """Run the JAX function `f` on replicas and return its global outputs, as `jax.jit(f)(*args)` would.
+
+    num_replicas / mesh: how many replicas (a one-axis mesh named `axis_name`), or the mesh itself.
+    in_specs / out_specs: `shard_map` specs; given, `f` runs as `shard_map(f, mesh, in_specs, out_specs)`.
+    options: every `rp.run` option (backend="threads" | "ray", timeout, address, trace, strict, ...).
+    """
+    from replicas.runtime.driver import run as run_module
+
+    program = compile_jax(f, *args, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs,
+                          out_specs=out_specs, axis_name=axis_name)
+    results = run_module(program.module, program.split(args), program.num_replicas, **options)
+    return program.join(results)
+
+
+def replicated(num_replicas: int | None = None, *, mesh: Any = None, in_specs: Any = None, out_specs: Any = None,
+               axis_name: str = "x", **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator form of `run`: `@rp.jax.replicated(4, in_specs=(P("x"),), out_specs=P())`."""
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(f)
+        def on_replicas(*args: Any) -> Any:
+            return run(f, *args, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                       axis_name=axis_name, **options)
+
+        return on_replicas
+
+    return decorate

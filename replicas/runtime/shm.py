@@ -1,0 +1,260 @@
+"""Same-node shared memory between replica actors: one reusable outbound arena per actor and job.
+
+Why this mechanism (measured, `bench/shm_mechanisms.py` and bench/README.md "Same-node shared memory"):
+- Ray's object store (`ray.put` once, peers `ray.get` zero-copy) costs a raylet round trip to
+  create, seal and pin each object, plus the owner's reference counting for a ref handed to
+  another actor outside a task (the ref is "borrowed" out of band: Ray keeps it pinned until the
+  owner dies unless the owner frees it); a fresh object per message also page-faults its pages.
+- Ray's mutable-object channels (`ray.experimental.channel.Channel`) hold one value per
+  writer/reader pair: a write blocks until every reader has read the previous one. A fabric send
+  must never block (a blocked sender the monitor cannot see would turn a deadlock into a hang),
+  and a reader must read values in write order on a thread of its own; values are Ray-serialized.
+- A segment under /dev/shm that the sending actor creates once per job (sparse, so untouched pages
+  cost nothing) and reuses block by block: a message costs one copy into the arena; the receiver
+  maps the arena once and gets a read-only view of the block, pinned until the last view of that
+  array is gone. No Ray task, no pickling of array bytes, no page faults after the first use.
+
+Layout: the arena is a sequence of blocks; each block is a 64-byte header (its release flag)
+followed by the array bytes. The sender allocates first-fit below the highest block still held
+(so a quiet arena is reused from offset 0 and touches only the peak in-flight bytes); the
+receiver sets the flag when the array it was handed is garbage, and the sender sweeps flags on its
+next allocation. A sender never writes a block whose flag is not set, so a receiver never sees
+its data change. When the arena is full (receivers hold too much), the caller falls back to the
+object store: sends never wait for space.
+
+Segments are named `rpl-<job token>-<first replica of the actor>`: the token is the job's random
+secret, so a job only opens its own segments, and everything of a job is removed by name when it
+ends (`remove_job_segments`), by the actors and by the driver, whatever happened to the actors.
+Plain `os.open` + `mmap` (not `multiprocessing.shared_memory`, whose resource tracker unlinks or
+warns about segments another process attached to).
+"""
+
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+import threading
+import weakref
+from typing import Any, NamedTuple
+
+import numpy as np
+
+SHM_DIR = "/dev/shm"
+PREFIX = "rpl-"
+HEADER = 64  # bytes before each block's data: the release flag, and 64-byte alignment
+# Arrays of at least this many bytes travel through the arena; smaller ones inline over the socket
+# (the copy into a pickle costs the same as into the arena, and a descriptor is not free).
+MIN_BYTES = 64 * 1024
+# Virtual size of an arena: tmpfs only backs pages that were written, so this bounds, not costs.
+CAPACITY = int(os.environ.get("REPLICAS_SHM_ARENA_BYTES", str(1 << 30)))
+
+_HELD, _RELEASED = 0, 1
+
+
+def segment_name(token: str, owner: int) -> str:
+    return f"{PREFIX}{token}-{owner}"
+
+
+def job_segments(token: str) -> list[str]:
+    """Paths of the segments of the job `token` on this node."""
+    return glob.glob(os.path.join(SHM_DIR, f"{PREFIX}{token}-*")) if token else []
+
+
+def remove_job_segments(token: str) -> int:
+    """Unlink every segment of job `token` on this node (mappings stay valid until dropped)."""
+    removed = 0
+    for path in job_segments(token):
+        try:
+            os.unlink(path)
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def available() -> bool:
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
+class ShmArray(NamedTuple):
+    """Where an array of a message lies in its sender's arena (what travels over the socket)."""
+
+    segment: str
+    offset: int  # of the block's header
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+class Shared(NamedTuple):
+    """A message value whose large arrays were replaced by ShmArray descriptors."""
+
+    value: Any
+
+
+def _round_up(n: int, k: int = HEADER) -> int:
+    return (n + k - 1) // k * k
+
+
+def _eligible(x: Any) -> bool:
+    return isinstance(x, np.ndarray) and x.nbytes >= MIN_BYTES and not x.dtype.hasobject
+
+
+class Outbox:
+    """The sending actor's arena for one job. Thread-safe: the actor's replicas share it."""
+
+    def __init__(self, token: str, owner: int, capacity: int = CAPACITY) -> None:
+        self.name = segment_name(token, owner)
+        self.path = os.path.join(SHM_DIR, self.name)
+        self.capacity = capacity
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, capacity)
+            self._mm = mmap.mmap(fd, capacity)
+        finally:
+            os.close(fd)
+        self._flags = np.frombuffer(self._mm, np.uint64)  # block header words
+        self._blocks: dict[int, int] = {}  # offset -> size of the blocks receivers may still read
+        self._lock = threading.Lock()
+
+    def _allocate(self, size: int) -> int | None:
+        with self._lock:
+            flags, blocks = self._flags, self._blocks
+            for off in [o for o in blocks if flags[o // 8] == _RELEASED]:
+                del blocks[off]
+            pos = 0
+            for off in sorted(blocks):
+                if off - pos >= size:
+                    break
+                pos = off + blocks[off]
+            if pos + size > self.capacity:
+                return None
+            blocks[pos] = size
+            flags[pos // 8] = _HELD
+            return pos
+
+    def _free(self, offset: int) -> None:
+        self._flags[offset // 8] = _RELEASED
+
+    def put(self, x: np.ndarray) -> ShmArray | None:
+        """Copy `x` into a free block; None when the arena has no room for it."""
+        offset = self._allocate(HEADER + _round_up(x.nbytes))
+        if offset is None:
+            return None
+        np.copyto(np.ndarray(x.shape, x.dtype, buffer=self._mm, offset=offset + HEADER), x, casting="no")
+        return ShmArray(self.name, offset, x.shape, x.dtype)
+
+    def encode(self, value: Any) -> Shared | None:
+        """`value` with its large arrays moved into the arena; None if it has none or they do not fit."""
+        placed: list[ShmArray] = []
+
+        def walk(v: Any) -> Any:
+            if _eligible(v):
+                ref = self.put(v)
+                if ref is None:
+                    raise _Full
+                placed.append(ref)
+                return ref
+            if isinstance(v, tuple) and not isinstance(v, ShmArray):
+                return tuple(walk(x) for x in v)
+            if isinstance(v, list):
+                return [walk(x) for x in v]
+            return v
+
+        try:
+            encoded = walk(value)
+        except _Full:
+            for ref in placed:
+                self._free(ref.offset)
+            return None
+        return Shared(encoded) if placed else None
+
+    def in_use(self) -> int:
+        """Bytes of blocks not yet released by their receivers."""
+        with self._lock:
+            return sum(size for off, size in self._blocks.items() if self._flags[off // 8] != _RELEASED)
+
+    def close(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        self._blocks.clear()
+
+
+class _Full(Exception):
+    pass
+
+
+class _Pinned(np.ndarray):
+    """Owner of a received block: every array handed out is a view of it, so it lives (and the
+    block stays unreleased) until the last of them is gone. Being a subclass stops numpy from
+    collapsing the views' `base` past it onto the mmap."""
+
+
+class Inbox:
+    """The receiving actor's mappings of its peers' arenas for one job."""
+
+    def __init__(self, token: str) -> None:
+        self._prefix = f"{PREFIX}{token}-"
+        self._maps: dict[str, tuple[mmap.mmap, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def _map(self, name: str) -> tuple[mmap.mmap, np.ndarray]:
+        entry = self._maps.get(name)
+        if entry is None:
+            if not name.startswith(self._prefix) or "/" in name:
+                raise ValueError(f"segment {name!r} is not this job's")
+            with self._lock:
+                entry = self._maps.get(name)
+                if entry is None:
+                    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+                    try:
+                        mm = mmap.mmap(fd, 0)
+                    finally:
+                        os.close(fd)
+                    entry = self._maps[name] = (mm, np.frombuffer(mm, np.uint64))
+        return entry
+
+    def array(self, ref: ShmArray) -> np.ndarray:
+        """A read-only view of the block; the block is released when the view is garbage."""
+        mm, flags = self._map(ref.segment)
+        pinned = _Pinned(ref.shape, ref.dtype, buffer=mm, offset=ref.offset + HEADER)
+        weakref.finalize(pinned, _release, flags, ref.offset // 8)
+        out = pinned.view(np.ndarray)
+        out.flags.writeable = False
+        return out
+
+    def decode(self, shared: Shared) -> Any:
+        def walk(v: Any) -> Any:
+            if isinstance(v, ShmArray):
+                return self.array(v)
+            if isinstance(v, tuple):
+                return tuple(walk(x) for x in v)
+            if isinstance(v, list):
+                return [walk(x) for x in v]
+            return v
+
+        return walk(shared.value)
+
+    def release_unread(self, shared: Shared) -> None:
+        """A message that will not be delivered (its job is over): free its blocks now."""
+        def walk(v: Any) -> None:
+            if isinstance(v, ShmArray):
+                try:
+                    _release(self._map(v.segment)[1], v.offset // 8)
+                except (OSError, ValueError):
+                    pass
+            elif isinstance(v, (tuple, list)):
+                for x in v:
+                    walk(x)
+
+        walk(shared.value)
+
+    def close(self) -> None:
+        # Mappings are dropped, not closed: arrays still held keep theirs alive until they go.
+        self._maps = {}
+
+
+def _release(flags: np.ndarray, word: int) -> None:
+    flags[word] = _RELEASED

@@ -1,0 +1,189 @@
+"""The same-node shared-memory path under Ray: results, the release protocol, and no leftovers
+under /dev/shm when a job finishes, is cancelled, times out or loses an actor."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import replicas as rp
+from replicas.runtime.shm import MIN_BYTES, Inbox, Outbox, job_segments
+
+SIZE = 65536  # f32 elements per replica: 256 KiB, so collective pieces are >= MIN_BYTES
+
+COLLECTIVES = """\
+HloModule shm_collectives, replica_count=4
+
+add {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}}
+
+ENTRY main {{
+  x = f32[{e}] parameter(0)
+  sum = f32[{e}] all-reduce(x), replica_groups={{}}, to_apply=add
+  gathered = f32[{g}] all-gather(x), replica_groups={{}}, dimensions={{0}}
+  scattered = f32[{q}] reduce-scatter(x), replica_groups={{}}, dimensions={{0}}, to_apply=add
+  swapped = f32[{e}] all-to-all(x), replica_groups={{}}, dimensions={{0}}
+  shifted = f32[{e}] collective-permute(x), source_target_pairs={{{{0,1}},{{1,2}},{{2,3}},{{3,0}}}}
+  ROOT out = (f32[{e}], f32[{g}], f32[{q}], f32[{e}], f32[{e}]) tuple(sum, gathered, scattered, swapped, shifted)
+}}
+"""
+
+# A large all-reduce, an outfeed saying it is done, then a loop that never ends.
+STUCK_AFTER_COLLECTIVE = """\
+HloModule stuck, replica_count=2
+
+add {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}}
+
+cond {{
+  s = s32[] parameter(0)
+  ROOT t = pred[] constant(true)
+}}
+
+body {{
+  s = s32[] parameter(0)
+  one = s32[] constant(1)
+  ROOT n = s32[] add(s, one)
+}}
+
+ENTRY main {{
+  x = f32[{e}] parameter(0)
+  sum = f32[{e}] all-reduce(x), replica_groups={{}}, to_apply=add
+  tok = token[] after-all()
+  done = token[] outfeed(sum, tok)
+  z = s32[] constant(0)
+  w = s32[] while(z), condition=cond, body=body
+  ROOT out = (f32[{e}], s32[]) tuple(sum, w)
+}}
+"""
+
+
+def _inputs(n: int) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(7)
+    return [[rng.standard_normal(SIZE).astype(np.float32)] for _ in range(n)]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_collectives_through_shared_memory_equal_the_threads_backend_bitwise():
+    import ray
+
+    m = rp.parse_hlo(COLLECTIVES.format(e=SIZE, g=4 * SIZE, q=SIZE // 4))
+    args = _inputs(4)
+    want = rp.run(m, args, num_replicas=4, backend="threads")
+    job = rp.launch(m, args, num_replicas=4, timeout=120)
+    token = job._backend._token
+    got = job.result()
+    for r in range(4):
+        for a, b in zip(got[r], want[r]):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    sent = {}
+    for part in ray.get([a.shm_sent.remote() for a in job._backend._actors]):
+        sent.update(part)
+    assert all(sent[r].get(d, 0) > 0 for r in range(4) for d in range(4) if d != r), sent
+    assert job_segments(token) == []
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_packed_actors_exchange_through_shared_memory_across_actors_only():
+    import ray
+
+    m = rp.parse_hlo(COLLECTIVES.format(e=SIZE, g=4 * SIZE, q=SIZE // 4))
+    args = _inputs(4)
+    want = rp.run(m, args, num_replicas=4, backend="threads")
+    job = rp.launch(m, args, num_replicas=4, timeout=120, replicas_per_actor=2)
+    got = job.result()
+    assert all(a.tobytes() == b.tobytes() for r in range(4) for a, b in zip(got[r], want[r]))
+    sent = {}
+    for part in ray.get([a.shm_sent.remote() for a in job._backend._actors]):
+        sent.update(part)
+    assert sent[0].get(1, 0) == 0 and sent[0].get(2, 0) > 0  # 0 and 1 share an actor: no copy at all
+
+
+def test_a_block_stays_held_while_any_view_of_the_received_array_lives():
+    token = "t" + np.random.default_rng().bytes(8).hex()
+    outbox, inbox = Outbox(token, 0, capacity=1 << 22), Inbox(token)
+    try:
+        x = np.arange(MIN_BYTES // 4 * 2, dtype=np.float32)
+        shared = outbox.encode((b"fingerprint", (x, np.zeros(3))))
+        assert shared is not None
+        fp, (y, small) = inbox.decode(shared)
+        assert fp == b"fingerprint" and small.shape == (3,) and np.array_equal(y, x)
+        assert not y.flags.writeable
+        part = y[10:20].reshape(2, 5)
+        del y
+        gc.collect()
+        held = outbox.in_use()
+        assert held > x.nbytes
+        again = outbox.put(x + 1)  # a held block is never written: the new one goes elsewhere
+        assert again.offset != shared.value[1][0].offset
+        assert np.array_equal(part, x[10:20].reshape(2, 5))
+        del part
+        gc.collect()
+        assert outbox.in_use() == held  # only `again` (never delivered) is left
+        first = outbox.put(x)
+        assert first.offset == shared.value[1][0].offset  # the released block is reused
+    finally:
+        outbox.close()
+        inbox.close()
+    assert job_segments(token) == []
+
+
+def test_a_full_arena_declines_and_frees_what_it_placed():
+    token = "t" + np.random.default_rng().bytes(8).hex()
+    outbox = Outbox(token, 0, capacity=MIN_BYTES * 3)
+    try:
+        x = np.ones(MIN_BYTES // 4, np.float32)
+        assert outbox.encode((x, x, x)) is None  # headers make three blocks one too many
+        assert outbox.in_use() == 0
+        assert outbox.encode((x, x)) is not None
+    finally:
+        outbox.close()
+
+
+def _launch_stuck() -> rp.Job:
+    m = rp.parse_hlo(STUCK_AFTER_COLLECTIVE.format(e=SIZE))
+    return rp.launch(m, _inputs(2), num_replicas=2, timeout=None)
+
+
+def _past_the_collective(job: rp.Job) -> None:
+    for r in range(2):
+        job.outfeed(r, timeout=60)
+    assert len(job_segments(job._backend._token)) == 2  # one arena per actor, in use
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_cancel_removes_the_jobs_segments():
+    job = _launch_stuck()
+    _past_the_collective(job)
+    job.cancel()
+    assert job_segments(job._backend._token) == []
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_timeout_removes_the_jobs_segments():
+    m = rp.parse_hlo(STUCK_AFTER_COLLECTIVE.format(e=SIZE))
+    job = rp.launch(m, _inputs(2), num_replicas=2, timeout=3)
+    _past_the_collective(job)
+    with pytest.raises(rp.ExecutionTimeout):
+        job.result()
+    assert job_segments(job._backend._token) == []
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_killed_actor_leaves_no_segment_behind():
+    import ray
+
+    with _launch_stuck() as job:
+        _past_the_collective(job)
+        ray.kill(job._backend._actors[1], no_restart=True)
+        with pytest.raises(rp.ReplicasError):
+            job.result(timeout=60)
+    assert job_segments(job._backend._token) == []
