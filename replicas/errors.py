@@ -36,9 +36,16 @@ class ProgramError(ReplicasError):
         self.column = column
 
 
+def _with_report(message: str, report: Any) -> str:
+    if report is None:
+        return message
+    text = str(report)
+    return text if text.startswith(message) else f"{message}\n{text}"  # a report titled by the message
+
+
 class _ReportError(ReplicasError):
     def __init__(self, message: str, report: Any = None) -> None:
-        super().__init__(message if report is None else f"{message}\n{report}")
+        super().__init__(_with_report(message, report))
         self.report = report
 
 
@@ -65,7 +72,7 @@ class ExecutionTimeout(ReplicasError):
     """The job was still running (not deadlocked) when its timeout expired."""
 
     def __init__(self, message: str, report: Any = None) -> None:
-        super().__init__(message if report is None else f"{message}\n{report}")
+        super().__init__(_with_report(message, report))
         self.report = report
 
 
