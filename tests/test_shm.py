@@ -148,8 +148,11 @@ def test_one_array_sent_to_several_peers_is_copied_once_and_freed_after_the_last
     outbox, inbox = Outbox(token, 0, capacity=1 << 22), Inbox(token)
     try:
         x = np.arange(MIN_BYTES // 4, dtype=np.float32)
-        refs = [outbox.put(x) for _ in range(3)]
+        refs = [outbox.put(x, ("coll", 0, 1)) for _ in range(3)]
         assert {r.offset for r in refs} == {refs[0].offset} and [r.slot for r in refs] == [0, 1, 2]
+        x_later = outbox.put(x, ("coll", 0, 2))  # another round: `x` may have changed in place
+        assert x_later.offset != refs[0].offset
+        inbox.array(x_later)  # received and dropped at once
         views = [inbox.array(r) for r in refs]
         del views[0]
         del views[0]
@@ -172,7 +175,7 @@ def test_a_full_arena_declines_and_frees_what_it_placed():
         assert outbox.encode((x, y, z)) is None  # headers make three blocks one too many
         assert outbox.in_use() == 0
         assert outbox.encode((x, y)) is not None
-        assert outbox.encode((x, x, x)) is None  # `y` is no longer the last; no room for `x`
+        assert outbox.encode((x, x, x), ("coll", 0, 0)) is None  # `y` was placed last; no room for `x`
     finally:
         outbox.close()
 
@@ -210,9 +213,10 @@ def test_timeout_removes_the_jobs_segments():
 def test_a_killed_actor_leaves_no_segment_behind():
     import ray
 
-    with _launch_stuck() as job:
-        _past_the_collective(job)
-        ray.kill(job._backend._actors[1], no_restart=True)
-        with pytest.raises(rp.ReplicasError):
-            job.result(timeout=60)
+    job = _launch_stuck()
+    _past_the_collective(job)
+    ray.kill(job._backend._actors[1], no_restart=True)
+    with pytest.raises(rp.ReplicasError):
+        job.result(timeout=60)
+    # The dead actor's arena too: the surviving actor and the driver remove the job's segments.
     assert job_segments(job._backend._token) == []

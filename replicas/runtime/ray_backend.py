@@ -75,7 +75,7 @@ class RayFabric(MailboxFabric):
             box.deliver(self.replica_id, key, value)
             return
         if self.outbox is not None and dst in self.same_node:
-            shared = self.outbox.encode(value)
+            shared = self.outbox.encode(value, key)
             if shared is not None:  # a descriptor over the socket; the bytes wait in the arena
                 self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
                 self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, shared))

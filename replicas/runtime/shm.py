@@ -36,6 +36,7 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Hashable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -105,9 +106,11 @@ def _eligible(x: Any) -> bool:
 class Outbox:
     """The sending actor's arena for one job. Thread-safe: the actor's replicas share it.
 
-    The same array sent to several peers in a row (an all-gather, a broadcast, the shards of a
-    reduce-scatter's second round) is copied once: each receiver gets its own release word in
-    the block's header, and the block is free once every word is set."""
+    The same array sent to several peers in a row under one message key (one round of one
+    collective: an all-gather, a broadcast, a sharded all-reduce's second round) is copied once:
+    each receiver gets its own release word in the block's header, and the block is free once
+    every word is set. The key is part of the match because an algorithm may update an array in
+    place between rounds: the same object under another key is copied again."""
 
     def __init__(self, token: str, owner: int, capacity: int = CAPACITY) -> None:
         self.name = segment_name(token, owner)
@@ -121,7 +124,7 @@ class Outbox:
             os.close(fd)
         self._words = np.frombuffer(self._mm, np.uint64)  # block header words
         self._blocks: dict[int, list[int]] = {}  # offset -> [size, readers] of blocks not yet free
-        self._last: tuple[Any, int] | None = None  # (weakref to the last array placed, its block)
+        self._last: tuple[Any, Hashable, int] | None = None  # (weakref to the last array placed, key, block)
         self._lock = threading.Lock()
 
     def _held(self, offset: int, readers: int) -> bool:
@@ -132,7 +135,7 @@ class Outbox:
         blocks = self._blocks
         for off in [o for o, (_, readers) in blocks.items() if not self._held(o, readers)]:
             del blocks[off]
-            if self._last is not None and self._last[1] == off:
+            if self._last is not None and self._last[2] == off:
                 self._last = None
         pos = 0
         for off in sorted(blocks):
@@ -148,33 +151,35 @@ class Outbox:
     def _free(self, ref: ShmArray) -> None:
         self._words[ref.offset // 8 + ref.slot] = _RELEASED
 
-    def put(self, x: np.ndarray) -> ShmArray | None:
-        """`x` in a block (copied unless it is the array placed last); None when there is no room."""
+    def put(self, x: np.ndarray, key: Hashable = None) -> ShmArray | None:
+        """`x` in a block (copied unless it was placed last, under `key`); None when there is no room."""
         with self._lock:
             last = self._last
-            if last is not None and last[0]() is x:
-                block = self._blocks.get(last[1])
+            if last is not None and key is not None and last[0]() is x and last[1] == key:
+                offset = last[2]
+                block = self._blocks.get(offset)
                 if block is not None and block[1] < WORDS:
                     slot = block[1]
                     block[1] += 1
-                    self._words[last[1] // 8 + slot] = _HELD
-                    return ShmArray(self.name, last[1], slot, x.shape, x.dtype)
+                    self._words[offset // 8 + slot] = _HELD
+                    return ShmArray(self.name, offset, slot, x.shape, x.dtype)
             offset = self._allocate(HEADER + _round_up(x.nbytes))
             if offset is None:
                 return None
         np.copyto(np.ndarray(x.shape, x.dtype, buffer=self._mm, offset=offset + HEADER), x, casting="no")
         with self._lock:
             if offset in self._blocks:
-                self._last = (weakref.ref(x), offset)
+                self._last = (weakref.ref(x), key, offset)
         return ShmArray(self.name, offset, 0, x.shape, x.dtype)
 
-    def encode(self, value: Any) -> Shared | None:
-        """`value` with its large arrays moved into the arena; None if it has none or they do not fit."""
+    def encode(self, value: Any, key: Hashable = None) -> Shared | None:
+        """`value` (a message sent under `key`) with its large arrays moved into the arena; None if it
+        has none or they do not fit."""
         placed: list[ShmArray] = []
 
         def walk(v: Any) -> Any:
             if _eligible(v):
-                ref = self.put(v)
+                ref = self.put(v, key)
                 if ref is None:
                     raise _Full
                 placed.append(ref)
