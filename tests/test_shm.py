@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import replicas as rp
-from replicas.runtime.shm import MIN_BYTES, Inbox, Outbox, job_segments
+from replicas.runtime.shm import MIN_BYTES, Inbox, Outbox, job_segments, mapped_segments
 
 SIZE = 65536  # f32 elements per replica: 256 KiB, so collective pieces are >= MIN_BYTES
 
@@ -89,6 +89,10 @@ def test_collectives_through_shared_memory_equal_the_threads_backend_bitwise():
         sent.update(part)
     assert all(sent[r].get(d, 0) > 0 for r in range(4) for d in range(4) if d != r), sent
     assert job_segments(token) == []
+    # The pooled actors unmapped the job's arenas too (not only unlinked them).
+    mapped = ray.get([a.__ray_call__.remote(lambda host, t: mapped_segments(t), token)
+                      for a in job._backend._actors])
+    assert mapped == [0, 0, 0, 0]
 
 
 @pytest.mark.usefixtures("ray_session")

@@ -75,6 +75,12 @@ def remove_job_segments(token: str) -> int:
     return removed
 
 
+def mapped_segments(token: str) -> int:
+    """How many mappings of job `token`'s segments this process holds (for leak checks)."""
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if f"/{PREFIX}{token}-" in line)
+
+
 def available() -> bool:
     return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
@@ -126,6 +132,7 @@ class Outbox:
         self._blocks: dict[int, list[int]] = {}  # offset -> [size, readers] of blocks not yet free
         self._last: tuple[Any, Hashable, int] | None = None  # (weakref to the last array placed, key, block)
         self._lock = threading.Lock()
+        self._used = False
 
     def _held(self, offset: int, readers: int) -> bool:
         first = offset // 8
@@ -146,6 +153,7 @@ class Outbox:
             return None
         blocks[pos] = [size, 1]
         self._words[pos // 8] = _HELD
+        self._used = True
         return pos
 
     def _free(self, ref: ShmArray) -> None:
@@ -203,14 +211,22 @@ class Outbox:
         with self._lock:
             return sum(size for off, (size, readers) in self._blocks.items() if self._held(off, readers))
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Unlink the segment and unmap it; True if anything was ever placed in it."""
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
         with self._lock:
+            used = self._used
             self._blocks.clear()
             self._last = None
+            self._words = np.empty(0, np.uint64)
+        try:
+            self._mm.close()
+        except BufferError:  # a replica that never stopped is still copying: the collector unmaps it
+            pass
+        return used
 
 
 class _Full(Exception):
@@ -249,6 +265,8 @@ class Inbox:
 
     def array(self, ref: ShmArray) -> np.ndarray:
         """A read-only view of the block; the block is released when the view is garbage."""
+        if not (0 <= ref.slot < WORDS and ref.offset >= 0 and ref.offset % HEADER == 0):
+            raise ValueError(f"bad shared-memory descriptor {ref!r}")
         mm, flags = self._map(ref.segment)
         pinned = _Pinned(ref.shape, ref.dtype, buffer=mm, offset=ref.offset + HEADER)
         weakref.finalize(pinned, _release, flags, ref.offset // 8 + ref.slot)
@@ -282,9 +300,11 @@ class Inbox:
 
         walk(shared.value)
 
-    def close(self) -> None:
-        # Mappings are dropped, not closed: arrays still held keep theirs alive until they go.
+    def close(self) -> bool:
+        """Drop the mappings (arrays still held keep theirs until they go); True if any was made."""
+        used = bool(self._maps)
         self._maps = {}
+        return used
 
 
 def _release(flags: np.ndarray, word: int) -> None:
