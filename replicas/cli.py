@@ -88,6 +88,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", "-n", type=int, default=None, help="number of replicas (default: the module's)")
     p.add_argument("--args", default=None, help=".npz with arg0, arg1, ... or r<R>_arg<I>")
     p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--elided", default="error", choices=("error", "zeros", "random"),
+                   help="constants XLA printed as {...}: refuse (default), or fill with zeros / random values")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +139,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
             print(f"           all-gather = {gathered.tolist()}")
         return 0
     try:
-        module = rp.load(ns.program)
+        module = rp.load(ns.program, elided=ns.elided)
     except ProgramError as e:
         if ns.command != "check":
             raise
