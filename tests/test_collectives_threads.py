@@ -316,15 +316,16 @@ def test_spmd_groups_name_partitions():
     assert [o[0] for o in out] == [1, 2, 3, 4]
 
 
-def test_large_all_reduce_moves_two_messages_per_peer():
+def test_all_reduce_in_one_process_moves_two_messages_per_member():
+    """Members hand their operand to the leader and get the result back: 2 (n - 1) messages, not n (n - 1)."""
     n, size = 4, 100_000
     m = one_op("all-reduce", f"f32[{size}]", [f"f32[{size}]"], [reducer("add", "f32")], to_apply="add_f32")
     with launch_threads(m, [[np.full(size, r, np.float32)] for r in range(n)], n) as job:
         out = job.result()
         states = job.states()
     assert all((o == 6).all() for o in out)
-    for s in states:  # reduce-scatter round + all-gather round
-        assert s.sent == 2 * (n - 1)
+    assert [s.sent for s in states] == [n - 1] + [1] * (n - 1)
+    assert [s.received for s in states] == [n - 1] + [1] * (n - 1)
 
 
 def test_flight_recorder_and_sequence_numbers():

@@ -1,83 +1,46 @@
-"""The collective algorithms, written against the fabric's send / recv_all.
+"""The collective algorithms: in-process first, then among process leaders (see `hierarchy`).
 
-Every collective a replica executes gets the next number `seq = fabric.next_collective()`; its
-messages are keyed `keys.collective(seq, round)`, one message per (sender, receiver, round). The first
-round carries the sender's fingerprint next to the data, so a receiver always compares before
-it uses anything (`Exchange`). Keys do not depend on the kind of collective: a replica that
-reached a different collective still sends under the same key, and the receiver reports the
-mismatch instead of waiting forever.
+Each collective gathers its process's operands on the leader (by reference), builds the result
+there into preallocated buffers (each peer's part written straight into its place, never a
+concatenation of fresh shards), runs the cross-process step among leaders when the group spans
+processes, and hands every local member its result. Values are tuples of numpy arrays (one per
+operand); operands and received arrays are never modified (they may be read-only, or another
+replica's); a result shared by several members of a process is made read-only, so no member can
+change what the others see.
 
-Determinism: every element of a reduced result is reduced by exactly one computation order, the
-group order, so results are bitwise identical on every member. Small buffers go in one round
-(everyone sends everything to everyone and everyone reduces); large ones are reduce-scattered
-(member i owns shard i and reduces it in group order) and then all-gathered.
-
-Values are tuples of numpy arrays (one per operand). Received arrays may be read-only views and
-are never modified; splitting uses views, not copies.
+Reduction order (all-reduce, reduce-scatter), fixed whatever the timing, so every member gets
+bitwise the same result on every run of the same placement:
+- in a process, the members' operands in group order: ((x0 + x1) + x2) + ...;
+- across processes, those partial results in process order (the order of each process's first
+  member in the group): p0 + p1 + ... when there are at most `DIRECT_MAX_PROCESSES` processes
+  (one round, or reduce-scatter + all-gather when the buffer is at least `SMALL_BYTES`: each
+  shard is still reduced in process order); with more processes, recursive doubling: partials
+  are combined pairwise, lower process position first, in a binary tree (processes beyond the
+  largest power of two first fold into process `pos - 2**m`).
+On one process (the threads backend, or a job packed into one actor) this is the group order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from replicas.collectives.fingerprint import Fingerprint, diff, mismatch_error
-from replicas.collectives.groups import Group
-from replicas.records import BlockInfo
-from replicas.runtime import keys
+from replicas.collectives.hierarchy import LEADER_ROUND, Exchange, Topology
 
-if TYPE_CHECKING:
-    from replicas.runtime.fabric import Fabric
-
-SMALL_BYTES = 256 * 1024  # below this, an all-reduce takes the one-round path
+SMALL_BYTES = 256 * 1024  # below this, leaders reduce in one round; above, reduce-scatter + all-gather
+# Up to this many processes the leaders exchange directly (P * (P - 1) messages per round); beyond,
+# recursive doubling keeps messages at O(P log P).
+DIRECT_MAX_PROCESSES = 8
 
 Values = tuple[np.ndarray, ...]
 Combine = Callable[[Values, Values], Values]
 
 
-class Exchange:
-    """The messages of one collective on one replica."""
-
-    __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "_fp_checked")
-
-    def __init__(self, fabric: Fabric, seq: int, fingerprint: Fingerprint, block: BlockInfo) -> None:
-        self.fabric = fabric
-        self.seq = seq
-        self.me = fabric.replica_id
-        self.fingerprint = fingerprint
-        self.block = block
-        self._fp_checked: set[int] = set()
-
-    def send(self, dst: int, round_: int, payload: Any) -> None:
-        value = (self.fingerprint.wire, payload) if round_ == 0 else payload
-        self.fabric.send(dst, keys.collective(self.seq, round_), value)
-
-    def recv(self, sources: Sequence[int], round_: int) -> list[Any]:
-        """The payloads `sources` sent in `round_`, in that order (fingerprints checked in round 0)."""
-        if not sources:
-            return []
-        key = keys.collective(self.seq, round_)
-        values = self.fabric.recv_all([(s, key) for s in sources], self.block)
-        if round_ != 0:
-            return values
-        own = self.fingerprint.wire
-        strict = self.fabric.strict
-        payloads = []
-        for src, value in zip(sources, values):
-            theirs, payload = value
-            if theirs != own:
-                differences = diff(own, theirs, strict=strict)
-                if differences:
-                    raise mismatch_error(self.seq, self.me, self.fingerprint, src, theirs, differences)
-            payloads.append(payload)
-        return payloads
-
-
 def reduce_in_order(parts: Sequence[Values], combine: Combine) -> Values:
-    """parts[0] + parts[1] + ... in this order (the same order on every member: bitwise-equal
-    results). A fast-path reduction accumulates into the first sum's fresh buffers."""
+    """parts[0] + parts[1] + ... in this order. The first sum is a fresh buffer; a fast-path
+    reduction then accumulates into it in place."""
     acc = parts[0]
     if len(parts) == 1:
         return acc
@@ -95,125 +58,276 @@ def nbytes(values: Values) -> int:
     return sum(v.nbytes for v in values)
 
 
+def _shared(values: Any, topo: Topology) -> Any:
+    """`values` made read-only when several local members will hold the very same arrays."""
+    if len(topo.local) > 1:
+        for v in values if isinstance(values, tuple) else (values,):
+            if isinstance(v, np.ndarray):
+                v.setflags(write=False)
+    return values
+
+
+def _slot(dim: int, start: int, stop: int) -> tuple[slice, ...]:
+    return (slice(None),) * dim + (slice(start, stop),)
+
+
+# -- among leaders -----------------------------------------------------------------------------------
+
+def _other_leaders(topo: Topology) -> list[int]:
+    return [r for k, r in enumerate(topo.layout.leaders) if k != topo.position]
+
+
+def recursive_doubling(ex: Exchange, value: Any, merge: Callable[[Any, Any], Any]) -> Any:
+    """Every leader ends with merge over all leaders' values (lower process position first), in
+    log2(P) rounds of one message each, plus one fold-in and one fold-out round for the processes
+    beyond the largest power of two."""
+    topo = ex.topo
+    assert topo is not None
+    leaders, pos = topo.layout.leaders, topo.position
+    m = 1 << (len(leaders).bit_length() - 1)
+    extra = len(leaders) - m
+    last = LEADER_ROUND + m.bit_length()  # the fold-out round
+    if pos >= m:
+        partner = leaders[pos - m]
+        ex.send(partner, LEADER_ROUND, value)
+        return ex.recv([partner], last)[0]
+    if pos < extra:
+        value = merge(value, ex.recv([leaders[pos + m]], LEADER_ROUND)[0])
+    bit, round_ = 1, LEADER_ROUND + 1
+    while bit < m:
+        partner_pos = pos ^ bit
+        partner = leaders[partner_pos]
+        ex.send(partner, round_, value)
+        other = ex.recv([partner], round_)[0]
+        value = merge(value, other) if pos < partner_pos else merge(other, value)
+        bit, round_ = bit << 1, round_ + 1
+    if pos < extra:
+        ex.send(leaders[pos + m], last, value)
+    return value
+
+
+def leaders_all_reduce(ex: Exchange, acc: Values, combine: Combine) -> Values:
+    topo = ex.topo
+    assert topo is not None
+    leaders, pos = topo.layout.leaders, topo.position
+    p = len(leaders)
+    if p == 1:
+        return acc
+    if p > DIRECT_MAX_PROCESSES:
+        return recursive_doubling(ex, acc, combine)
+    others = _other_leaders(topo)
+    if nbytes(acc) < SMALL_BYTES:
+        for r in others:
+            ex.send(r, LEADER_ROUND, acc)
+        parts = ex.recv(others, LEADER_ROUND)
+        parts.insert(pos, acc)
+        return reduce_in_order(parts, combine)
+    # Reduce-scatter (leader k reduces shard k in process order), then all-gather into one buffer.
+    per_operand = [np.array_split(v.reshape(-1), p) for v in acc]
+    shards = [tuple(splits[k] for splits in per_operand) for k in range(p)]
+    for k, r in enumerate(leaders):
+        if k != pos:
+            ex.send(r, LEADER_ROUND, shards[k])
+    parts = ex.recv(others, LEADER_ROUND)
+    parts.insert(pos, shards[pos])
+    mine = reduce_in_order(parts, combine)
+    for r in others:
+        ex.send(r, LEADER_ROUND + 1, mine)
+    reduced = ex.recv(others, LEADER_ROUND + 1)
+    reduced.insert(pos, mine)
+    out = []
+    for k, v in enumerate(acc):
+        buffer = np.empty(v.shape, dtype=mine[k].dtype)
+        flat = buffer.reshape(-1)
+        start = 0
+        for shard in reduced:
+            flat[start:start + shard[k].size] = shard[k]
+            start += shard[k].size
+        out.append(buffer)
+    return tuple(out)
+
+
+def leaders_gather(ex: Exchange, mine: list[Any]) -> list[Any]:
+    """Concatenated lists of every process's items (their order is not significant)."""
+    topo = ex.topo
+    assert topo is not None
+    p = len(topo.layout.leaders)
+    if p == 1:
+        return mine
+    if p > DIRECT_MAX_PROCESSES:
+        return recursive_doubling(ex, mine, lambda a, b: a + b)
+    others = _other_leaders(topo)
+    for r in others:
+        ex.send(r, LEADER_ROUND, mine)
+    return [item for part in [mine, *ex.recv(others, LEADER_ROUND)] for item in part]
+
+
+def leaders_exchange(ex: Exchange, payload_for: Callable[[int], Any]) -> dict[int, Any]:
+    """One round in which each leader sends `payload_for(q)` to the leader of process q; the
+    payloads received, by process position. (All-to-all's pairs of processes: P * (P - 1).)"""
+    topo = ex.topo
+    assert topo is not None
+    leaders, pos = topo.layout.leaders, topo.position
+    for q, r in enumerate(leaders):
+        if q != pos:
+            ex.send(r, LEADER_ROUND, payload_for(q))
+    positions = [q for q in range(len(leaders)) if q != pos]
+    return dict(zip(positions, ex.recv([leaders[q] for q in positions], LEADER_ROUND)))
+
+
 # -- all-reduce ------------------------------------------------------------------------------------
 
-def all_reduce(ex: Exchange, group: Group, index: int, values: Values, combine: Combine) -> Values:
-    n = len(group)
-    if n == 1:
+def all_reduce(ex: Exchange, values: Values, combine: Combine) -> Values:
+    topo = ex.topo
+    assert topo is not None
+    if len(topo.group) == 1:
         return values
-    if nbytes(values) < SMALL_BYTES:
-        return _all_reduce_one_round(ex, group, index, values, combine)
-    return _all_reduce_sharded(ex, group, index, values, combine)
-
-
-def _all_reduce_one_round(ex: Exchange, group: Group, index: int, values: Values, combine: Combine) -> Values:
-    peers = [r for i, r in enumerate(group) if i != index]
-    for r in peers:
-        ex.send(r, 0, values)
-    received = ex.recv(peers, 0)
-    parts = list(received)
-    parts.insert(index, values)
-    return reduce_in_order(parts, combine)
-
-
-def _flat_shards(values: Values, n: int) -> list[Values]:
-    """Shard j of every operand: np.array_split of the flattened operand (views when contiguous)."""
-    per_operand = [np.array_split(v.reshape(-1), n) for v in values]
-    return [tuple(splits[j] for splits in per_operand) for j in range(n)]
-
-
-def _all_reduce_sharded(ex: Exchange, group: Group, index: int, values: Values, combine: Combine) -> Values:
-    n = len(group)
-    shards = _flat_shards(values, n)
-    peers = [r for i, r in enumerate(group) if i != index]
-    for j, r in enumerate(group):
-        if j != index:
-            ex.send(r, 0, shards[j])
-    received = ex.recv(peers, 0)
-    parts = list(received)
-    parts.insert(index, shards[index])
-    mine = reduce_in_order(parts, combine)
-    for r in peers:
-        ex.send(r, 1, mine)
-    reduced = ex.recv(peers, 1)
-    reduced.insert(index, mine)
-    out = []
-    for k, v in enumerate(values):
-        flat = np.concatenate([np.asarray(shard[k]).reshape(-1) for shard in reduced])
-        out.append(flat.reshape(v.shape))
-    return tuple(out)
+    parts = ex.gather_local(values)
+    if parts is None:
+        return ex.result()
+    acc = leaders_all_reduce(ex, reduce_in_order(parts, combine), combine)
+    return ex.scatter_local(None, _shared(acc, topo))
 
 
 # -- all-gather, reduce-scatter, all-to-all ----------------------------------------------------------
 
-def all_gather(ex: Exchange, group: Group, index: int, values: Values, dim: int) -> Values:
-    if len(group) == 1:
-        return values
-    peers = [r for i, r in enumerate(group) if i != index]
-    for r in peers:
-        ex.send(r, 0, values)
-    parts = ex.recv(peers, 0)
-    parts.insert(index, values)
-    return tuple(np.concatenate([p[k] for p in parts], axis=dim) for k in range(len(values)))
-
-
-def reduce_scatter(ex: Exchange, group: Group, index: int, values: Values, dim: int, combine: Combine) -> Values:
-    n = len(group)
-    chunks_per_operand = [np.split(v, n, axis=dim) for v in values]
-    chunks = [tuple(c[j] for c in chunks_per_operand) for j in range(n)]
-    if n == 1:
-        return chunks[0]
-    peers = [r for i, r in enumerate(group) if i != index]
-    for j, r in enumerate(group):
-        if j != index:
-            ex.send(r, 0, chunks[j])
-    parts = ex.recv(peers, 0)
-    parts.insert(index, chunks[index])
-    return reduce_in_order(parts, combine)
-
-
-def all_to_all_split(ex: Exchange, group: Group, index: int, values: Values, dim: int) -> Values:
-    """Array form: split along `dim` into group-size chunks, chunk j to member j, concatenate."""
-    n = len(group)
-    chunks_per_operand = [np.split(v, n, axis=dim) for v in values]
-    chunks = [tuple(c[j] for c in chunks_per_operand) for j in range(n)]
+def all_gather(ex: Exchange, values: Values, dim: int) -> Values:
+    topo = ex.topo
+    assert topo is not None
+    n = len(topo.group)
     if n == 1:
         return values
-    peers = [r for i, r in enumerate(group) if i != index]
-    for j, r in enumerate(group):
-        if j != index:
-            ex.send(r, 0, chunks[j])
-    parts = ex.recv(peers, 0)
-    parts.insert(index, chunks[index])
-    return tuple(np.concatenate([p[k] for p in parts], axis=dim) for k in range(len(values)))
+    parts = ex.gather_local(values)
+    if parts is None:
+        return ex.result()
+    everything = leaders_gather(ex, list(zip(topo.local, parts)))
+    out = []
+    for k, v in enumerate(values):
+        shape = list(v.shape)
+        width = shape[dim]
+        shape[dim] = width * n
+        buffer = np.empty(shape, dtype=v.dtype)
+        for i, part in everything:
+            buffer[_slot(dim, i * width, (i + 1) * width)] = part[k]
+        out.append(buffer)
+    return ex.scatter_local(None, _shared(tuple(out), topo))
 
 
-def all_to_all_tuple(ex: Exchange, group: Group, index: int, values: Values) -> Values:
+def _chunks(values: Values, n: int, dim: int) -> list[Values]:
+    """Chunk j of every operand along `dim` (views)."""
+    per_operand = [np.split(v, n, axis=dim) for v in values]
+    return [tuple(c[j] for c in per_operand) for j in range(n)]
+
+
+def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> Values:
+    topo = ex.topo
+    assert topo is not None
+    n = len(topo.group)
+    if n == 1:
+        return values
+    parts = ex.gather_local(values)
+    if parts is None:
+        return ex.result()
+    acc = reduce_in_order(parts, combine)
+    layout, pos = topo.layout, topo.position
+    if len(layout.leaders) > DIRECT_MAX_PROCESSES:
+        acc = leaders_all_reduce(ex, acc, combine)
+    chunks = _chunks(acc, n, dim)
+    if 1 < len(layout.leaders) <= DIRECT_MAX_PROCESSES:
+        # Leader q receives every process's partial of its members' chunks and reduces them in process order.
+        got = leaders_exchange(ex, lambda q: [chunks[i] for i in layout.processes[q]])
+        results = [reduce_in_order([chunks[i] if q == pos else got[q][k] for q in range(len(layout.leaders))],
+                                   combine) for k, i in enumerate(topo.local)]
+    else:
+        results = [chunks[i] for i in topo.local]
+    return ex.scatter_local(results)
+
+
+def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
+    """Array form: split along `dim` into group-size chunks, chunk j to member j, written into
+    each receiver's result at the sender's position."""
+    topo = ex.topo
+    assert topo is not None
+    n = len(topo.group)
+    if n == 1:
+        return values
+    parts = ex.gather_local(values)
+    if parts is None:
+        return ex.result()
+    layout, local = topo.layout, topo.local
+    chunks = [_chunks(p, n, dim) for p in parts]  # [local member][destination group index]
+    outs = [tuple(np.empty_like(v) for v in p) for p in parts]
+
+    def place(k: int, source: int, chunk: Values) -> None:
+        for o, c in zip(outs[k], chunk):
+            width = c.shape[dim]
+            o[_slot(dim, source * width, (source + 1) * width)] = c
+
+    for k_src, i_src in enumerate(local):
+        for k_dst, i_dst in enumerate(local):
+            place(k_dst, i_src, chunks[k_src][i_dst])
+    got = leaders_exchange(ex, lambda q: [chunks[k][j] for k in range(len(local)) for j in layout.processes[q]]) \
+        if len(layout.leaders) > 1 else {}
+    for q, items in got.items():
+        it = iter(items)
+        for i_src in layout.processes[q]:
+            for k_dst in range(len(local)):
+                place(k_dst, i_src, next(it))
+    return ex.scatter_local(outs)
+
+
+def all_to_all_tuple(ex: Exchange, values: Values) -> Values:
     """Tuple form: operand j goes to member j; result j is what member j sent here."""
-    peers = [r for i, r in enumerate(group) if i != index]
-    for j, r in enumerate(group):
-        if j != index:
-            ex.send(r, 0, values[j])
-    parts = ex.recv(peers, 0)
-    parts.insert(index, values[index])
-    return tuple(parts)
+    topo = ex.topo
+    assert topo is not None
+    n = len(topo.group)
+    if n == 1:
+        return values
+    parts = ex.gather_local(values)
+    if parts is None:
+        return ex.result()
+    layout, local = topo.layout, topo.local
+    results: list[list[Any]] = [[None] * n for _ in local]
+    for k_src, i_src in enumerate(local):
+        for k_dst, i_dst in enumerate(local):
+            results[k_dst][i_src] = parts[k_src][i_dst]
+    got = leaders_exchange(ex, lambda q: [parts[k][j] for k in range(len(local)) for j in layout.processes[q]]) \
+        if len(layout.leaders) > 1 else {}
+    for q, items in got.items():
+        it = iter(items)
+        for i_src in layout.processes[q]:
+            for k_dst in range(len(local)):
+                results[k_dst][i_src] = next(it)
+    return ex.scatter_local([tuple(r) for r in results])
 
 
-# -- point to point ------------------------------------------------------------------------------
+# -- broadcast, permute ------------------------------------------------------------------------------
+
+def collective_broadcast(ex: Exchange, value: Any) -> Any:
+    """The first member of the group sends its operand to the others. It leads the first process,
+    so it sends once per other process; their leaders hand the value on."""
+    topo = ex.topo
+    assert topo is not None
+    if len(topo.group) == 1:
+        return value
+    parts = ex.gather_local(value)
+    if parts is None:
+        return ex.result()
+    leaders = topo.layout.leaders
+    if topo.position == 0:
+        result = parts[0]
+        for r in leaders[1:]:
+            ex.send(r, LEADER_ROUND, result)
+    else:
+        result = ex.recv([leaders[0]], LEADER_ROUND)[0]
+    return ex.scatter_local(None, result)
+
 
 def collective_permute(ex: Exchange, targets: Sequence[int], source: int | None, value: Any,
                        zeros: Callable[[], Any]) -> Any:
+    """Point to point: one message per (source, target) pair, whatever the placement."""
     for t in targets:
         ex.send(t, 0, value)
     if source is None:
         return zeros()
     return ex.recv([source], 0)[0]
-
-
-def collective_broadcast(ex: Exchange, group: Group, index: int, value: Any) -> Any:
-    """The first member of the group sends its operand to the others."""
-    if index == 0:
-        for r in group[1:]:
-            ex.send(r, 0, value)
-        return value
-    return ex.recv([group[0]], 0)[0]

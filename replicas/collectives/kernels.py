@@ -16,6 +16,7 @@ import numpy as np
 from replicas.collectives import algorithms as alg
 from replicas.collectives.fingerprint import Fingerprint, make_fingerprint
 from replicas.collectives.groups import GroupPlan, intern, is_spmd, parse_pairs, plan_groups
+from replicas.collectives.hierarchy import Exchange, Topology, topology
 from replicas.hlo.ir import Instruction
 from replicas.ops.recognize import binary_reducer
 from replicas.ops.registry import KernelContext, kernel
@@ -44,21 +45,29 @@ def computation_of(ctx: KernelContext, inst: Instruction) -> str:
 class Collective:
     """One bound collective instruction on one replica: numbering, blocking info, recording."""
 
-    def __init__(self, inst: Instruction, ctx: KernelContext, group: tuple[int, ...], fingerprint: Fingerprint
-                 ) -> None:
+    def __init__(self, inst: Instruction, ctx: KernelContext, group: tuple[int, ...], fingerprint: Fingerprint,
+                 index: int | None) -> None:
         self.inst = inst
         self.fabric = ctx.fabric
         self.group = group
+        self.index = index  # position in `group`; None for collective-permute (point to point)
         self.fingerprint = fingerprint
         self.fingerprint_dict = fingerprint.as_dict()
+        self._topology: Topology | None = None
 
-    def exchange(self) -> alg.Exchange:
+    def topology(self) -> Topology | None:
+        # Placement is known once the job connected its replicas, after binding: computed at first use.
+        if self._topology is None and self.index is not None:
+            self._topology = topology(self.group, self.index, self.fabric.placement)
+        return self._topology
+
+    def exchange(self) -> Exchange:
         fabric = self.fabric
         seq = fabric.next_collective()
         inst = self.inst
         block = BlockInfo("collective", inst.name, inst.opcode, needs="group",
                           computation=self.fingerprint.computation, seq=seq, group=self.group)
-        return alg.Exchange(fabric, seq, self.fingerprint, block)
+        return Exchange(fabric, seq, self.fingerprint, block, self.topology())
 
     def run(self, algorithm: Callable[..., Any], *args: Any) -> Any:
         ex = self.exchange()
@@ -84,8 +93,9 @@ def _bind(inst: Instruction, ctx: KernelContext, *, pairs: tuple | None = None
         plan = plan_groups(inst, ctx.module, ctx.replica_id, ctx.num_replicas)
     fp = make_fingerprint(inst, computation_of(ctx, inst), operand_shapes, ctx.module,
                           groups=plan.groups if plan is not None else (), pairs=pairs or ())
-    group = plan.group if plan is not None else intern(tuple(sorted({r for p in pairs or () for r in p})))
-    return plan, Collective(inst, ctx, group, fp)
+    if plan is not None:
+        return plan, Collective(inst, ctx, plan.group, fp, plan.index)
+    return plan, Collective(inst, ctx, intern(tuple(sorted({r for p in pairs or () for r in p}))), fp, None)
 
 
 def _array_operands(inst: Instruction, ctx: KernelContext) -> list[Shape]:
@@ -160,11 +170,10 @@ def make_all_reduce(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]
     plan, coll = _bind(inst, ctx)
     assert plan is not None
     combine = make_combine(inst, ctx, [s.dtype for s in shapes])
-    group, index = plan.group, plan.index
     as_tuple = inst.shape.is_tuple
 
     def all_reduce(*operands: np.ndarray) -> Any:
-        out = coll.run(alg.all_reduce, group, index, operands, combine)
+        out = coll.run(alg.all_reduce, operands, combine)
         return tuple(out) if as_tuple else out[0]
 
     return all_reduce
@@ -191,12 +200,11 @@ def make_all_gather(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]
     dim = _dimension(inst, shapes)
     plan, coll = _bind(inst, ctx)
     assert plan is not None
-    group, index = plan.group, plan.index
     is_start = inst.opcode == "all-gather-start"
     variadic = len(shapes) > 1
 
     def all_gather(*operands: np.ndarray) -> Any:
-        out = coll.run(alg.all_gather, group, index, operands, dim)
+        out = coll.run(alg.all_gather, operands, dim)
         result = tuple(out) if variadic else out[0]
         if is_start:
             return (tuple(operands) if variadic else operands[0], result)
@@ -216,11 +224,10 @@ def make_reduce_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., 
             raise inst.error(f"reduce-scatter: dimension {dim} of {s} is not divisible by the group size "
                              f"{plan.size}")
     combine = make_combine(inst, ctx, [s.dtype for s in shapes])
-    group, index = plan.group, plan.index
     as_tuple = inst.shape.is_tuple
 
     def reduce_scatter(*operands: np.ndarray) -> Any:
-        out = coll.run(alg.reduce_scatter, group, index, operands, dim, combine)
+        out = coll.run(alg.reduce_scatter, operands, dim, combine)
         return tuple(out) if as_tuple else out[0]
 
     return reduce_scatter
@@ -231,7 +238,6 @@ def make_all_to_all(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]
     shapes = _array_operands(inst, ctx)
     plan, coll = _bind(inst, ctx)
     assert plan is not None
-    group, index = plan.group, plan.index
     if inst.attrs.get("dimensions"):
         dim = _dimension(inst, shapes)
         for s in shapes:
@@ -241,7 +247,7 @@ def make_all_to_all(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]
         as_tuple = inst.shape.is_tuple
 
         def all_to_all(*operands: np.ndarray) -> Any:
-            out = coll.run(alg.all_to_all_split, group, index, operands, dim)
+            out = coll.run(alg.all_to_all_split, operands, dim)
             return tuple(out) if as_tuple else out[0]
 
         return all_to_all
@@ -250,7 +256,7 @@ def make_all_to_all(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]
                          f"per group member ({plan.size}), got {len(shapes)}")
 
     def all_to_all_tuple(*operands: np.ndarray) -> Any:
-        return coll.run(alg.all_to_all_tuple, group, index, operands)
+        return coll.run(alg.all_to_all_tuple, operands)
 
     return all_to_all_tuple
 
@@ -301,12 +307,11 @@ def make_collective_broadcast(inst: Instruction, ctx: KernelContext) -> Callable
     shapes = ctx.operand_shapes(inst)
     plan, coll = _bind(inst, ctx)
     assert plan is not None
-    group, index = plan.group, plan.index
     as_tuple = inst.shape.is_tuple and len(shapes) > 1
 
     def collective_broadcast(*operands: Any) -> Any:
         value = operands if as_tuple else operands[0]
-        return coll.run(alg.collective_broadcast, group, index, value)
+        return coll.run(alg.collective_broadcast, value)
 
     return collective_broadcast
 

@@ -20,7 +20,7 @@ from replicas.runtime import keys
 
 def check(module: Module, args: Sequence[Any] | None = None, num_replicas: int = 2, *,
           timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None,
-          strict: bool = True) -> ReplicasError | None:
+          strict: bool = True, **options: Any) -> ReplicasError | None:
     """Run `module` on `num_replicas` threads; None if it completes cleanly, else the error it raised
     (DeadlockError, CollectiveMismatchError, ProgramError, ReplicaFailure, ExecutionTimeout),
     with the same report `rp.run` gives, or a ProgramError naming the messages nobody received.
@@ -30,7 +30,8 @@ def check(module: Module, args: Sequence[Any] | None = None, num_replicas: int =
     if args is None:
         args = zero_arguments(module)
     try:
-        job = launch(module, args, num_replicas, timeout=timeout, infeed=infeed, strict=strict, backend="threads")
+        job = launch(module, args, num_replicas, timeout=timeout, infeed=infeed, strict=strict, backend="threads",
+                     **options)  # trace, record_every_instruction, progress: as rp.run takes them
         job._host_may_send = False  # noqa: SLF001 - as in rp.run: nothing is fed beyond `infeed`
         with job:
             job.result()

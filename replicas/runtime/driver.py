@@ -115,7 +115,7 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
            infeed: Sequence[Sequence[Any]] | None = None, trace: str | None = None, strict: bool = True,
            backend: str = "ray", replicas_per_actor: int | None = None,
            resources: Sequence[dict[str, float]] | None = None,
-           record_every_instruction: bool = False) -> Job:
+           record_every_instruction: bool = False, progress: bool = False) -> Job:
     """Start `num_replicas` replicas of `module` and return the Job without waiting.
 
     module: a Module, Executable, path, HLO text or bytes, or JAX's lowered/compiled form.
@@ -128,6 +128,8 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
         exceeds twice the cluster's CPUs: then they are packed so about that many processes start
         (each costs ~2 s of CPU to start; 32 replicas on 2 cores start in ~4 s instead of ~32 s).
     record_every_instruction: the flight recorder (and `trace`) also records local ops.
+    progress: while `result()` waits, a live status line on stderr when it is a terminal
+        (`job.progress()` gives the same as data at any time).
     """
     program = as_program(module)
     if num_replicas is None:
@@ -153,8 +155,8 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
         engine = RayBackend(executable, per_replica, address=address, strict=strict,
                             record_every_instruction=record_every_instruction,
                             replicas_per_actor=replicas_per_actor or 0,
-                            resources=list(resources) if resources is not None else None)
-    job = Job(engine, executable, timeout=timeout, host_may_send=True, trace=trace)
+                            resources=list(resources) if resources is not None else None, timeout=timeout)
+    job = Job(engine, executable, timeout=timeout, host_may_send=True, trace=trace, progress=progress)
     for r, values in enumerate(infeed or []):
         for v in values:
             job.infeed(r, as_value(v))
@@ -166,7 +168,7 @@ def run(module: Program, args: Sequence[Any] | None = None, num_replicas: int | 
         infeed: Sequence[Sequence[Any]] | None = None, trace: str | None = None, strict: bool = True,
         backend: str = "ray", replicas_per_actor: int | None = None,
         resources: Sequence[dict[str, float]] | None = None,
-        record_every_instruction: bool = False) -> list[Any]:
+        record_every_instruction: bool = False, progress: bool = False) -> list[Any]:
     """Run `module` on `num_replicas` replicas to completion; one result per replica.
 
     Takes every option `launch` takes. Nothing hangs: a deadlock raises DeadlockError within
@@ -175,7 +177,7 @@ def run(module: Program, args: Sequence[Any] | None = None, num_replicas: int | 
     """
     job = launch(module, args, num_replicas, timeout=timeout, address=address, infeed=infeed, trace=trace,
                  strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
-                 record_every_instruction=record_every_instruction)
+                 record_every_instruction=record_every_instruction, progress=progress)
     job._host_may_send = False  # noqa: SLF001 - run() feeds nothing beyond the preloaded infeed
     with job:
         return job.result()

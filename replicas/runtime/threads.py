@@ -33,12 +33,14 @@ class ThreadBackend:
     poll_interval = 0.02
 
     def __init__(self, executable: Executable, args: list[list[Any]], *, strict: bool = True,
-                 record_every_instruction: bool = False) -> None:
+                 record_every_instruction: bool = False, placement: list[int] | None = None) -> None:
         n = len(args)
         self.num_replicas = n
         self._mailboxes = [Mailbox(r) for r in range(n)]
         self._replicas = []
-        placement = [0] * n  # one process: every collective meets in-process
+        # One process: every collective meets in-process. A placement given here makes the collectives
+        # treat replicas as hosted by those "processes" (their cross-process algorithms, without Ray).
+        placement = list(placement) if placement is not None else [0] * n
         for r in range(n):
             recorder = FlightRecorder(r, every_instruction=record_every_instruction)
             fabric = ThreadFabric(r, self._mailboxes, strict=strict, recorder=recorder, placement=placement)

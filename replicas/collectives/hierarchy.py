@@ -1,0 +1,171 @@
+"""Where a collective's members live, and the messages of one collective on one replica.
+
+A collective runs in levels that match placement (`Fabric.placement[r]` = the process hosting
+replica r). The members of a group hosted by one process meet in-process: each hands its operand
+to the process's *leader* (its first member in group order) as a message delivered by
+reference, so nothing is copied or serialized. If the group spans processes, the leaders (one per
+process, in *process order*: the order of each process's first member in the group) run the
+cross-process step among themselves over the fabric's point-to-point messages; each leader then
+hands the result to its local members. Messages per collective: 2 per non-leader member plus the
+leaders' step (O(P) to O(P log P) for the reductions, P = processes), never one per pair of
+members.
+
+Every message carries the sender's fingerprint next to the payload, and the receiver compares
+it before it uses anything (in-process, the very same tuple: an identity check). Keys are
+`keys.collective(seq, round)`, with the rounds below; they do not depend on the kind of
+collective, so a replica that reached a different collective still sends under the same key and
+the receiver reports the mismatch instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from replicas.collectives.fingerprint import Fingerprint, diff, mismatch_error
+from replicas.collectives.groups import Group
+from replicas.records import BlockInfo
+from replicas.runtime import keys
+
+if TYPE_CHECKING:
+    from replicas.runtime.fabric import Fabric
+
+DEPOSIT = 0  # member -> its leader: the member's operand
+LEADER_ROUND = 1  # first round among leaders; the cross-process algorithms number up from here
+RESULT = 1 << 20  # leader -> member: the member's result (a round no leader algorithm reaches)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A group under a placement, shared by every member hosted in one process."""
+
+    group: Group
+    processes: tuple[tuple[int, ...], ...]  # per process, in process order: its members' group indices
+    leaders: tuple[int, ...]  # per process, in process order: its leader's replica id
+    process_of_index: tuple[int, ...]  # group index -> position of its process in `processes`
+
+
+@dataclass(frozen=True)
+class Topology:
+    """One member's view of a `Layout`."""
+
+    layout: Layout
+    index: int  # this member's position in the group
+    position: int  # its process's position in process order
+    local: tuple[int, ...]  # its process's members' group indices, in group order
+
+    @property
+    def group(self) -> Group:
+        return self.layout.group
+
+    @property
+    def leader(self) -> int:
+        return self.layout.leaders[self.position]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.layout.group[self.index] == self.leader
+
+
+_layouts: dict[tuple[int, int], tuple[Group, Sequence[int], Layout]] = {}
+_layouts_lock = threading.Lock()
+
+
+def layout_of(group: Group, placement: Sequence[int]) -> Layout:
+    """The layout of `group` under `placement`, computed once per process (O(group) the first time)."""
+    key = (id(group), id(placement))
+    found = _layouts.get(key)
+    if found is not None and found[0] is group and found[1] is placement:
+        return found[2]
+    position: dict[int, int] = {}
+    processes: list[list[int]] = []
+    leaders: list[int] = []
+    process_of_index = []
+    for i, r in enumerate(group):
+        p = placement[r]
+        k = position.get(p)
+        if k is None:
+            k = position[p] = len(processes)
+            processes.append([])
+            leaders.append(r)
+        processes[k].append(i)
+        process_of_index.append(k)
+    layout = Layout(group, tuple(tuple(p) for p in processes), tuple(leaders), tuple(process_of_index))
+    with _layouts_lock:
+        if len(_layouts) > 4096:  # a long-lived actor running many programs: start over
+            _layouts.clear()
+        _layouts[key] = (group, placement, layout)  # the references keep the ids valid
+    return layout
+
+
+def topology(group: Group, index: int, placement: Sequence[int]) -> Topology:
+    layout = layout_of(group, placement)
+    position = layout.process_of_index[index]
+    return Topology(layout, index, position, layout.processes[position])
+
+
+class Exchange:
+    """The messages of one collective on one replica."""
+
+    __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "topo")
+
+    def __init__(self, fabric: Fabric, seq: int, fingerprint: Fingerprint, block: BlockInfo,
+                 topo: Topology | None) -> None:
+        self.fabric = fabric
+        self.seq = seq
+        self.me = fabric.replica_id
+        self.fingerprint = fingerprint
+        self.block = block
+        self.topo = topo
+
+    def send(self, dst: int, round_: int, payload: Any) -> None:
+        self.fabric.send(dst, keys.collective(self.seq, round_), (self.fingerprint.wire, payload))
+
+    def recv(self, sources: Sequence[int], round_: int) -> list[Any]:
+        """The payloads `sources` sent in `round_`, in that order, each fingerprint checked first."""
+        if not sources:
+            return []
+        key = keys.collective(self.seq, round_)
+        values = self.fabric.recv_all([(s, key) for s in sources], self.block)
+        own = self.fingerprint.wire
+        payloads = []
+        for src, (theirs, payload) in zip(sources, values):
+            if theirs is not own and theirs != own:
+                differences = diff(own, theirs, strict=self.fabric.strict)
+                if differences:
+                    raise mismatch_error(self.seq, self.me, self.fingerprint, src, theirs, differences)
+            payloads.append(payload)
+        return payloads
+
+    # -- the in-process level ---------------------------------------------------------------------
+    def gather_local(self, payload: Any) -> list[Any] | None:
+        """On the leader: every local member's payload, in group order. Elsewhere: hand `payload` to
+        the leader and return None (the member then waits in `result`)."""
+        topo = self.topo
+        assert topo is not None
+        if not topo.is_leader:
+            self.send(topo.leader, DEPOSIT, payload)
+            return None
+        if len(topo.local) == 1:
+            return [payload]
+        group = topo.group
+        others = [group[i] for i in topo.local[1:]]
+        return [payload, *self.recv(others, DEPOSIT)]
+
+    def scatter_local(self, results: Sequence[Any] | None, shared: Any = None) -> Any:
+        """On the leader: hand each other local member its result (`results[k]` for local member k,
+        or `shared` for all) and return the leader's own."""
+        topo = self.topo
+        assert topo is not None
+        group = topo.group
+        for k, i in enumerate(topo.local[1:], 1):
+            self.send(group[i], RESULT, shared if results is None else results[k])
+        return shared if results is None else results[0]
+
+    def result(self) -> Any:
+        """On a non-leader member: wait for what its leader computed."""
+        topo = self.topo
+        assert topo is not None
+        return self.recv([topo.leader], RESULT)[0]
