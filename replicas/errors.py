@@ -60,10 +60,12 @@ class CollectiveMismatchError(_ReportError):
 class ReplicaFailure(ReplicasError):
     """A replica died or raised; names the replica and the cause."""
 
-    def __init__(self, message: str, replica: int | None = None, cause: BaseException | str | None = None):
+    def __init__(self, message: str, replica: int | None = None, cause: BaseException | str | None = None,
+                 instruction: str | None = None):
         super().__init__(message)
         self.replica = replica
         self.cause = cause
+        self.instruction = instruction  # what the replica was running, e.g. "%y (custom-call)"
 
 
 class ExecutionTimeout(ReplicasError):

@@ -173,7 +173,8 @@ def test_a_replica_that_raises_is_named():
     m = rp.parse_hlo(CUSTOM)
     rp.register_custom_call("double_it", boom)
     try:
-        with pytest.raises(rp.ProgramError, match="double_it|bad batch"):
+        with pytest.raises(rp.ReplicaFailure, match="custom call 'double_it' raised ValueError: bad batch") as info:
             rp.run(m, [np.arange(4, dtype=np.float32)], num_replicas=2)
+        assert info.value.replica == 0 and info.value.instruction.startswith("%y (custom-call")
     finally:
         unregister_custom_call("double_it")

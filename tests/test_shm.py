@@ -143,14 +143,36 @@ def test_a_block_stays_held_while_any_view_of_the_received_array_lives():
     assert job_segments(token) == []
 
 
+def test_one_array_sent_to_several_peers_is_copied_once_and_freed_after_the_last():
+    token = "t" + np.random.default_rng().bytes(8).hex()
+    outbox, inbox = Outbox(token, 0, capacity=1 << 22), Inbox(token)
+    try:
+        x = np.arange(MIN_BYTES // 4, dtype=np.float32)
+        refs = [outbox.put(x) for _ in range(3)]
+        assert {r.offset for r in refs} == {refs[0].offset} and [r.slot for r in refs] == [0, 1, 2]
+        views = [inbox.array(r) for r in refs]
+        del views[0]
+        del views[0]
+        gc.collect()
+        assert outbox.in_use() > 0  # the third receiver still reads it
+        assert outbox.put(x + 0).offset != refs[0].offset
+        del views[0]
+        gc.collect()
+        assert outbox.put(x + 0).offset == refs[0].offset
+    finally:
+        outbox.close()
+        inbox.close()
+
+
 def test_a_full_arena_declines_and_frees_what_it_placed():
     token = "t" + np.random.default_rng().bytes(8).hex()
     outbox = Outbox(token, 0, capacity=MIN_BYTES * 3)
     try:
-        x = np.ones(MIN_BYTES // 4, np.float32)
-        assert outbox.encode((x, x, x)) is None  # headers make three blocks one too many
+        x, y, z = (np.full(MIN_BYTES // 4, v, np.float32) for v in (1, 2, 3))
+        assert outbox.encode((x, y, z)) is None  # headers make three blocks one too many
         assert outbox.in_use() == 0
-        assert outbox.encode((x, x)) is not None
+        assert outbox.encode((x, y)) is not None
+        assert outbox.encode((x, x, x)) is None  # `y` is no longer the last; no room for `x`
     finally:
         outbox.close()
 

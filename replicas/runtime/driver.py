@@ -155,7 +155,7 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
         engine = RayBackend(executable, per_replica, address=address, strict=strict,
                             record_every_instruction=record_every_instruction,
                             replicas_per_actor=replicas_per_actor or 0,
-                            resources=list(resources) if resources is not None else None)
+                            resources=list(resources) if resources is not None else None, timeout=timeout)
     job = Job(engine, executable, timeout=timeout, host_may_send=True, trace=trace, progress=progress)
     for r, values in enumerate(infeed or []):
         for v in values:

@@ -14,7 +14,7 @@ import numpy as np
 import replicas.channels  # noqa: F401  (registers send/recv, infeed/outfeed)
 import replicas.collectives  # noqa: F401  (registers the collective kernels)
 import replicas.ops  # noqa: F401  (registers the kernel families)
-from replicas.errors import ProgramError
+from replicas.errors import ProgramError, ReplicaFailure
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.ops.registry import lookup
 from replicas.runtime.compile import Executable, Schedule, compile_module
@@ -72,7 +72,7 @@ class BoundComputation:
             inst = self._failed_instruction(e)
             if inst is None:
                 raise
-            raise inst.error(f"kernel failed: {type(e).__name__}: {e}") from e
+            raise kernel_failure(interp.replica_id, inst, e) from e
 
     def _failed_instruction(self, e: BaseException) -> Instruction | None:
         """The step whose kernel raised `e`, from the generated code's line in the traceback."""
@@ -100,7 +100,7 @@ class BoundComputation:
                 recorder.end(event, error=True)
                 if getattr(e, "_replicas_passthrough", False) or _is_replicas_error(e):
                     raise
-                raise inst.error(f"kernel failed: {type(e).__name__}: {e}") from e
+                raise kernel_failure(interp.replica_id, inst, e) from e
             recorder.end(event)
             for s in release:
                 slots[s] = None
@@ -166,6 +166,15 @@ def _straight_line(bound: BoundComputation) -> tuple[Callable[..., Any], dict[in
     lines.append(f"    return {name_of[bound._root]}")
     exec(compile("\n".join(lines) + "\n", f"<computation {bound.name}>", "exec"), env)  # noqa: S102
     return env["run"], line_to_inst
+
+
+def kernel_failure(replica: int, inst: Instruction, error: BaseException) -> ReplicaFailure:
+    """A kernel (a custom call, or numpy out of memory) raised: the replica failed, in `inst`."""
+    where = f"%{inst.name} ({inst.opcode}" + (f", line {inst.line})" if inst.line is not None else ")")
+    target = inst.attrs.get("custom_call_target") if inst.opcode == "custom-call" else None
+    what = f"custom call {target!r} raised" if isinstance(target, str) else "its kernel raised"
+    return ReplicaFailure(f"replica {replica} failed in {where}: {what} {type(error).__name__}: {error}",
+                          replica, f"{type(error).__name__}: {error}", instruction=where)
 
 
 def _is_replicas_error(e: BaseException) -> bool:

@@ -58,6 +58,9 @@ class Job:
         self._done = False
         self._outcome: tuple[bool, Any] | None = None
         self._final_events: dict[int, list[dict[str, Any]]] | None = None
+        # replica -> (outfeed values, {channel: values}) not read when the job ended (backends whose
+        # replicas' memory goes with the job: Ray actors back in the pool)
+        self._host_values: dict[int, tuple[list[Any], dict[int, list[Any]]]] | None = None
         self._status = LiveStatus() if progress else None  # a live status line while result() waits
         self._last_progress: Progress | None = None
 
@@ -72,6 +75,8 @@ class Job:
     def outfeed(self, replica: int, timeout: float | None = None) -> Any:
         """The next value `replica` wrote to its outfeed; waits up to `timeout` seconds."""
         self._check_replica(replica)
+        if self._host_values is not None:
+            return self._kept(replica, None, "wrote no more outfeed values")
         try:
             return self._backend.outfeed(replica, timeout)
         except TimeoutError:
@@ -91,6 +96,8 @@ class Job:
     def recv(self, replica: int, channel_id: int, timeout: float | None = None) -> Any:
         """Device -> host: the next value a Send with is_host_transfer=true on `channel_id` sent."""
         self._check_replica(replica)
+        if self._host_values is not None:
+            return self._kept(replica, channel_id, f"sends nothing more on channel {channel_id}")
         try:
             return self._backend.from_channel(replica, channel_id, timeout)
         except TimeoutError:
@@ -99,6 +106,17 @@ class Job:
         except EOFError as e:
             self._raise_if_failed()
             raise ReplicasError(f"replica {replica} sends nothing more on channel {channel_id}: {e}") from None
+
+    def _kept(self, replica: int, channel_id: int | None, nothing: str) -> Any:
+        """After the job ended: the values its replicas wrote to the host before it ended, in order."""
+        outfeed, channels = self._host_values.get(replica, ([], {}))
+        queue = outfeed if channel_id is None else channels.get(channel_id, [])
+        if queue:
+            return queue.pop(0)
+        ok, value = self._outcome
+        if not ok and type(value) is not ReplicasError:  # the job's failure (a cancel is a plain ReplicasError)
+            raise value
+        raise ReplicasError(f"replica {replica} {nothing}: the job has ended")
 
     def _with_host_waits(self, message: str) -> str:
         """`message`, and which replicas wait for the host (what the host may have forgotten to feed)."""
@@ -188,6 +206,8 @@ class Job:
                     self._last_progress = progress_of(states, time.monotonic() - self._started)
                     self._status.show(self._last_progress)
                 backend.wait(backend.poll_interval)
+        except ReplicasError as e:  # the backend lost a replica (an actor died): name it, clean up
+            return self._finish(False, e)
         except KeyboardInterrupt:
             self._finish(False, ReplicasError("job interrupted"), cancel=True)
             raise
@@ -213,6 +233,9 @@ class Job:
             self._final_events = backend.events()
             if not ok:
                 backend.abort(value)
+            drain = getattr(backend, "drain", None)
+            if drain is not None:
+                self._host_values = drain()
             if self._trace:
                 self._write_trace()
         finally:

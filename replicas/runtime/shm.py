@@ -14,13 +14,13 @@ Why this mechanism (measured, `bench/shm_mechanisms.py` and bench/README.md "Sam
   maps the arena once and gets a read-only view of the block, pinned until the last view of that
   array is gone. No Ray task, no pickling of array bytes, no page faults after the first use.
 
-Layout: the arena is a sequence of blocks; each block is a 64-byte header (its release flag)
-followed by the array bytes. The sender allocates first-fit below the highest block still held
-(so a quiet arena is reused from offset 0 and touches only the peak in-flight bytes); the
-receiver sets the flag when the array it was handed is garbage, and the sender sweeps flags on its
-next allocation. A sender never writes a block whose flag is not set, so a receiver never sees
-its data change. When the arena is full (receivers hold too much), the caller falls back to the
-object store: sends never wait for space.
+Layout: the arena is a sequence of blocks; each block is a 64-byte header (one release word per
+receiver of the block) followed by the array bytes. The sender allocates first-fit below the
+highest block still held (so a quiet arena is reused from offset 0 and touches only the peak
+in-flight bytes); a receiver sets its word when the array it was handed is garbage, and the sender
+sweeps the words on its next allocation. A sender never writes a block while any of its words is
+unset, so a receiver never sees its data change. When the arena is full (receivers hold too
+much), the caller falls back to the object store: sends never wait for space.
 
 Segments are named `rpl-<job token>-<first replica of the actor>`: the token is the job's random
 secret, so a job only opens its own segments, and everything of a job is removed by name when it
@@ -42,7 +42,8 @@ import numpy as np
 
 SHM_DIR = "/dev/shm"
 PREFIX = "rpl-"
-HEADER = 64  # bytes before each block's data: the release flag, and 64-byte alignment
+HEADER = 64  # bytes before each block's data: its receivers' release words, and 64-byte alignment
+WORDS = HEADER // 8  # receivers one block can be handed to
 # Arrays of at least this many bytes travel through the arena; smaller ones inline over the socket
 # (the copy into a pickle costs the same as into the arena, and a descriptor is not free).
 MIN_BYTES = 64 * 1024
@@ -82,6 +83,7 @@ class ShmArray(NamedTuple):
 
     segment: str
     offset: int  # of the block's header
+    slot: int  # the header word this receiver sets when it is done with the block
     shape: tuple[int, ...]
     dtype: np.dtype
 
@@ -101,7 +103,11 @@ def _eligible(x: Any) -> bool:
 
 
 class Outbox:
-    """The sending actor's arena for one job. Thread-safe: the actor's replicas share it."""
+    """The sending actor's arena for one job. Thread-safe: the actor's replicas share it.
+
+    The same array sent to several peers in a row (an all-gather, a broadcast, the shards of a
+    reduce-scatter's second round) is copied once: each receiver gets its own release word in
+    the block's header, and the block is free once every word is set."""
 
     def __init__(self, token: str, owner: int, capacity: int = CAPACITY) -> None:
         self.name = segment_name(token, owner)
@@ -113,36 +119,54 @@ class Outbox:
             self._mm = mmap.mmap(fd, capacity)
         finally:
             os.close(fd)
-        self._flags = np.frombuffer(self._mm, np.uint64)  # block header words
-        self._blocks: dict[int, int] = {}  # offset -> size of the blocks receivers may still read
+        self._words = np.frombuffer(self._mm, np.uint64)  # block header words
+        self._blocks: dict[int, list[int]] = {}  # offset -> [size, readers] of blocks not yet free
+        self._last: tuple[Any, int] | None = None  # (weakref to the last array placed, its block)
         self._lock = threading.Lock()
 
-    def _allocate(self, size: int) -> int | None:
-        with self._lock:
-            flags, blocks = self._flags, self._blocks
-            for off in [o for o in blocks if flags[o // 8] == _RELEASED]:
-                del blocks[off]
-            pos = 0
-            for off in sorted(blocks):
-                if off - pos >= size:
-                    break
-                pos = off + blocks[off]
-            if pos + size > self.capacity:
-                return None
-            blocks[pos] = size
-            flags[pos // 8] = _HELD
-            return pos
+    def _held(self, offset: int, readers: int) -> bool:
+        first = offset // 8
+        return bool((self._words[first:first + readers] != _RELEASED).any())
 
-    def _free(self, offset: int) -> None:
-        self._flags[offset // 8] = _RELEASED
+    def _allocate(self, size: int) -> int | None:
+        blocks = self._blocks
+        for off in [o for o, (_, readers) in blocks.items() if not self._held(o, readers)]:
+            del blocks[off]
+            if self._last is not None and self._last[1] == off:
+                self._last = None
+        pos = 0
+        for off in sorted(blocks):
+            if off - pos >= size:
+                break
+            pos = off + blocks[off][0]
+        if pos + size > self.capacity:
+            return None
+        blocks[pos] = [size, 1]
+        self._words[pos // 8] = _HELD
+        return pos
+
+    def _free(self, ref: ShmArray) -> None:
+        self._words[ref.offset // 8 + ref.slot] = _RELEASED
 
     def put(self, x: np.ndarray) -> ShmArray | None:
-        """Copy `x` into a free block; None when the arena has no room for it."""
-        offset = self._allocate(HEADER + _round_up(x.nbytes))
-        if offset is None:
-            return None
+        """`x` in a block (copied unless it is the array placed last); None when there is no room."""
+        with self._lock:
+            last = self._last
+            if last is not None and last[0]() is x:
+                block = self._blocks.get(last[1])
+                if block is not None and block[1] < WORDS:
+                    slot = block[1]
+                    block[1] += 1
+                    self._words[last[1] // 8 + slot] = _HELD
+                    return ShmArray(self.name, last[1], slot, x.shape, x.dtype)
+            offset = self._allocate(HEADER + _round_up(x.nbytes))
+            if offset is None:
+                return None
         np.copyto(np.ndarray(x.shape, x.dtype, buffer=self._mm, offset=offset + HEADER), x, casting="no")
-        return ShmArray(self.name, offset, x.shape, x.dtype)
+        with self._lock:
+            if offset in self._blocks:
+                self._last = (weakref.ref(x), offset)
+        return ShmArray(self.name, offset, 0, x.shape, x.dtype)
 
     def encode(self, value: Any) -> Shared | None:
         """`value` with its large arrays moved into the arena; None if it has none or they do not fit."""
@@ -165,21 +189,23 @@ class Outbox:
             encoded = walk(value)
         except _Full:
             for ref in placed:
-                self._free(ref.offset)
+                self._free(ref)
             return None
         return Shared(encoded) if placed else None
 
     def in_use(self) -> int:
-        """Bytes of blocks not yet released by their receivers."""
+        """Bytes of blocks some receiver still holds."""
         with self._lock:
-            return sum(size for off, size in self._blocks.items() if self._flags[off // 8] != _RELEASED)
+            return sum(size for off, (size, readers) in self._blocks.items() if self._held(off, readers))
 
     def close(self) -> None:
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-        self._blocks.clear()
+        with self._lock:
+            self._blocks.clear()
+            self._last = None
 
 
 class _Full(Exception):
@@ -220,7 +246,7 @@ class Inbox:
         """A read-only view of the block; the block is released when the view is garbage."""
         mm, flags = self._map(ref.segment)
         pinned = _Pinned(ref.shape, ref.dtype, buffer=mm, offset=ref.offset + HEADER)
-        weakref.finalize(pinned, _release, flags, ref.offset // 8)
+        weakref.finalize(pinned, _release, flags, ref.offset // 8 + ref.slot)
         out = pinned.view(np.ndarray)
         out.flags.writeable = False
         return out
@@ -242,7 +268,7 @@ class Inbox:
         def walk(v: Any) -> None:
             if isinstance(v, ShmArray):
                 try:
-                    _release(self._map(v.segment)[1], v.offset // 8)
+                    _release(self._map(v.segment)[1], v.offset // 8 + v.slot)
                 except (OSError, ValueError):
                     pass
             elif isinstance(v, (tuple, list)):
