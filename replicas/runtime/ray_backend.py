@@ -1,7 +1,10 @@
 """Replicas as Ray actors. Each actor hosts one replica (or several, packed) and its mailbox.
 
-Data moves actor to actor: a fabric `send` is a `deliver` call on the peer's actor, whose numpy
-payload travels through Ray's object store (zero-copy reads on one node). The driver only starts
+Data moves actor to actor, chosen per peer pair by `RayFabric._post`: replicas of one actor share
+its mailboxes; a peer on the same node gets large arrays through this job's shared memory
+(runtime/shm.py: the bytes go into the sender's arena, a descriptor over the socket); small
+messages, and any to other nodes up to 1 MiB, go over the direct sockets (runtime/wire.py); the
+rest is a `deliver` call on the peer's actor through Ray's object store. The driver only starts
 actors, polls their states for the monitor and collects results; it is never in a data path.
 """
 
@@ -170,7 +173,10 @@ class ReplicaHost:
         self._shm_report = {}
         self._inbox = Inbox(token)
         if len(replica_ids) < num_replicas and shm_available():
-            self._outbox = Outbox(token, replica_ids[0])
+            try:
+                self._outbox = Outbox(token, replica_ids[0])
+            except OSError:  # no room or no rights under /dev/shm: the sockets and the object store remain
+                self._outbox = None
         for r in replica_ids:
             recorder = FlightRecorder(r, every_instruction=record_every_instruction)
             fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
