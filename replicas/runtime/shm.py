@@ -36,6 +36,7 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Hashable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -74,6 +75,12 @@ def remove_job_segments(token: str) -> int:
     return removed
 
 
+def mapped_segments(token: str) -> int:
+    """How many mappings of job `token`'s segments this process holds (for leak checks)."""
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if f"/{PREFIX}{token}-" in line)
+
+
 def available() -> bool:
     return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
@@ -105,9 +112,11 @@ def _eligible(x: Any) -> bool:
 class Outbox:
     """The sending actor's arena for one job. Thread-safe: the actor's replicas share it.
 
-    The same array sent to several peers in a row (an all-gather, a broadcast, the shards of a
-    reduce-scatter's second round) is copied once: each receiver gets its own release word in
-    the block's header, and the block is free once every word is set."""
+    The same array sent to several peers in a row under one message key (one round of one
+    collective: an all-gather, a broadcast, a sharded all-reduce's second round) is copied once:
+    each receiver gets its own release word in the block's header, and the block is free once
+    every word is set. The key is part of the match because an algorithm may update an array in
+    place between rounds: the same object under another key is copied again."""
 
     def __init__(self, token: str, owner: int, capacity: int = CAPACITY) -> None:
         self.name = segment_name(token, owner)
@@ -121,8 +130,9 @@ class Outbox:
             os.close(fd)
         self._words = np.frombuffer(self._mm, np.uint64)  # block header words
         self._blocks: dict[int, list[int]] = {}  # offset -> [size, readers] of blocks not yet free
-        self._last: tuple[Any, int] | None = None  # (weakref to the last array placed, its block)
+        self._last: tuple[Any, Hashable, int] | None = None  # (weakref to the last array placed, key, block)
         self._lock = threading.Lock()
+        self._used = False
 
     def _held(self, offset: int, readers: int) -> bool:
         first = offset // 8
@@ -132,7 +142,7 @@ class Outbox:
         blocks = self._blocks
         for off in [o for o, (_, readers) in blocks.items() if not self._held(o, readers)]:
             del blocks[off]
-            if self._last is not None and self._last[1] == off:
+            if self._last is not None and self._last[2] == off:
                 self._last = None
         pos = 0
         for off in sorted(blocks):
@@ -143,38 +153,41 @@ class Outbox:
             return None
         blocks[pos] = [size, 1]
         self._words[pos // 8] = _HELD
+        self._used = True
         return pos
 
     def _free(self, ref: ShmArray) -> None:
         self._words[ref.offset // 8 + ref.slot] = _RELEASED
 
-    def put(self, x: np.ndarray) -> ShmArray | None:
-        """`x` in a block (copied unless it is the array placed last); None when there is no room."""
+    def put(self, x: np.ndarray, key: Hashable = None) -> ShmArray | None:
+        """`x` in a block (copied unless it was placed last, under `key`); None when there is no room."""
         with self._lock:
             last = self._last
-            if last is not None and last[0]() is x:
-                block = self._blocks.get(last[1])
+            if last is not None and key is not None and last[0]() is x and last[1] == key:
+                offset = last[2]
+                block = self._blocks.get(offset)
                 if block is not None and block[1] < WORDS:
                     slot = block[1]
                     block[1] += 1
-                    self._words[last[1] // 8 + slot] = _HELD
-                    return ShmArray(self.name, last[1], slot, x.shape, x.dtype)
+                    self._words[offset // 8 + slot] = _HELD
+                    return ShmArray(self.name, offset, slot, x.shape, x.dtype)
             offset = self._allocate(HEADER + _round_up(x.nbytes))
             if offset is None:
                 return None
         np.copyto(np.ndarray(x.shape, x.dtype, buffer=self._mm, offset=offset + HEADER), x, casting="no")
         with self._lock:
             if offset in self._blocks:
-                self._last = (weakref.ref(x), offset)
+                self._last = (weakref.ref(x), key, offset)
         return ShmArray(self.name, offset, 0, x.shape, x.dtype)
 
-    def encode(self, value: Any) -> Shared | None:
-        """`value` with its large arrays moved into the arena; None if it has none or they do not fit."""
+    def encode(self, value: Any, key: Hashable = None) -> Shared | None:
+        """`value` (a message sent under `key`) with its large arrays moved into the arena; None if it
+        has none or they do not fit."""
         placed: list[ShmArray] = []
 
         def walk(v: Any) -> Any:
             if _eligible(v):
-                ref = self.put(v)
+                ref = self.put(v, key)
                 if ref is None:
                     raise _Full
                 placed.append(ref)
@@ -198,14 +211,22 @@ class Outbox:
         with self._lock:
             return sum(size for off, (size, readers) in self._blocks.items() if self._held(off, readers))
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Unlink the segment and unmap it; True if anything was ever placed in it."""
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
         with self._lock:
+            used = self._used
             self._blocks.clear()
             self._last = None
+            self._words = np.empty(0, np.uint64)
+        try:
+            self._mm.close()
+        except BufferError:  # a replica that never stopped is still copying: the collector unmaps it
+            pass
+        return used
 
 
 class _Full(Exception):
@@ -244,6 +265,8 @@ class Inbox:
 
     def array(self, ref: ShmArray) -> np.ndarray:
         """A read-only view of the block; the block is released when the view is garbage."""
+        if not (0 <= ref.slot < WORDS and ref.offset >= 0 and ref.offset % HEADER == 0):
+            raise ValueError(f"bad shared-memory descriptor {ref!r}")
         mm, flags = self._map(ref.segment)
         pinned = _Pinned(ref.shape, ref.dtype, buffer=mm, offset=ref.offset + HEADER)
         weakref.finalize(pinned, _release, flags, ref.offset // 8 + ref.slot)
@@ -277,9 +300,11 @@ class Inbox:
 
         walk(shared.value)
 
-    def close(self) -> None:
-        # Mappings are dropped, not closed: arrays still held keep theirs alive until they go.
+    def close(self) -> bool:
+        """Drop the mappings (arrays still held keep theirs until they go); True if any was made."""
+        used = bool(self._maps)
         self._maps = {}
+        return used
 
 
 def _release(flags: np.ndarray, word: int) -> None:
