@@ -24,8 +24,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import replicas as rp  # noqa: E402
 from common import load_average, ray_echo_actor  # noqa: E402
+
+import replicas as rp  # noqa: E402
 from replicas.runtime.compile import compile_module  # noqa: E402
 from replicas.runtime.interpreter import Interpreter  # noqa: E402
 
