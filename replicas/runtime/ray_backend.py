@@ -450,7 +450,7 @@ class RayBackend:
             self._actors.append(actor)
             for r in ids:
                 self._actor_of[r] = actor
-        module_ref = ray.put(executable.to_bytes())  # shipped once; every actor reads the same object
+        module_ref = ray.put(executable.bytes())  # serialized once per program; one object for every actor
         from replicas.ops.custom_call import registered_custom_calls
 
         calls = registered_custom_calls() or None
