@@ -106,10 +106,12 @@ def measure_startup(n: int) -> tuple[dict | None, str]:
 
 # -- memory (leak check) -------------------------------------------------------------------------------
 
-def rss_mib(pid: int | str = "self") -> float:
+def rss_mib(pid: int | str = "self", field: str = "VmRSS") -> float:
+    """A process's resident memory (VmRSS; RssAnon: its private heap only, without the shared
+    object-store and /dev/shm pages it has mapped)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -147,7 +149,8 @@ def memory_mode(n: int, iterations: int, large_iterations: int = 300) -> None:
     def snapshot() -> dict:
         raylet, actors = ray_processes()
         return {"driver_rss_mib": rss_mib(), "raylet_rss_mib": rss_mib(raylet) if raylet else float("nan"),
-                "actors_rss_mib": sum(rss_mib(p) for p in actors), "actors": len(actors)}
+                "actors_rss_mib": sum(rss_mib(p) for p in actors),
+                "actors_anon_mib": sum(rss_mib(p, "RssAnon") for p in actors), "actors": len(actors)}
 
     run_loop(module, x, 100, n, "ray")
     before = snapshot()
@@ -160,7 +163,7 @@ def memory_mode(n: int, iterations: int, large_iterations: int = 300) -> None:
     print(f"{iterations} all-reduces of 4 KiB on {n} replicas in one While loop: {took:.1f} s "
           f"({took / iterations * 1e6:.0f} us each); load average {load_average()}")
     print(f"{'':24}{'before':>12}{'after run 1':>14}{'after run 2':>14}   (each run: {iterations})")
-    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib"):
+    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib", "actors_anon_mib"):
         print(f"{key:24}{before[key]:12.1f}{middle[key]:14.1f}{after[key]:14.1f}")
     print(f"(actor processes alive: {after['actors']}; flat from run 1 to run 2 = no leak)")
     # Large collectives take the same-node shared-memory path (replicas/runtime/shm.py).
@@ -171,7 +174,7 @@ def memory_mode(n: int, iterations: int, large_iterations: int = 300) -> None:
         run_loop(large, y, large_iterations, n, "ray")
         rounds.append(snapshot())
     print(f"then {large_iterations} all-reduces of 4 MiB, twice:")
-    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib"):
+    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib", "actors_anon_mib"):
         print(f"{key:24}" + "".join(f"{r[key]:14.1f}" for r in rounds))
     print("(raylet RSS includes the object store's touched shared-memory pages; the Ray here has no grpc "
           "module for `ray memory`)")
