@@ -14,8 +14,6 @@ from replicas.ops.custom_call import register_custom_call, unregister_custom_cal
 from replicas.ops.registry import registered_opcodes
 from replicas.shapes import Shape
 
-jax.config.update("jax_enable_x64", True)
-
 needs_elementwise = pytest.mark.skipif(
     not {"add", "subtract", "multiply", "compare"} <= registered_opcodes(),
     reason="needs the element-wise kernels (add, subtract, multiply, compare)")

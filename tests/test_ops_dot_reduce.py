@@ -16,8 +16,6 @@ from replicas.hlo.ir import Computation, Instruction
 from replicas.ops.registry import registered_opcodes
 from replicas.shapes import Shape
 
-jax.config.update("jax_enable_x64", True)
-
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 

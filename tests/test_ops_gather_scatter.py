@@ -20,8 +20,6 @@ from replicas.hlo.ir import Computation, Instruction
 from replicas.ops.registry import registered_opcodes
 from replicas.shapes import Shape
 
-jax.config.update("jax_enable_x64", True)
-
 MODE_RAW_GATHER = jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS  # plain HLO gather: XLA clamps
 MODE_RAW_SCATTER = jax.lax.GatherScatterMode.FILL_OR_DROP  # plain HLO scatter: XLA skips OOB windows
 

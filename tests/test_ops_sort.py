@@ -18,8 +18,6 @@ from replicas.ops.registry import registered_opcodes
 from replicas.ops.sort import jax_float_comparator
 from replicas.shapes import Shape
 
-jax.config.update("jax_enable_x64", True)
-
 BF16 = np.dtype(ml_dtypes.bfloat16)
 PRED = Shape.scalar("pred")
 

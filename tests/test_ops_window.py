@@ -21,8 +21,6 @@ from replicas.hlo.ir import Computation, Instruction, make_window
 from replicas.ops.registry import registered_opcodes
 from replicas.shapes import Shape
 
-jax.config.update("jax_enable_x64", True)
-
 BF16 = np.dtype(ml_dtypes.bfloat16)
 JAX_OPS = {
     "add": lax.add,
