@@ -37,3 +37,11 @@ def ray_session():
     ensure_ray()
     yield
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that starts Ray (through the `ray_session` fixture) carries the `ray` marker, so
+    `-m "not ray"` runs the rest without starting Ray."""
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
