@@ -4,7 +4,8 @@ programs are cached across runs, and one Ray session serves the whole run."""
 import os
 
 # Before anything imports jax: the multi-device CPU backend is the oracle for collectives.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
