@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from replicas.diagnostics.mismatch import with_sides
 from replicas.diagnostics.monitor import Monitor, deadlock_error
 from replicas.diagnostics.progress import LiveStatus, Progress, host_waits, progress_of
 from replicas.diagnostics.report import Report
@@ -232,6 +233,7 @@ class Job:
         try:
             self._final_events = backend.events()
             if not ok:
+                self._outcome = (ok, with_sides(value, self._final_events))  # who ran which side of a mismatch
                 backend.abort(value)
             drain = getattr(backend, "drain", None)
             if drain is not None:
@@ -249,10 +251,13 @@ class Job:
         from replicas.diagnostics.trace import write_trace
 
         try:
-            write_trace(self._trace, self._final_events)
+            note = write_trace(self._trace, self._final_events)
         except Exception as e:  # noqa: BLE001 - disk full, directory removed meanwhile, ...
             warnings.warn(f"trace {self._trace!r} was not written: {type(e).__name__}: {e}", RuntimeWarning,
                           stacklevel=3)
+            return
+        if note:  # the ring of some replica overflowed: the file says so too
+            warnings.warn(f"{self._trace}: {note}", RuntimeWarning, stacklevel=3)
 
     def _raise_if_failed(self) -> None:
         states = self._backend.states()

@@ -7,6 +7,7 @@ actors, polls their states for the monitor and collects results; it is never in 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import secrets
@@ -15,7 +16,7 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
-from replicas.diagnostics.recorder import FlightRecorder
+from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable
@@ -40,6 +41,8 @@ def ensure_ray(address: str | None = None) -> None:
             return
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        # The raylet's and core workers' own C++ logs (warnings on a normal run) stay in their log files.
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
         # Messages up to 2 MiB travel inline with their task instead of through the object store:
         # measured 127 -> 65 ms for a 1 MiB all-reduce on 4 replicas (bench/README.md).
         os.environ.setdefault("RAY_max_direct_call_object_size", str(2 << 20))
@@ -75,7 +78,7 @@ class RayFabric(MailboxFabric):
             box.deliver(self.replica_id, key, value)
             return
         if self.outbox is not None and dst in self.same_node:
-            shared = self.outbox.encode(value)
+            shared = self.outbox.encode(value, key)
             if shared is not None:  # a descriptor over the socket; the bytes wait in the arena
                 self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
                 self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, shared))
@@ -145,7 +148,8 @@ class ReplicaHost:
             box.abort(fault)
 
     def setup(self, token: str, replica_ids: list[int], num_replicas: int, module_bytes: bytes, strict: bool,
-              record_every_instruction: bool, custom_calls: dict[str, Any] | None = None) -> None:
+              record_every_instruction: bool, custom_calls: dict[str, Any] | None = None,
+              trace_events: int = DEFAULT_CAPACITY) -> None:
         import hashlib
 
         from replicas.ops.custom_call import register_custom_call
@@ -160,7 +164,7 @@ class ReplicaHost:
         if executable is None:
             executable = Executable.from_bytes(module_bytes)
             self._executables = {digest: executable}  # keep the last program only
-        self._close_shared_memory()
+        self._close_shared_memory(self._token)
         self._token = token
         self._faults = {}
         self._mailboxes = {r: Mailbox(r) for r in replica_ids}
@@ -171,7 +175,7 @@ class ReplicaHost:
         if len(replica_ids) < num_replicas and shm_available():
             self._outbox = Outbox(token, replica_ids[0])
         for r in replica_ids:
-            recorder = FlightRecorder(r, every_instruction=record_every_instruction)
+            recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
             fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
                                recorder=recorder)
             fabric.wire, fabric.token, fabric.outbox = self._wire, token, self._outbox
@@ -189,20 +193,29 @@ class ReplicaHost:
         if self._wire is not None:
             self._wire.drop_peers()
         self._shm_report = self.shm_sent()
-        self._close_shared_memory()
+        token = self._token
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
             self._token = ""
+        self._close_shared_memory(token)
         return clean
 
-    def _close_shared_memory(self) -> None:
-        """Unlink this job's segments on this node (a dead peer's too) and drop the mappings."""
+    def _close_shared_memory(self, token: str) -> None:
+        """Unlink the job's segments on this node (a dead peer's too) and unmap them."""
+        used = False
         if self._outbox is not None:
-            self._outbox.close()
+            used = self._outbox.close()
         if self._inbox is not None:
-            self._inbox.close()
-        remove_job_segments(self._token)
+            used = self._inbox.close() or used
+        for fabric in self._fabrics:
+            fabric.outbox = None
+        remove_job_segments(token)
         self._outbox = self._inbox = None
+        if used:
+            # Received arrays left in the finished job's reference cycles (interpreter, kernels,
+            # mailboxes) keep their mappings until the cycle collector runs: run it now, so an
+            # idle pooled actor does not hold a job's shared memory.
+            gc.collect()
 
     def shm_sent(self) -> dict[int, dict[int, int]]:
         """Per hosted replica: messages it sent through shared memory, by destination (the
@@ -393,7 +406,7 @@ class RayBackend:
     def __init__(self, executable: Executable, args: list[list[Any]], *, address: str | None = None,
                  strict: bool = True, record_every_instruction: bool = False, replicas_per_actor: int = 0,
                  resources: list[dict[str, float]] | None = None, num_cpus: float = 0,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, trace_events: int = DEFAULT_CAPACITY) -> None:
         import ray
 
         ensure_ray(address)
@@ -434,7 +447,7 @@ class RayBackend:
             self._actors.append(actor)
             for r in ids:
                 self._actor_of[r] = actor
-        module_ref = ray.put(executable.to_bytes())  # shipped once; every actor reads the same object
+        module_ref = ray.put(executable.bytes())  # serialized once per program; one object for every actor
         from replicas.ops.custom_call import registered_custom_calls
 
         calls = registered_custom_calls() or None
@@ -443,7 +456,8 @@ class RayBackend:
             addresses = self._started([a.wire_address.remote(_AUTHKEY, across_nodes) for a in self._actors],
                                       deadline, timeout)
             wire_routes = {r: address for address, ids in zip(addresses, groups) for r in ids}
-            self._started([a.setup.remote(self._token, ids, n, module_ref, strict, record_every_instruction, calls)
+            self._started([a.setup.remote(self._token, ids, n, module_ref, strict, record_every_instruction, calls,
+                                          trace_events)
                            for a, ids in zip(self._actors, groups)], deadline, timeout)
             placement = [0] * n  # replica -> the index of its actor: collectives meet in-actor first
             for index, ids in enumerate(groups):
