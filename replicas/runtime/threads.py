@@ -12,7 +12,7 @@ from typing import Any
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicasError
 from replicas.records import HOST, ReplicaState
-from replicas.runtime.compile import Executable
+from replicas.runtime.compile import Executable, runs_bounded_alone
 from replicas.runtime.fabric import MailboxFabric
 from replicas.runtime.mailbox import Mailbox
 from replicas.runtime.replica_runner import ReplicaRunner
@@ -46,6 +46,9 @@ class ThreadBackend:
             recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
             fabric = ThreadFabric(r, self._mailboxes, strict=strict, recorder=recorder, placement=placement)
             self._replicas.append(ReplicaRunner(executable, fabric, recorder))
+        if n == 1 and runs_bounded_alone(executable):  # no thread hand-off for a program that cannot wait
+            self._replicas[0].run_here(args[0])
+            return
         for replica, a in zip(self._replicas, args):
             replica.start(a)
 
