@@ -153,6 +153,8 @@ def _common(p: argparse.ArgumentParser, timeout: float = 60) -> None:
                    "(per replica)")
     p.add_argument("--zeros", action="store_true", help="give every parameter without --args zeros")
     p.add_argument("--timeout", type=_positive_float, default=timeout, help="seconds before ExecutionTimeout")
+    p.add_argument("--elided", default="error", choices=("error", "zeros", "random"),
+                   help="constants XLA printed as {...}: refuse (default), or fill with zeros / random values")
     p.add_argument("--quiet", "-q", action="store_true", help="no live status on stderr (shown only on a terminal)")
     p.add_argument("--trace-all", action="store_true",
                    help="the trace records every instruction, not only communication and feeds")
@@ -217,7 +219,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
             print(f"           all-gather = {gathered.tolist()}")
         return 0
     try:
-        module = rp.load(ns.program)
+        module = rp.load(ns.program, elided=ns.elided)
     except ProgramError as e:
         if ns.command != "check":
             raise

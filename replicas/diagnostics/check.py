@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from replicas.diagnostics.report import mismatch_diff
-from replicas.errors import CollectiveMismatchError, ProgramError, ReplicasError
+from replicas.errors import ProgramError, ReplicasError
 from replicas.hlo.ir import Module
 from replicas.records import HOST
 from replicas.runtime import keys
@@ -86,8 +85,5 @@ def zero_arguments(module: Module) -> list[Any]:
 
 
 def describe(problem: ReplicasError) -> str:
-    """The text `replicas check` prints: the error, and for a mismatch the differing fields as a diff."""
-    text = f"{type(problem).__name__}: {problem}"
-    if isinstance(problem, CollectiveMismatchError) and isinstance(problem.report, dict):
-        text += "\n" + mismatch_diff(problem.report)
-    return text
+    """The text `replicas check` prints: the error with its report, as `replicas run` prints it."""
+    return f"{type(problem).__name__}: {problem}"

@@ -6,6 +6,8 @@ through the `fabric` given to it.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -197,15 +199,23 @@ class Interpreter:
             from replicas.runtime.fabric import LocalFabric
 
             fabric = LocalFabric()
-        self.fabric = fabric
-        self.mailbox = getattr(fabric, "mailbox", None)
+        # Kernels keep this slot, not the fabric: a pooled interpreter runs its next job by
+        # pointing the slot at that job's fabric (`attach`), without binding its kernels again.
+        self.fabric: Any = FabricSlot(fabric)
         self.num_replicas = num_replicas if num_replicas is not None else getattr(fabric, "num_replicas", 1)
         self.current: Instruction | None = None
-        recorder = getattr(fabric, "recorder", None)
-        self.every_instruction_recorder = recorder if getattr(recorder, "every_instruction", False) else None
+        self.attach(fabric)
         self._binding: Computation | None = None
         self._bound: dict[str, BoundComputation] = {}
         self._entry = self.computation(self.module.entry)
+
+    def attach(self, fabric: Any) -> None:
+        """Run the next executions over `fabric` (a new job's: its mailbox, recorder, peers)."""
+        self.fabric.attach(fabric)
+        self.mailbox = getattr(fabric, "mailbox", None)
+        recorder = getattr(fabric, "recorder", None)
+        self.every_instruction_recorder = recorder if getattr(recorder, "every_instruction", False) else None
+        self.current = None
 
     # -- KernelContext ---------------------------------------------------------------------------
     def computation(self, name: str) -> BoundComputation:
@@ -235,6 +245,58 @@ class Interpreter:
         # them are noise. Silenced once here, for this thread, instead of in every kernel call.
         with np.errstate(all="ignore"):
             return self._entry(*values)
+
+
+class FabricSlot:
+    """Forwards every attribute to the fabric of the job an interpreter currently runs in. It takes
+    no weak references, so nothing can key per-job state on the slot instead of the fabric."""
+
+    __slots__ = ("_fabric",)
+
+    def __init__(self, fabric: Any) -> None:
+        object.__setattr__(self, "_fabric", fabric)
+
+    def attach(self, fabric: Any) -> None:
+        object.__setattr__(self, "_fabric", fabric)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_fabric"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(object.__getattribute__(self, "_fabric"), name, value)
+
+
+# Interpreters whose job ended, by (program fingerprint, replica id, number of replicas): the next
+# job of the same program binds no kernels and generates no code. Bounded (least recent dropped).
+_POOL: OrderedDict[tuple[bytes, int, int], list[Interpreter]] = OrderedDict()
+_POOL_LIMIT = 512
+_POOL_LOCK = threading.Lock()
+
+
+def checkout(executable: Executable, replica_id: int, fabric: Any, num_replicas: int) -> Interpreter:
+    """An interpreter of `executable` for `replica_id` over `fabric`: a pooled one when there is one."""
+    key = (executable.fingerprint, replica_id, num_replicas)
+    if executable.fingerprint:
+        with _POOL_LOCK:
+            free = _POOL.get(key)
+            interp = free.pop() if free else None
+        if interp is not None:
+            interp.attach(fabric)
+            return interp
+    return Interpreter(executable, replica_id, fabric, num_replicas)
+
+
+def checkin(interp: Interpreter) -> None:
+    """Return an interpreter whose execution has ended (finished or failed) to the pool."""
+    fingerprint = interp.executable.fingerprint
+    if not fingerprint:
+        return
+    key = (fingerprint, interp.replica_id, interp.num_replicas)
+    with _POOL_LOCK:
+        _POOL.setdefault(key, []).append(interp)
+        _POOL.move_to_end(key)
+        while sum(len(v) for v in _POOL.values()) > _POOL_LIMIT:
+            _POOL.popitem(last=False)
 
 
 def check_arguments(entry: Computation, args: Sequence[Any]) -> list[Any]:

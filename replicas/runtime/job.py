@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from replicas.diagnostics.mismatch import with_sides
 from replicas.diagnostics.monitor import Monitor, deadlock_error
 from replicas.diagnostics.progress import LiveStatus, Progress, host_waits, progress_of
 from replicas.diagnostics.report import Report
@@ -232,6 +233,7 @@ class Job:
         try:
             self._final_events = backend.events()
             if not ok:
+                self._outcome = (ok, with_sides(value, self._final_events))  # who ran which side of a mismatch
                 backend.abort(value)
             drain = getattr(backend, "drain", None)
             if drain is not None:

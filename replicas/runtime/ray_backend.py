@@ -7,6 +7,7 @@ actors, polls their states for the monitor and collects results; it is never in 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import secrets
@@ -75,7 +76,7 @@ class RayFabric(MailboxFabric):
             box.deliver(self.replica_id, key, value)
             return
         if self.outbox is not None and dst in self.same_node:
-            shared = self.outbox.encode(value)
+            shared = self.outbox.encode(value, key)
             if shared is not None:  # a descriptor over the socket; the bytes wait in the arena
                 self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
                 self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, shared))
@@ -160,7 +161,7 @@ class ReplicaHost:
         if executable is None:
             executable = Executable.from_bytes(module_bytes)
             self._executables = {digest: executable}  # keep the last program only
-        self._close_shared_memory()
+        self._close_shared_memory(self._token)
         self._token = token
         self._faults = {}
         self._mailboxes = {r: Mailbox(r) for r in replica_ids}
@@ -189,20 +190,29 @@ class ReplicaHost:
         if self._wire is not None:
             self._wire.drop_peers()
         self._shm_report = self.shm_sent()
-        self._close_shared_memory()
+        token = self._token
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
             self._token = ""
+        self._close_shared_memory(token)
         return clean
 
-    def _close_shared_memory(self) -> None:
-        """Unlink this job's segments on this node (a dead peer's too) and drop the mappings."""
+    def _close_shared_memory(self, token: str) -> None:
+        """Unlink the job's segments on this node (a dead peer's too) and unmap them."""
+        used = False
         if self._outbox is not None:
-            self._outbox.close()
+            used = self._outbox.close()
         if self._inbox is not None:
-            self._inbox.close()
-        remove_job_segments(self._token)
+            used = self._inbox.close() or used
+        for fabric in self._fabrics:
+            fabric.outbox = None
+        remove_job_segments(token)
         self._outbox = self._inbox = None
+        if used:
+            # Received arrays left in the finished job's reference cycles (interpreter, kernels,
+            # mailboxes) keep their mappings until the cycle collector runs: run it now, so an
+            # idle pooled actor does not hold a job's shared memory.
+            gc.collect()
 
     def shm_sent(self) -> dict[int, dict[int, int]]:
         """Per hosted replica: messages it sent through shared memory, by destination (the
@@ -434,7 +444,7 @@ class RayBackend:
             self._actors.append(actor)
             for r in ids:
                 self._actor_of[r] = actor
-        module_ref = ray.put(executable.to_bytes())  # shipped once; every actor reads the same object
+        module_ref = ray.put(executable.bytes())  # serialized once per program; one object for every actor
         from replicas.ops.custom_call import registered_custom_calls
 
         calls = registered_custom_calls() or None

@@ -10,7 +10,7 @@ from replicas.diagnostics.recorder import FlightRecorder
 from replicas.records import ReplicaState
 from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
-from replicas.runtime.interpreter import Interpreter
+from replicas.runtime.interpreter import checkin, checkout
 
 
 class ReplicaRunner:
@@ -19,7 +19,7 @@ class ReplicaRunner:
         self.fabric = fabric
         self.mailbox = fabric.mailbox
         self.recorder = recorder
-        self.interpreter = Interpreter(executable, fabric.replica_id, fabric, fabric.num_replicas)
+        self.interpreter = checkout(executable, fabric.replica_id, fabric, fabric.num_replicas)
         self.result: Any = None
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -32,9 +32,11 @@ class ReplicaRunner:
     def _run(self, args: list[Any]) -> None:
         try:
             self.result = self.interpreter.run(args)
+            checkin(self.interpreter)  # before "finished": its kernels and code serve the next job
             self.mailbox.set_status("finished")
         except BaseException as e:  # noqa: BLE001 - reported to the driver, never swallowed
             self.error = e
+            checkin(self.interpreter)
             status = "cancelled" if self.mailbox.aborted is e else "failed"
             self.mailbox.set_status(status, f"{type(e).__name__}: {e}")
 
