@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, NoReturn
@@ -12,6 +13,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from replicas.diagnostics.check import zero_arguments
+from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import CollectiveMismatchError, DeadlockError, ProgramError, ReplicasError
 from replicas.hlo.ir import Instruction
 from replicas.npz import read_npz_array
@@ -158,6 +160,8 @@ def _common(p: argparse.ArgumentParser, timeout: float = 60) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no live status on stderr (shown only on a terminal)")
     p.add_argument("--trace-all", action="store_true",
                    help="the trace records every instruction, not only communication and feeds")
+    p.add_argument("--trace-events", type=_positive_int, default=DEFAULT_CAPACITY,
+                   help="events kept per replica (the last ones); a longer trace says it is truncated")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -191,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
-        return _dispatch(ns)
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_line
+            return _dispatch(ns)
     except (DeadlockError, CollectiveMismatchError) as e:
         print(f"{type(e).__name__}: {e}", file=sys.stderr)
         return 3
@@ -201,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the job was cancelled", file=sys.stderr)
         return 130
+
+
+def _warning_line(message: Warning | str, *_: Any, **__: Any) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 def _dispatch(ns: argparse.Namespace) -> int:
@@ -237,7 +247,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
             names = ", ".join(f"%{p.name} {p.shape}" for p in parameters)
             raise ProgramError(f"{ns.program} takes {len(parameters)} argument(s) ({names}) and no --args was "
                                f"given: pass --args args.npz (keys arg0, arg1, ...) or --zeros to give zeros")
-    options = {"timeout": ns.timeout, "record_every_instruction": ns.trace_all, "progress": not ns.quiet}
+    options = {"timeout": ns.timeout, "record_every_instruction": ns.trace_all, "trace_events": ns.trace_events,
+               "progress": not ns.quiet}
     if ns.command == "check":
         from replicas.diagnostics.check import check, describe
 

@@ -234,3 +234,23 @@ def test_quiet_or_a_pipe_shows_no_status(program: Path) -> None:
                           "--zeros"], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(Path(rp.__file__).parent.parent)})
     assert out.returncode == 0 and out.stderr == ""
+
+
+def test_traces_record_every_instruction_and_say_when_truncated(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    path = tmp_path / "loop.hlo"
+    path.write_text(long_loop(30))
+    full, short, checked = tmp_path / "all.json", tmp_path / "short.json", tmp_path / "check.json"
+    assert cli_main(["trace", str(path), "--trace-all", "--out", str(full), "-q"]) == 0
+    assert {"op", "collective"} <= {e.get("cat") for e in json.loads(full.read_text())["traceEvents"]}
+    assert "warning" not in capsys.readouterr().err
+    assert cli_main(["trace", str(path), "--trace-events", "10", "--out", str(short), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert err.strip() == (f"warning: {short}: truncated: replicas [0, 1] recorded more than 10 events; the trace "
+                           "keeps the last 10 of each (raise trace_events= / --trace-events)")
+    other = json.loads(short.read_text())["otherData"]
+    assert other["truncated"] and other["dropped_events"] == {"0": 20, "1": 20}
+    assert cli_main(["check", str(path), "--trace", str(checked), "-q"]) == 0
+    assert sum(e.get("cat") == "collective" for e in json.loads(checked.read_text())["traceEvents"]) == 60

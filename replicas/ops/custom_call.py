@@ -97,7 +97,11 @@ def make_custom_call(inst: Instruction, ctx: KernelContext) -> Callable[..., Any
     result_shape = inst.shape
 
     def custom_call(*args: Any) -> Any:
-        return _check_result(inst, target, result_shape, fn(*args))
+        # Looked up on every call: a pooled interpreter must call what is registered now.
+        current = _CUSTOM_CALLS.get(target)
+        if current is None:
+            raise inst.error(f"custom-call target {target!r} is no longer registered")
+        return _check_result(inst, target, result_shape, current(*args))
 
     return custom_call
 

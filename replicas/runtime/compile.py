@@ -119,6 +119,25 @@ def compile_module(module: Module, *, verified: bool = False, num_replicas: int 
     return executable
 
 
+_BOUNDED: dict[bytes, bool] = {}
+
+
+def runs_bounded_alone(executable: Executable) -> bool:
+    """True when one replica of the program always finishes on its own, in bounded time: no loop,
+    no communication, no feed, no custom call (nothing that can wait or run long). Such a program
+    may run in the caller's thread instead of a replica thread of its own."""
+    key = executable.fingerprint
+    found = _BOUNDED.get(key) if key else None
+    if found is None:
+        found = not any(inst.opcode == "while" or inst.opcode in SIDE_EFFECT_OPCODES
+                        for _, inst in executable.module.instructions())
+        if key:
+            if len(_BOUNDED) > 1024:
+                _BOUNDED.clear()
+            _BOUNDED[key] = found
+    return found
+
+
 def module_fingerprint(module: Module) -> bytes:
     """A digest of everything in `module` that decides what it computes (names, opcodes, shapes,
     operands, attributes, literals' bytes), fast enough to take on every run."""

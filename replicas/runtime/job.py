@@ -251,10 +251,13 @@ class Job:
         from replicas.diagnostics.trace import write_trace
 
         try:
-            write_trace(self._trace, self._final_events)
+            note = write_trace(self._trace, self._final_events)
         except Exception as e:  # noqa: BLE001 - disk full, directory removed meanwhile, ...
             warnings.warn(f"trace {self._trace!r} was not written: {type(e).__name__}: {e}", RuntimeWarning,
                           stacklevel=3)
+            return
+        if note:  # the ring of some replica overflowed: the file says so too
+            warnings.warn(f"{self._trace}: {note}", RuntimeWarning, stacklevel=3)
 
     def _raise_if_failed(self) -> None:
         states = self._backend.states()

@@ -16,7 +16,7 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
-from replicas.diagnostics.recorder import FlightRecorder
+from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable
@@ -41,6 +41,8 @@ def ensure_ray(address: str | None = None) -> None:
             return
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        # The raylet's and core workers' own C++ logs (warnings on a normal run) stay in their log files.
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
         # Messages up to 2 MiB travel inline with their task instead of through the object store:
         # measured 127 -> 65 ms for a 1 MiB all-reduce on 4 replicas (bench/README.md).
         os.environ.setdefault("RAY_max_direct_call_object_size", str(2 << 20))
@@ -146,7 +148,8 @@ class ReplicaHost:
             box.abort(fault)
 
     def setup(self, token: str, replica_ids: list[int], num_replicas: int, module_bytes: bytes, strict: bool,
-              record_every_instruction: bool, custom_calls: dict[str, Any] | None = None) -> None:
+              record_every_instruction: bool, custom_calls: dict[str, Any] | None = None,
+              trace_events: int = DEFAULT_CAPACITY) -> None:
         import hashlib
 
         from replicas.ops.custom_call import register_custom_call
@@ -172,7 +175,7 @@ class ReplicaHost:
         if len(replica_ids) < num_replicas and shm_available():
             self._outbox = Outbox(token, replica_ids[0])
         for r in replica_ids:
-            recorder = FlightRecorder(r, every_instruction=record_every_instruction)
+            recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
             fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
                                recorder=recorder)
             fabric.wire, fabric.token, fabric.outbox = self._wire, token, self._outbox
@@ -403,7 +406,7 @@ class RayBackend:
     def __init__(self, executable: Executable, args: list[list[Any]], *, address: str | None = None,
                  strict: bool = True, record_every_instruction: bool = False, replicas_per_actor: int = 0,
                  resources: list[dict[str, float]] | None = None, num_cpus: float = 0,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, trace_events: int = DEFAULT_CAPACITY) -> None:
         import ray
 
         ensure_ray(address)
@@ -453,7 +456,8 @@ class RayBackend:
             addresses = self._started([a.wire_address.remote(_AUTHKEY, across_nodes) for a in self._actors],
                                       deadline, timeout)
             wire_routes = {r: address for address, ids in zip(addresses, groups) for r in ids}
-            self._started([a.setup.remote(self._token, ids, n, module_ref, strict, record_every_instruction, calls)
+            self._started([a.setup.remote(self._token, ids, n, module_ref, strict, record_every_instruction, calls,
+                                          trace_events)
                            for a, ids in zip(self._actors, groups)], deadline, timeout)
             placement = [0] * n  # replica -> the index of its actor: collectives meet in-actor first
             for index, ids in enumerate(groups):
