@@ -1,13 +1,16 @@
 """Send/Recv between two replicas next to anchors measured in the same run (a benchmark, never a test).
 
-    python bench/channels.py [--sizes 4KiB,64MiB] [--backend ray|threads|both] [--skip mpi]
+    python bench/channels.py [--sizes 4KiB,1MiB,64MiB] [--backend ray|threads|both] [--skip mpi]
+                             [--repeats 5] [--budget 1.0]
 
 One program, two replicas: a While loop whose body sends the buffer 0 -> 1 on channel 1 and
 back 1 -> 0 on channel 2 (routes by `_xla_send_recv_source_target_pairs`); replica 0's next
 buffer is what came back, so every iteration is one full round trip. Per-iteration time by
-differencing two loop lengths. Anchors: a raw Ray actor round trip of the same buffer, and MPI
-Send/Recv ping-pong (mpi4py under `mpiexec -n 2`). Latency is the 4 KiB row; bandwidth the
-64 MiB row (2 x bytes moved per round trip / time).
+differencing two loop lengths, the longer one sized from a pilot run so that the difference is
+~`--budget` seconds; `--repeats` samples per cell, median and [min-max] shown, UNRELIABLE when the
+spread exceeds the median. Anchors, interleaved with the replicas' samples: MPI Send/Recv
+ping-pong (mpi4py under `mpiexec -n 2`, one batch per sample) and a raw Ray actor round trip of the
+same buffer. Latency is the 4 KiB row; bandwidth the 64 MiB row (2 x bytes per round trip / time).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from common import (  # noqa: E402 - the bench folder is not a package
     memory_floor,
     mpiexec_path,
     parse_size,
-    per_iteration,
     ray_echo_actor,
     ray_round_trip,
     run_json_subprocess,
@@ -88,15 +90,10 @@ def ping_pong_program(elements: int) -> rp.Module:
     return rp.parse_hlo(PING_PONG.format(e=elements, to1=TO_1, to0=TO_0))
 
 
-def iterations_for(nbytes: int) -> tuple[int, int]:
-    if nbytes <= 64 * 1024:
-        return 20, 220
-    if nbytes <= 2 << 20:
-        return 5, 45
-    return 1, 5
-
-
-def time_replicas(nbytes: int, backend: str) -> float:
+def time_replicas(nbytes: int, backend: str, repeats: int, budget: float) -> list[float]:
+    """Seconds per round trip, one sample per repetition: (T(k2) - T(1)) / (k2 - 1), with k2 chosen
+    from a pilot run so that the difference is about `budget` seconds (well above the noise of a
+    job's start and stop, which differencing cancels)."""
     elements = nbytes // 4
     module = ping_pong_program(elements)
     x = np.ones(elements, np.float32)
@@ -105,13 +102,18 @@ def time_replicas(nbytes: int, backend: str) -> float:
         t0 = time.perf_counter()
         out = rp.run(module, [x, np.asarray(k, np.int32)], num_replicas=2, backend=backend, timeout=600)
         took = time.perf_counter() - t0
-        if k and not np.array_equal(out[0], x):
+        if not np.array_equal(out[0], x):
             raise SystemExit("ping-pong returned other data than it sent")
         return took
 
     run(2)
-    k1, k2 = iterations_for(nbytes)
-    return per_iteration(run, k1, k2, repeat=2 if nbytes <= (16 << 20) else 1)
+    pilot_k = 200 if nbytes <= 64 * 1024 else 10
+    pilot = max((run(pilot_k) - run(1)) / (pilot_k - 1), 1e-6)
+    k2 = int(min(max(pilot_k, budget / pilot), 100_000))
+    samples = []
+    for _ in range(repeats):
+        samples.append((run(k2) - run(1)) / (k2 - 1))
+    return samples
 
 
 def mpi_pingpong(sizes: list[int]) -> tuple[dict | None, str]:
@@ -125,45 +127,68 @@ def mpi_pingpong(sizes: list[int]) -> tuple[dict | None, str]:
     return (data["results"]["pingpong"] if data else None), msg
 
 
+def fmt(seconds: float) -> str:
+    """fmt_time, with nanoseconds below a microsecond (a 4 KiB copy is real work, never "0 us")."""
+    return f"{seconds * 1e9:.0f} ns" if 0 < seconds < 1e-6 else fmt_time(seconds)
+
+
+def summary(samples: list[float]) -> str:
+    """median [min - max], marked unreliable when the spread is larger than the median."""
+    if not samples:
+        return "-"
+    med, lo, hi = float(np.median(samples)), min(samples), max(samples)
+    mark = " UNRELIABLE" if lo <= 0 or hi - lo > med else ""
+    return f"{fmt(med)} [{fmt(lo)}-{fmt(hi)}]{mark}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="4KiB,64MiB")
+    parser.add_argument("--sizes", default="4KiB,1MiB,64MiB")
     parser.add_argument("--backend", choices=["ray", "threads", "both"], default="ray")
     parser.add_argument("--skip", default="", help="anchors to leave out: mpi")
+    parser.add_argument("--repeats", type=int, default=5, help="samples per cell (median and range shown)")
+    parser.add_argument("--budget", type=float, default=1.0, help="seconds of measured work per sample")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     backends = ["ray", "threads"] if args.backend == "both" else [args.backend]
     print(f"# replicas send/recv ping-pong, 2 replicas, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} cores, load average at start {load_average()}")
-    mpi = None
-    if "mpi" not in args.skip:
-        mpi, msg = mpi_pingpong(sizes)
-        print(f"mpi: {msg}")
     from replicas.runtime.ray_backend import ensure_ray
 
     ensure_ray()
     echo = ray_echo_actor()
-    rows = []
-    for s in sizes:
-        row = {"bytes": s, "round_trip": ray_round_trip(echo, s, 50 if s <= (1 << 20) else 5),
-               "floor": memory_floor(s), "mpi": (mpi or {}).get(str(s))}
-        for b in backends:
-            row[b] = time_replicas(s, b)
-        rows.append(row)
-    cols = [f"replicas-{b}" for b in backends] + ["mpi", "ray-round-trip", "copy-floor"]
-    head = f"{'size':>9}" + "".join(f"{c:>16}" for c in cols) + f"{'bandwidth':>14}{'vs ray rt':>11}{'vs mpi':>9}"
+    samples: dict[tuple[str, int], list[float]] = {}
+    # Repetitions interleave the anchors and replicas, so a change of load hits both alike.
+    for rep in range(args.repeats):
+        if "mpi" not in args.skip:
+            mpi, msg = mpi_pingpong(sizes)
+            if mpi is None:
+                print(f"mpi: {msg}")
+            for s in sizes:
+                if mpi and mpi.get(str(s)):
+                    samples.setdefault(("mpi", s), []).append(mpi[str(s)])
+        for s in sizes:
+            samples.setdefault(("ray-round-trip", s), []).append(
+                ray_round_trip(echo, s, 50 if s <= (1 << 20) else 5))
+            for b in backends:
+                samples.setdefault((b, s), []).extend(time_replicas(s, b, 1, args.budget))
+        print(f"repetition {rep + 1}/{args.repeats} done (load {load_average()})", file=sys.stderr, flush=True)
+    floors = {s: memory_floor(s) for s in sizes}
+    cols = [f"replicas-{b}" for b in backends] + ["mpi", "ray-round-trip"]
     print()
-    print("round trip 0 -> 1 -> 0 per iteration")
+    print(f"round trip 0 -> 1 -> 0, median [min-max] of {args.repeats} samples")
+    head = ("| size | " + " | ".join(cols) + " | copy floor | bandwidth | vs mpi |")
     print(head)
-    print("-" * len(head))
-    for row in rows:
-        t = row[backends[0]]
-        bandwidth = 2 * row["bytes"] / t / (1 << 20) if t else float("nan")
-        vs_mpi = f"{t / row['mpi']:.1f}x" if row["mpi"] else "-"
-        values = [row[b] for b in backends] + [row["mpi"], row["round_trip"], row["floor"]]
-        print(f"{size_label(row['bytes']):>9}" + "".join(f"{fmt_time(v):>16}" for v in values)
-              + f"{bandwidth:>9.1f} MiB/s{t / row['round_trip']:>10.1f}x{vs_mpi:>9}")
-    print(f"(load average at end {load_average()}; bandwidth = 2 x size per round trip)")
+    print("|---" * (len(cols) + 4) + "|")
+    for s in sizes:
+        t = float(np.median(samples[(backends[0], s)]))
+        mpi_t = samples.get(("mpi", s))
+        vs_mpi = f"{t / float(np.median(mpi_t)):.2f}x" if mpi_t else "-"
+        bandwidth = 2 * s / t / (1 << 20)
+        cells = [summary(samples.get((c, s), [])) for c in backends + ["mpi", "ray-round-trip"]]
+        print(f"| {size_label(s)} | " + " | ".join(cells)
+              + f" | {fmt(floors[s])} | {bandwidth:.0f} MiB/s | {vs_mpi} |")
+    print(f"(load average at end {load_average()}; bandwidth = 2 x size per round trip of replicas-{backends[0]})")
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def measure_startup(n: int) -> tuple[dict | None, str]:
 
 # -- memory (leak check) -------------------------------------------------------------------------------
 
-def memory_mode(n: int, iterations: int) -> None:
+def memory_mode(n: int, iterations: int, large_iterations: int = 300) -> None:
     warm_up(n, "ray")
     module = collective_program("all-reduce", 1024, n)  # 4 KiB per replica
     x = np.ones(1024, np.float32)
@@ -132,6 +132,16 @@ def memory_mode(n: int, iterations: int) -> None:
     for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib"):
         print(f"{key:24}{before[key]:12.1f}{middle[key]:14.1f}{after[key]:14.1f}")
     print(f"(actor processes alive: {after['actors']}; flat from run 1 to run 2 = no leak)")
+    # Large collectives take the same-node shared-memory path (replicas/runtime/shm.py).
+    large = collective_program("all-reduce", 1 << 20, n)  # 4 MiB per replica
+    y = np.ones(1 << 20, np.float32)
+    rounds = [snapshot()]
+    for _ in range(2):
+        run_loop(large, y, large_iterations, n, "ray")
+        rounds.append(snapshot())
+    print(f"then {large_iterations} all-reduces of 4 MiB, twice:")
+    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib"):
+        print(f"{key:24}" + "".join(f"{r[key]:14.1f}" for r in rounds))
     print("(raylet RSS includes the object store's touched shared-memory pages; the Ray here has no grpc "
           "module for `ray memory`)")
 

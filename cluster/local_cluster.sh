@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
 # A two-node Ray cluster on this machine: a head node (custom resource "node1") and a second
-# node (custom resource "node2") with its own ports and temp dir.
-#   cluster/local_cluster.sh start [PORT]   -> prints the address to pass as address=...
+# node (custom resource "node2") with its own ports and temp dir. Every port either node listens on
+# lies in PORT .. PORT+299, so two clusters with different PORTs never collide.
+#   cluster/local_cluster.sh start [PORT]   -> prints the address; `--address auto` finds it too
 #   cluster/local_cluster.sh stop
+# `ray` is the one of the project's Python: $PYTHON, else the active virtualenv, else the
+# repository's .venv, else python3 (never whatever `ray` is first on PATH). $RAY overrides it.
 set -euo pipefail
-RAY="${RAY:-ray}"
-PORT="${2:-6390}"
+HERE="$(cd "$(dirname "$(readlink -f "$0")")" && pwd)"
+if [ -z "${PYTHON:-}" ]; then
+  if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then PYTHON="$VIRTUAL_ENV/bin/python"
+  elif [ -x "$HERE/../.venv/bin/python" ]; then PYTHON="$HERE/../.venv/bin/python"
+  else PYTHON="python3"; fi
+fi
+ray_cli() {
+  if [ -n "${RAY:-}" ]; then "$RAY" "$@"; else "$PYTHON" -m ray.scripts.scripts "$@"; fi
+}
+PORT="${2:-${REPLICAS_CLUSTER_PORT:-6390}}"
 BASE="${REPLICAS_CLUSTER_DIR:-/tmp/replicas-cluster}"
+# Where Ray's "auto" looks first (after $RAY_ADDRESS) for the cluster to join: `ray start` writes
+# it in its own temp dir, which is $BASE/ray here, so "auto" would pick any Ray on the machine.
+CURRENT=/tmp/ray/ray_current_cluster
 export RAY_USAGE_STATS_ENABLED=0
 # A driver that already joined another Ray exports RAY_ADDRESS: this cluster is a new one.
 unset RAY_ADDRESS
@@ -15,17 +29,25 @@ export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 case "${1:-}" in
   start)
     mkdir -p "$BASE"
-    "$RAY" start --head --port="$PORT" --node-ip-address=127.0.0.1 --temp-dir="$BASE/ray" \
+    ray_cli start --head --port="$PORT" --node-ip-address=127.0.0.1 --temp-dir="$BASE/ray" \
       --num-cpus=1 --resources='{"node1": 1000}' --include-dashboard=false --disable-usage-stats \
       --node-manager-port=$((PORT + 1)) --object-manager-port=$((PORT + 2)) \
+      --dashboard-agent-listen-port=$((PORT + 6)) \
+      --dashboard-agent-grpc-port=$((PORT + 7)) --runtime-env-agent-port=$((PORT + 8)) \
+      --metrics-export-port=$((PORT + 9)) \
       --min-worker-port=$((PORT + 100)) --max-worker-port=$((PORT + 199)) >"$BASE/head.log" 2>&1 \
       || { tail -n 30 "$BASE/head.log" >&2; exit 1; }
-    "$RAY" start --address="127.0.0.1:$PORT" --node-ip-address=127.0.0.1 \
+    ray_cli start --address="127.0.0.1:$PORT" --node-ip-address=127.0.0.1 \
       --num-cpus=1 --resources='{"node2": 1000}' \
       --node-manager-port=$((PORT + 3)) --object-manager-port=$((PORT + 4)) \
+      --dashboard-agent-listen-port=$((PORT + 10)) --dashboard-agent-grpc-port=$((PORT + 11)) \
+      --runtime-env-agent-port=$((PORT + 12)) --metrics-export-port=$((PORT + 13)) \
       --min-worker-port=$((PORT + 200)) --max-worker-port=$((PORT + 299)) \
       --disable-usage-stats >"$BASE/node2.log" 2>&1 \
       || { tail -n 30 "$BASE/node2.log" >&2; exit 1; }
+    mkdir -p "$(dirname "$CURRENT")"
+    echo "127.0.0.1:$PORT" >"$CURRENT"
+    echo "127.0.0.1:$PORT" >"$BASE/address"
     echo "127.0.0.1:$PORT"
     ;;
   stop)
@@ -37,6 +59,10 @@ case "${1:-}" in
       sleep 1
     done
     pkill -KILL -f -- "$BASE/ray" >/dev/null 2>&1 || true
+    if [ -f "$BASE/address" ] && [ "$(cat "$CURRENT" 2>/dev/null)" = "$(cat "$BASE/address")" ]; then
+      rm -f "$CURRENT"
+    fi
+    rm -f "$BASE/address"
     ;;
   *)
     echo "usage: $0 start|stop [PORT]" >&2

@@ -36,9 +36,16 @@ class ProgramError(ReplicasError):
         self.column = column
 
 
+def _with_report(message: str, report: Any) -> str:
+    if report is None:
+        return message
+    text = str(report)
+    return text if text.startswith(message) else f"{message}\n{text}"  # a report titled by the message
+
+
 class _ReportError(ReplicasError):
     def __init__(self, message: str, report: Any = None) -> None:
-        super().__init__(message if report is None else f"{message}\n{report}")
+        super().__init__(_with_report(message, report))
         self.report = report
 
 
@@ -53,17 +60,19 @@ class CollectiveMismatchError(_ReportError):
 class ReplicaFailure(ReplicasError):
     """A replica died or raised; names the replica and the cause."""
 
-    def __init__(self, message: str, replica: int | None = None, cause: BaseException | str | None = None):
+    def __init__(self, message: str, replica: int | None = None, cause: BaseException | str | None = None,
+                 instruction: str | None = None):
         super().__init__(message)
         self.replica = replica
         self.cause = cause
+        self.instruction = instruction  # what the replica was running, e.g. "%y (custom-call)"
 
 
 class ExecutionTimeout(ReplicasError):
     """The job was still running (not deadlocked) when its timeout expired."""
 
     def __init__(self, message: str, report: Any = None) -> None:
-        super().__init__(message if report is None else f"{message}\n{report}")
+        super().__init__(_with_report(message, report))
         self.report = report
 
 

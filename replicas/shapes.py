@@ -46,6 +46,7 @@ class PrimitiveType(enum.Enum):
     F8E4M3FNUZ = "f8e4m3fnuz"
     F8E3M4 = "f8e3m4"
     F8E8M0FNU = "f8e8m0fnu"
+    F4E2M1FN = "f4e2m1fn"
     TOKEN = "token"
     TUPLE = "tuple"
 
@@ -66,7 +67,7 @@ class PrimitiveType(enum.Enum):
             return 8
         if self in (PrimitiveType.S2, PrimitiveType.U2):
             return 2
-        if self in (PrimitiveType.S4, PrimitiveType.U4):
+        if self in (PrimitiveType.S4, PrimitiveType.U4, PrimitiveType.F4E2M1FN):
             return 4
         return self.dtype.itemsize * 8
 
@@ -130,7 +131,7 @@ _DTYPES: dict[PrimitiveType, np.dtype] = {
 for _name, _ml in [("F8E5M2", "float8_e5m2"), ("F8E4M3", "float8_e4m3"), ("F8E4M3FN", "float8_e4m3fn"),
                    ("F8E4M3B11FNUZ", "float8_e4m3b11fnuz"), ("F8E5M2FNUZ", "float8_e5m2fnuz"),
                    ("F8E4M3FNUZ", "float8_e4m3fnuz"), ("F8E3M4", "float8_e3m4"),
-                   ("F8E8M0FNU", "float8_e8m0fnu")]:
+                   ("F8E8M0FNU", "float8_e8m0fnu"), ("F4E2M1FN", "float4_e2m1fn")]:
     if hasattr(ml_dtypes, _ml):
         _DTYPES[PrimitiveType[_name]] = np.dtype(getattr(ml_dtypes, _ml))
 _FROM_DTYPE = {dt: pt for pt, dt in _DTYPES.items()}

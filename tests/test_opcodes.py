@@ -46,3 +46,10 @@ def test_verifier_refuses_unsupported_opcodes_by_name(name):
     module = Module("m", {"main": comp}, entry="main")
     with pytest.raises(ProgramError, match=f"{name} is not supported"):
         verify(module)
+
+
+def test_shape_rule_lives_in_the_module_of_its_family():
+    from replicas.hlo.shape_inference.base import RULES
+
+    for name, rule in RULES.items():
+        assert rule.__module__ == f"replicas.hlo.shape_inference.{OPCODES[name].family}", name

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import replicas as rp
-from replicas.runtime.shm import MIN_BYTES, Inbox, Outbox, job_segments
+from replicas.runtime.shm import MIN_BYTES, Inbox, Outbox, job_segments, mapped_segments
 
 SIZE = 65536  # f32 elements per replica: 256 KiB, so collective pieces are >= MIN_BYTES
 
@@ -89,6 +89,10 @@ def test_collectives_through_shared_memory_equal_the_threads_backend_bitwise():
         sent.update(part)
     assert all(sent[r].get(d, 0) > 0 for r in range(4) for d in range(4) if d != r), sent
     assert job_segments(token) == []
+    # The pooled actors unmapped the job's arenas too (not only unlinked them).
+    mapped = ray.get([a.__ray_call__.remote(lambda host, t: mapped_segments(t), token)
+                      for a in job._backend._actors])
+    assert mapped == [0, 0, 0, 0]
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -143,14 +147,39 @@ def test_a_block_stays_held_while_any_view_of_the_received_array_lives():
     assert job_segments(token) == []
 
 
+def test_one_array_sent_to_several_peers_is_copied_once_and_freed_after_the_last():
+    token = "t" + np.random.default_rng().bytes(8).hex()
+    outbox, inbox = Outbox(token, 0, capacity=1 << 22), Inbox(token)
+    try:
+        x = np.arange(MIN_BYTES // 4, dtype=np.float32)
+        refs = [outbox.put(x, ("coll", 0, 1)) for _ in range(3)]
+        assert {r.offset for r in refs} == {refs[0].offset} and [r.slot for r in refs] == [0, 1, 2]
+        x_later = outbox.put(x, ("coll", 0, 2))  # another round: `x` may have changed in place
+        assert x_later.offset != refs[0].offset
+        inbox.array(x_later)  # received and dropped at once
+        views = [inbox.array(r) for r in refs]
+        del views[0]
+        del views[0]
+        gc.collect()
+        assert outbox.in_use() > 0  # the third receiver still reads it
+        assert outbox.put(x + 0).offset != refs[0].offset
+        del views[0]
+        gc.collect()
+        assert outbox.put(x + 0).offset == refs[0].offset
+    finally:
+        outbox.close()
+        inbox.close()
+
+
 def test_a_full_arena_declines_and_frees_what_it_placed():
     token = "t" + np.random.default_rng().bytes(8).hex()
     outbox = Outbox(token, 0, capacity=MIN_BYTES * 3)
     try:
-        x = np.ones(MIN_BYTES // 4, np.float32)
-        assert outbox.encode((x, x, x)) is None  # headers make three blocks one too many
+        x, y, z = (np.full(MIN_BYTES // 4, v, np.float32) for v in (1, 2, 3))
+        assert outbox.encode((x, y, z)) is None  # headers make three blocks one too many
         assert outbox.in_use() == 0
-        assert outbox.encode((x, x)) is not None
+        assert outbox.encode((x, y)) is not None
+        assert outbox.encode((x, x, x), ("coll", 0, 0)) is None  # `y` was placed last; no room for `x`
     finally:
         outbox.close()
 
@@ -188,9 +217,10 @@ def test_timeout_removes_the_jobs_segments():
 def test_a_killed_actor_leaves_no_segment_behind():
     import ray
 
-    with _launch_stuck() as job:
-        _past_the_collective(job)
-        ray.kill(job._backend._actors[1], no_restart=True)
-        with pytest.raises(rp.ReplicasError):
-            job.result(timeout=60)
+    job = _launch_stuck()
+    _past_the_collective(job)
+    ray.kill(job._backend._actors[1], no_restart=True)
+    with pytest.raises(rp.ReplicasError):
+        job.result(timeout=60)
+    # The dead actor's arena too: the surviving actor and the driver remove the job's segments.
     assert job_segments(job._backend._token) == []

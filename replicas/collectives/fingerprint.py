@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from replicas.diagnostics.report import MismatchReport
+from replicas.diagnostics.mismatch import mismatch_report
 from replicas.errors import CollectiveMismatchError
 from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
 from replicas.ops.recognize import binary_reducer
@@ -201,20 +201,9 @@ def mismatch_error(seq: int, me: int, own: Fingerprint, peer: int, theirs: tuple
                         for field, e, f in shown or differences)
     message = (f"collective #{seq}: replica {me} is in {own.describe()} but replica {peer} is in "
                f"{other_text}: {details}")
-    error = CollectiveMismatchError(message)
-    error.report = MismatchReport({
-        "collective": seq,
-        "replicas": [me, peer],
-        "instructions": {
-            str(me): {"computation": own.computation, "name": own.name, "opcode": own.opcode},
-            str(peer): _identity_dict(other),
-        },
-        "fields": [{"field": field, "expected": _jsonable(e), "found": _jsonable(f)}
-                   for field, e, f in differences],
-        "expected": own.as_dict(),
-        "found": _safe_dict(other),
-    })
-    return error
+    report = mismatch_report(seq, me, {"computation": own.computation, "name": own.name, "opcode": own.opcode},
+                             peer, _identity_dict(other), differences, own.as_dict(), _safe_dict(other))
+    return CollectiveMismatchError(message, report)
 
 
 def _identity_dict(fp: Fingerprint) -> dict[str, Any]:

@@ -54,11 +54,15 @@ class Collective:
         self.fingerprint = fingerprint
         self.fingerprint_dict = fingerprint.as_dict()
         self._topology: Topology | None = None
+        self._placement: Any = None
 
     def topology(self) -> Topology | None:
-        # Placement is known once the job connected its replicas, after binding: computed at first use.
-        if self._topology is None and self.index is not None:
-            self._topology = topology(self.group, self.index, self.fabric.placement)
+        # Placement is known once the job connected its replicas, after binding: computed at first use,
+        # again when a pooled interpreter runs in a job of another placement.
+        placement = self.fabric.placement
+        if self.index is not None and (self._topology is None or placement is not self._placement):
+            self._topology = topology(self.group, self.index, placement)
+            self._placement = placement
         return self._topology
 
     def exchange(self) -> Exchange:

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from replicas.diagnostics.report import mismatch_diff
-from replicas.errors import CollectiveMismatchError, ProgramError, ReplicasError
+from replicas.errors import ProgramError, ReplicasError
 from replicas.hlo.ir import Module
 from replicas.records import HOST
 from replicas.runtime import keys
@@ -20,7 +19,7 @@ from replicas.runtime import keys
 
 def check(module: Module, args: Sequence[Any] | None = None, num_replicas: int = 2, *,
           timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None,
-          strict: bool = True) -> ReplicasError | None:
+          strict: bool = True, **options: Any) -> ReplicasError | None:
     """Run `module` on `num_replicas` threads; None if it completes cleanly, else the error it raised
     (DeadlockError, CollectiveMismatchError, ProgramError, ReplicaFailure, ExecutionTimeout),
     with the same report `rp.run` gives, or a ProgramError naming the messages nobody received.
@@ -30,7 +29,8 @@ def check(module: Module, args: Sequence[Any] | None = None, num_replicas: int =
     if args is None:
         args = zero_arguments(module)
     try:
-        job = launch(module, args, num_replicas, timeout=timeout, infeed=infeed, strict=strict, backend="threads")
+        job = launch(module, args, num_replicas, timeout=timeout, infeed=infeed, strict=strict, backend="threads",
+                     **options)  # trace, record_every_instruction, progress: as rp.run takes them
         job._host_may_send = False  # noqa: SLF001 - as in rp.run: nothing is fed beyond `infeed`
         with job:
             job.result()
@@ -85,8 +85,5 @@ def zero_arguments(module: Module) -> list[Any]:
 
 
 def describe(problem: ReplicasError) -> str:
-    """The text `replicas check` prints: the error, and for a mismatch the differing fields as a diff."""
-    text = f"{type(problem).__name__}: {problem}"
-    if isinstance(problem, CollectiveMismatchError) and isinstance(problem.report, dict):
-        text += "\n" + mismatch_diff(problem.report)
-    return text
+    """The text `replicas check` prints: the error with its report, as `replicas run` prints it."""
+    return f"{type(problem).__name__}: {problem}"

@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from replicas.diagnostics.report import Edge, MismatchReport, Report, find_cycles
+from replicas.diagnostics.mismatch import mismatch_report
+from replicas.diagnostics.progress import host_waits
+from replicas.diagnostics.report import Edge, Report, find_cycles, replicas_text, where
 from replicas.errors import CollectiveMismatchError, DeadlockError, ReplicasError
 from replicas.records import HOST, BlockInfo, ReplicaState
 
@@ -84,22 +86,12 @@ def with_derived_waits(states: list[ReplicaState]) -> list[ReplicaState]:
     return out
 
 
-def _replicas(reps: list[int] | set[int]) -> str:
-    reps = sorted(reps)
-    return f"replica {reps[0]}" if len(reps) == 1 else f"replicas {reps}"
+_replicas = replicas_text
+_where = where
 
 
 def _coll(b: BlockInfo) -> str:
     return f"{b.opcode} #{b.seq} (%{b.instruction})"
-
-
-def _where(b: BlockInfo) -> str:
-    text = f"%{b.instruction} ({b.opcode}"
-    if b.kind == "collective" and b.seq is not None:
-        text += f" #{b.seq}"
-    if b.channel_id is not None:
-        text += f", channel {b.channel_id}"
-    return text + ")"
 
 
 def passed(b: BlockInfo, target: ReplicaState) -> bool:
@@ -162,16 +154,17 @@ def explain(states: list[ReplicaState]) -> Report:
             else:
                 lines.append(f"{_replicas(reps)} finished {b.opcode} #{done - 1} but did not join #{b.seq} "
                              f"(%{b.instruction})")
+    lines.extend(_host_findings(states))
     lines.extend(point_to_point)
     lines.extend(_lagging_summary(states))
     cycles = find_cycles([e for e in edges if e.target != HOST])
-    edges = _relevant(edges, cycles, by_id)
     return Report("deadlock: every unfinished replica is blocked and no message is in flight",
-                  states, edges, cycles, list(dict.fromkeys(lines)), mismatches=mismatches)
+                  states, _relevant(edges, cycles, by_id), cycles, list(dict.fromkeys(lines)), mismatches=mismatches,
+                  graph=edges)
 
 
 def _peers(waits_for: tuple[int, ...]) -> str:
-    return ", ".join("the host" if r == HOST else f"replica {r}" for r in waits_for) or "nothing"
+    return replicas_text(waits_for) if waits_for else "nothing"
 
 
 def _point_to_point(s: ReplicaState, b: BlockInfo, by_id: dict[int, ReplicaState]) -> list[str]:
@@ -179,8 +172,7 @@ def _point_to_point(s: ReplicaState, b: BlockInfo, by_id: dict[int, ReplicaState
     what = {"recv-done": "data", "send-done": "its matching recv"}.get(b.kind, "a message")
     for t in b.waits_for:
         if t == HOST:
-            lines.append(f"replica {s.replica} waits in {_where(b)} for the host, which has nothing more to give")
-            continue
+            continue  # grouped by _host_findings
         ts = by_id.get(t)
         if ts is None:
             continue
@@ -194,6 +186,11 @@ def _point_to_point(s: ReplicaState, b: BlockInfo, by_id: dict[int, ReplicaState
             lines.append(f"replica {s.replica} waits in {_where(b)} for {what} from replica {t}, "
                          f"which is blocked in {_where(ts.block)}")
     return lines
+
+
+def _host_findings(states: list[ReplicaState]) -> list[str]:
+    """`replicas [1, 2, 3] wait in %in (infeed) for the host, which has nothing more to give`."""
+    return [f"{line}, which has nothing more to give" for line in host_waits(states)]
 
 
 def _lagging_summary(states: list[ReplicaState]) -> list[str]:
@@ -241,29 +238,23 @@ def _mismatch_from_history(report: Report, waiter: int, target: int) -> Collecti
         their_wire = _wire(theirs["fingerprint"], FIELDS)
         differences = diff(own, their_wire) or [("instruction", own.wire[-1], their_wire[-1])]
         error = mismatch_error(b.seq, waiter, own, target, their_wire, differences)
+        error.report.deadlock = report
         status = by_id[target].status
         moved = "finished" if status == "finished" else f"moved on to {_where(by_id[target].block)}" \
             if by_id[target].block is not None else status
-        message = (f"{error.args[0]} (replica {target} completed its collective #{b.seq} without replica "
+        headline = str(error.args[0]).split("\n", 1)[0]
+        message = (f"{headline} (replica {target} completed its collective #{b.seq} without replica "
                    f"{waiter} and {moved}; replica {waiter} waits in {_where(b)})")
     else:
         their_name = f"%{theirs['instruction']} ({theirs['opcode']})" if theirs else "another collective"
         message = (f"collective #{b.seq}: replica {waiter} is in {_where(b)} with group "
                    f"{list(b.group or ())} but replica {target} executed its collective #{b.seq} as "
                    f"{their_name} without it")
-        error = CollectiveMismatchError(message)
         their_identity = {"name": theirs.get("instruction"), "opcode": theirs.get("opcode")} if theirs else {}
-        error.report = MismatchReport({
-            "collective": b.seq,
-            "replicas": [waiter, target],
-            "instructions": {str(waiter): {"computation": b.computation, "name": b.instruction, "opcode": b.opcode},
-                             str(target): their_identity},
-            "fields": [], "expected": own_fp, "found": None, "deadlock": report.to_dict()})
-        return error
-    out = CollectiveMismatchError(message)
-    out.report = MismatchReport(error.report)
-    out.report["deadlock"] = report.to_dict()
-    return out
+        mine = {"computation": b.computation, "name": b.instruction, "opcode": b.opcode}
+        return CollectiveMismatchError(message, mismatch_report(b.seq, waiter, mine, target, their_identity, [],
+                                                                own_fp, None, deadlock=report))
+    return CollectiveMismatchError(message, error.report)
 
 
 def _wire(fingerprint: dict[str, Any], fields: tuple[str, ...]) -> tuple:

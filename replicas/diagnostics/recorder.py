@@ -1,4 +1,6 @@
-"""The flight recorder: a bounded ring of what a replica did (collectives, channels, feeds)."""
+"""The flight recorder: a bounded ring of what a replica did (collectives, channels, feeds, and
+with `every_instruction` every local op). A ring that overflowed says so: `events()` then starts
+with a `{"kind": "truncated", "dropped": n, "capacity": c}` record."""
 
 from __future__ import annotations
 
@@ -6,13 +8,17 @@ import time
 from collections import deque
 from typing import Any
 
+DEFAULT_CAPACITY = 4096  # events kept per replica (`trace_events=` / `--trace-events`)
+
 
 class FlightRecorder:
     """Records events with start/end times. `every_instruction` also records local ops."""
 
-    def __init__(self, replica: int, capacity: int = 4096, every_instruction: bool = False) -> None:
+    def __init__(self, replica: int, capacity: int = DEFAULT_CAPACITY, every_instruction: bool = False) -> None:
         self.replica = replica
+        self.capacity = capacity
         self.every_instruction = every_instruction
+        self.recorded = 0  # every event begun, kept or since dropped
         self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
         # Times are microseconds on the wall clock (so replicas in different processes line up),
         # advanced by the monotonic clock (so durations are exact).
@@ -23,6 +29,7 @@ class FlightRecorder:
         event = {"kind": kind, "instruction": instruction, "opcode": opcode,
                  "replica": self.replica, "start_us": self._now_us(), "end_us": None, **info}
         self._events.append(event)
+        self.recorded += 1
         return event
 
     def end(self, event: dict[str, Any], **info: Any) -> None:
@@ -35,4 +42,14 @@ class FlightRecorder:
 
     def events(self, last: int | None = None) -> list[dict[str, Any]]:
         events = list(self._events)
-        return events[-last:] if last else events
+        if last:
+            return events[-last:]
+        dropped = self.recorded - len(events)
+        if dropped > 0:
+            events.insert(0, truncated(self.replica, dropped, self.capacity))
+        return events
+
+
+def truncated(replica: int, dropped: int, capacity: int) -> dict[str, Any]:
+    return {"kind": "truncated", "replica": replica, "dropped": dropped, "capacity": capacity,
+            "instruction": None, "opcode": None, "start_us": None, "end_us": None}

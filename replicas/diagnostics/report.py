@@ -3,32 +3,63 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from replicas.records import HOST, ReplicaState
+from replicas.records import HOST, BlockInfo, ReplicaState
 
 
 def _who(r: int) -> str:
     return "the host" if r == HOST else f"replica {r}"
 
 
+def replica_ranges(replicas: Iterable[int]) -> str:
+    """`[1, 2, 3]` for a few replicas, `0-1022, 1024` once runs make it shorter."""
+    ids = sorted(set(replicas))
+    runs: list[tuple[int, int]] = []
+    for r in ids:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], r)
+        else:
+            runs.append((r, r))
+    if len(ids) <= 4 or all(a == b for a, b in runs):
+        return "[" + ", ".join(map(str, ids)) + "]"
+    return ", ".join(str(a) if a == b else f"{a}-{b}" if b > a + 1 else f"{a}, {b}" for a, b in runs)
+
+
+def replicas_text(replicas: Iterable[int]) -> str:
+    """`replica 3`, `replicas [1, 2, 3]`, `replicas 0-1022` (the host as `the host`)."""
+    ids = sorted(set(replicas))
+    if ids == [HOST]:
+        return "the host"
+    host = " and the host" if HOST in ids else ""
+    ids = [r for r in ids if r != HOST]
+    return (f"replica {ids[0]}" if len(ids) == 1 else f"replicas {replica_ranges(ids)}") + host
+
+
+def where(b: BlockInfo) -> str:
+    """`%r (all-reduce #0)`, `%got (recv-done, channel 3)`, `%in (infeed)`."""
+    text = f"%{b.instruction} ({b.opcode}"
+    if b.kind == "collective" and b.seq is not None:
+        text += f" #{b.seq}"
+    if b.channel_id is not None:
+        text += f", channel {b.channel_id}"
+    return text + ")"
+
+
 def _where(s: ReplicaState) -> str:
     b = s.block
     if b is None:
         return s.instruction or s.status
-    what = f"%{b.instruction} ({b.opcode}"
-    if b.kind == "collective" and b.seq is not None:
-        what += f" #{b.seq}"
-    if b.channel_id is not None:
-        what += f", channel {b.channel_id}"
-    what += ")"
-    if b.computation:
-        what += f" in {b.computation}"
-    return what
+    return where(b) + (f" in {b.computation}" if b.computation else "")
 
 
 EVENTS_SHOWN = 5  # per replica in str(report); to_dict() has every event the report keeps
+GROUPS_SHOWN = 16  # replica groups in str(report)
+EDGE_LINES_SHOWN = 12  # wait-for lines in str(report)
+FINDINGS_SHOWN = 12
+TAILS_SHOWN = 3  # replicas whose event tails str(report) shows: those the diagnosis names
 
 
 def _event_text(ev: dict[str, Any]) -> str:
@@ -64,6 +95,8 @@ class Report:
     events: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # flight recorder tails
     # (waiter, target): the target already ran the waiter's collective number elsewhere (a mismatch)
     mismatches: list[tuple[int, int]] = field(default_factory=list)
+    # Every wait-for edge (`edges` keeps those that explain the deadlock); empty: the same as `edges`.
+    graph: list[Edge] = field(default_factory=list)
 
     @property
     def blocked(self) -> list[int]:
@@ -74,6 +107,7 @@ class Report:
             "title": self.title,
             "replicas": [s.to_dict() for s in self.states],
             "wait_for": [e.to_dict() for e in self.edges],
+            "wait_for_all": [e.to_dict() for e in self.graph or self.edges],
             "cycles": self.cycles,
             "findings": self.lines,
             "events": {str(k): v for k, v in self.events.items()},
@@ -82,9 +116,11 @@ class Report:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
 
-    def to_dot(self) -> str:
+    def to_dot(self, full: bool = False) -> str:
+        """Graphviz of the edges that explain the deadlock (cycles in red); `full=True`: every edge."""
+        edges = (self.graph or self.edges) if full else self.edges
         out = ["digraph wait_for {", "  rankdir=LR;"]
-        involved = {e.waiter for e in self.edges} | {e.target for e in self.edges}
+        involved = {e.waiter for e in edges} | {e.target for e in edges}
         by_id = {s.replica: s for s in self.states}
         for r in sorted(involved):
             s = by_id.get(r)
@@ -92,7 +128,7 @@ class Report:
             style = ' style=dashed' if s is not None and s.status in ("finished", "failed") else ""
             out.append(f'  r{r if r >= 0 else "host"} [label="{label}"{style}];')
         in_cycle = {(c[i], c[(i + 1) % len(c)]) for c in self.cycles for i in range(len(c))}
-        for e in self.edges:
+        for e in edges:
             attrs = f'label="needs {e.needs}: %{e.instruction}"'
             if (e.waiter, e.target) in in_cycle:
                 attrs += " color=red"
@@ -104,72 +140,113 @@ class Report:
         return "\n".join(out)
 
     def __str__(self) -> str:
+        """Fits a terminal at any N: replicas in the same situation share a line, ranges are
+        compressed, the wait-for graph is summarized, event tails only for the replicas named."""
         out = [self.title]
-        out.extend(f"  {line}" for line in self.lines)
+        out.extend(f"  {line}" for line in _capped(self.lines, FINDINGS_SHOWN, "findings (report.lines)"))
         out.append("replicas:")
-        for s in self.states:
-            state = s.status
-            if s.block is not None:
-                b = s.block
-                waits = ", ".join(_who(r) for r in b.waits_for) or "nothing"
-                need = "all of" if b.needs == "all" and len(b.waits_for) > 1 else ""
-                state = f"blocked in {_where(s)} waiting for {need + ' ' if need else ''}{waits}"
-                if b.group is not None:
-                    state += f" (group {list(b.group)})"
-            elif s.status == "running" and s.instruction:
-                state = f"running {s.instruction}"
-            elif s.status == "failed" and s.error:
-                state = f"failed: {s.error}"
-            out.append(f"  replica {s.replica}: {state}")
+        groups = _state_groups(self.states)
+        shown = [f"{replicas_text(ids)}: {text}" for ids, text in groups]
+        out.extend(f"  {line}" for line in _capped(shown, GROUPS_SHOWN, "groups (report.to_dict() has every replica)"))
         if self.edges:
-            out.append("wait-for graph (waiter -> needed):")
-            for e in self.edges:
-                out.append(f"  {_who(e.waiter)} -> {_who(e.target)}  [{e.needs}] in %{e.instruction}")
+            out.append("wait-for graph (waiter -> needed" + (f"; {len(self.edges)} of {len(self.graph)} edges "
+                       "explain it, to_dot(full=True) draws all" if len(self.graph) > len(self.edges) else "")
+                       + "):")
+            out.extend(f"  {line}" for line in _capped(_edge_lines(self.edges), EDGE_LINES_SHOWN,
+                                                          "edge lines (report.edges)"))
         for c in self.cycles:
-            out.append("cycle: " + " -> ".join(str(r) for r in c + c[:1]))
-        starts = [ev.get("start_us", 0) for evs in self.events.values() for ev in evs]
+            members = c + c[:1]
+            text = " -> ".join(map(str, members)) if len(members) <= 13 else \
+                " -> ".join(map(str, members[:6])) + f" -> ... -> {' -> '.join(map(str, members[-6:]))}"
+            out.append(f"cycle: {text}" + (f" ({len(c)} replicas)" if len(members) > 13 else ""))
+        tails = {r: self.events[r] for r in self._named_replicas() if r in self.events}
+        starts = [ev.get("start_us", 0) for evs in tails.values() for ev in evs[-EVENTS_SHOWN:]]
         if starts:
             base = min(starts)
-            out.append("last events (ms since the first shown):")
-            for r, evs in sorted(self.events.items()):
+            named = "" if len(tails) == len(self.events) else " of " + replicas_text(tails)
+            out.append(f"last events{named} (ms since the first shown):")
+            for r, evs in sorted(tails.items()):
                 for ev in evs[-EVENTS_SHOWN:]:
                     end = "not finished" if ev.get("end_us") is None else f"{(ev['end_us'] - base) / 1000:.3f}"
                     out.append(f"  replica {r}: {_event_text(ev)}  {(ev.get('start_us', 0) - base) / 1000:.3f}"
                                f" .. {end}")
         return "\n".join(out)
 
+    def _named_replicas(self) -> list[int]:
+        """The replicas the diagnosis is about: those waited for, then one waiter; every one when few."""
+        if len(self.events) <= TAILS_SHOWN:
+            return sorted(self.events)
+        named: list[int] = []
+        for c in self.cycles:
+            named.extend(c)
+        named.extend(e.target for e in self.edges if e.target != HOST)
+        named.extend(r for pair in self.mismatches for r in pair)
+        named.extend(s.replica for s in self.states if s.status == "failed")
+        named.extend(self.blocked[:1])  # one waiter shows what the others wait in
+        return sorted(list(dict.fromkeys(named))[:TAILS_SHOWN])
 
-class MismatchReport(dict):
-    """The report of a CollectiveMismatchError: a JSON-able dict (collective, replicas, instructions,
-    fields [{field, expected, found}], expected, found fingerprints) whose `str` is the diff."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self, indent=2, default=str)
-
-    def __str__(self) -> str:
-        return mismatch_diff(self)
+def _capped(lines: list[str], limit: int, what: str) -> list[str]:
+    if len(lines) <= limit:
+        return lines
+    return lines[:limit - 1] + [f"... {len(lines) - limit + 1} more {what}"]
 
 
-def mismatch_diff(report: dict[str, Any]) -> str:
-    """`- replica 0 %ar_a: shapes = [[4]]` / `+ replica 1 %ar_b: shapes = [[2]]`, one pair per field."""
-    replicas = report.get("replicas") or []
-    if len(replicas) != 2:
-        return json.dumps(report, default=str)
-    expected_by, found_by = replicas
-    names = report.get("instructions") or {}
+def _state_text(s: ReplicaState, waits: str | None) -> str:
+    b = s.block
+    if s.status == "blocked" and b is not None:
+        text = f"blocked in {_where(s)}"
+        if waits is not None:
+            text += f" waiting for {waits}"
+        if b.group is not None:
+            text += f" (group {replica_ranges(b.group)})"
+        return text
+    if s.status == "running" and s.instruction:
+        return f"running {s.instruction}"
+    if s.status == "failed" and s.error:
+        return f"failed: {s.error}"
+    return s.status
 
-    def who(r: int) -> str:
-        name = (names.get(str(r)) or {}).get("name")
-        return f"replica {r}" + (f" %{name}" if name else "")
 
-    lines = [f"collective #{report.get('collective')}: expected ({who(expected_by)}) vs found ({who(found_by)})"]
-    for f in report.get("fields") or []:
-        lines.append(f"- {who(expected_by)}: {f['field']} = {f['expected']}")
-        lines.append(f"+ {who(found_by)}: {f['field']} = {f['found']}")
-    return "\n".join(lines)
+def _waits_text(b: BlockInfo) -> str:
+    if not b.waits_for:
+        return "nothing"
+    need = "all of " if b.needs == "all" and len(b.waits_for) > 1 else ""
+    return need + replicas_text(b.waits_for)
+
+
+def _state_groups(states: list[ReplicaState]) -> list[tuple[list[int], str]]:
+    """Replicas in the same situation, one group each, in order of their first replica. Replicas
+    blocked in the same place but waiting for different peers (a ring of recvs) share one group
+    once they would make more than 3 lines."""
+    by_place: dict[str, dict[str, list[int]]] = {}
+    for s in states:
+        waits = _waits_text(s.block) if s.status == "blocked" and s.block is not None else ""
+        by_place.setdefault(_state_text(s, None), {}).setdefault(waits, []).append(s.replica)
+    groups: list[tuple[list[int], str]] = []
+    for place, by_waits in by_place.items():
+        if len(by_waits) > 3:
+            ids = sorted(r for reps in by_waits.values() for r in reps)
+            groups.append((ids, place.replace(" (group", " each waiting for its own peers (group", 1)
+                           if "(group" in place else place + " each waiting for its own peers"))
+            continue
+        for waits, ids in by_waits.items():
+            text = place if not waits else place.replace(" (group", f" waiting for {waits} (group", 1) \
+                if "(group" in place else f"{place} waiting for {waits}"
+            groups.append((ids, text))
+    return sorted(groups, key=lambda g: g[0][0])
+
+
+def _edge_lines(edges: list[Edge]) -> list[str]:
+    """`replicas 0-1022 -> replica 1023  [all] in %r`: waiters with the same targets share a line."""
+    targets: dict[tuple[int, str, str], list[int]] = {}
+    for e in edges:
+        targets.setdefault((e.waiter, e.needs, e.instruction), []).append(e.target)
+    lines: dict[tuple[tuple[int, ...], str, str], list[int]] = {}
+    for (waiter, needs, instruction), ts in targets.items():
+        lines.setdefault((tuple(sorted(ts)), needs, instruction), []).append(waiter)
+    return [f"{replicas_text(waiters)} -> {replicas_text(ts)}  [{needs}] in %{instruction}"
+            for (ts, needs, instruction), waiters in lines.items()]
 
 
 def find_cycles(edges: list[Edge]) -> list[list[int]]:

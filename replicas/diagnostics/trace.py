@@ -35,7 +35,7 @@ def trace_events(events: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]
     for r, evs in events.items():
         for ev in evs:
             start = ev.get("start_us")
-            if start is None:
+            if start is None:  # a "truncated" record, or an event never begun
                 continue
             end = ev.get("end_us")
             args = {k: _jsonable(v) for k, v in ev.items() if k not in ("start_us", "end_us", "fingerprint")}
@@ -116,6 +116,34 @@ def _jsonable(v: Any) -> Any:
     return str(v)
 
 
-def write_trace(path: str | Path, events: dict[int, list[dict[str, Any]]]) -> None:
-    """Write a Chrome trace-event JSON file (open it in https://ui.perfetto.dev)."""
-    Path(path).write_text(json.dumps({"traceEvents": trace_events(events), "displayTimeUnit": "ms"}))
+def truncation(events: dict[int, list[dict[str, Any]]]) -> dict[int, int]:
+    """Replica -> how many of its earliest events its flight recorder dropped (ring full)."""
+    return {r: evs[0]["dropped"] for r, evs in events.items() if evs and evs[0].get("kind") == "truncated"}
+
+
+def write_trace(path: str | Path, events: dict[int, list[dict[str, Any]]]) -> str | None:
+    """Write a Chrome trace-event JSON file (open it in https://ui.perfetto.dev). A truncated trace
+    says so in the file (`otherData`, and a marker at the start of each truncated replica's track);
+    the returned note says so too (None when nothing was dropped)."""
+    dropped = truncation(events)
+    trace: dict[str, Any] = {"traceEvents": trace_events(events), "displayTimeUnit": "ms"}
+    if dropped:
+        capacity = next(evs[0]["capacity"] for evs in events.values() if evs and evs[0].get("kind") == "truncated")
+        trace["otherData"] = {"truncated": True, "events_kept_per_replica": capacity,
+                              "dropped_events": {str(r): n for r, n in sorted(dropped.items())},
+                              "note": truncation_note(dropped, capacity)}
+        for r, n in dropped.items():
+            first = min((ev["start_us"] for ev in events[r] if ev.get("start_us") is not None), default=None)
+            starts = [ev["start_us"] for evs in events.values() for ev in evs if ev.get("start_us") is not None]
+            ts = (first - min(starts)) if first is not None else 0
+            trace["traceEvents"].append({"ph": "i", "s": "t", "name": f"trace truncated: {n} earlier events dropped",
+                                         "pid": _PID, "tid": r, "ts": ts, "cat": "truncated"})
+    Path(path).write_text(json.dumps(trace))
+    return trace["otherData"]["note"] if dropped else None
+
+
+def truncation_note(dropped: dict[int, int], capacity: int) -> str:
+    from replicas.diagnostics.report import replicas_text
+
+    return (f"truncated: {replicas_text(dropped)} recorded more than {capacity} events; the trace keeps the last "
+            f"{capacity} of each (raise trace_events= / --trace-events)")

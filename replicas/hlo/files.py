@@ -35,8 +35,9 @@ def _as_path(path: str | os.PathLike[str]) -> Path:
     return Path(path)
 
 
-def load(path: str | os.PathLike[str]) -> Module:
-    """The module stored at `path` (`.msgpack` binary, or `.hlo` / `.txt` HLO text)."""
+def load(path: str | os.PathLike[str], *, elided: str = "error") -> Module:
+    """The module stored at `path` (`.msgpack` binary, or `.hlo` / `.txt` HLO text); `elided` is
+    `parse_hlo`'s choice for constants printed as `{...}`."""
     path = _as_path(path)
     kind = _format_of(path)
     try:
@@ -62,7 +63,7 @@ def load(path: str | os.PathLike[str]) -> Module:
     from replicas.hlo.text import parse_hlo
 
     try:
-        return parse_hlo(text)
+        return parse_hlo(text, elided=elided)  # type: ignore[arg-type]
     except ProgramError as e:
         raise _naming_path(e, path) from None
 

@@ -14,6 +14,10 @@ instructions may not (XLA always prints definitions first).
 from __future__ import annotations
 
 import re
+import zlib
+from typing import Any, Literal
+
+import numpy as np
 
 from replicas.errors import ProgramError
 from replicas.hlo import attributes
@@ -40,9 +44,14 @@ _INT_HEADER_ATTRS = frozenset({"replica_count", "num_partitions"})
 _COMPUTATION_VALUED = frozenset(COMPUTATION_ATTRS)
 
 
+ElidedPolicy = Literal["error", "zeros", "random"]
+ELIDED_POLICIES: tuple[str, ...] = ("error", "zeros", "random")
+
+
 class HloParser:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, elided: ElidedPolicy = "error") -> None:
         self.s = Scanner(text)
+        self.elided = elided
         self._shapes: dict[str, Shape] = {}
         # (computation name, position of the attribute value) for references resolved at the end.
         self._computation_refs: list[tuple[str, int]] = []
@@ -50,11 +59,13 @@ class HloParser:
     # -- module ----------------------------------------------------------------------------------
     def module(self) -> Module:
         s = self.s
-        if s.try_name() != "HloModule":
-            raise s.error("expected 'HloModule'")
-        s.name(sigil=False)
-        module = Module(s.name("a module name"))
-        while s.accept(","):
+        has_header = s.try_name() == "HloModule"
+        if has_header:
+            s.name(sigil=False)
+            module = Module(s.name("a module name"))
+        else:  # bare computations, as XLA's test files hold them
+            module = Module("module")
+        while has_header and s.accept(","):
             key = s.name("a module attribute name", sigil=False)
             s.expect("=")
             value_pos = s.pos
@@ -223,10 +234,25 @@ class HloParser:
         s.skip()
         pos = s.pos
         span = s.balanced()
+        if span[1:-1].strip() in ("{...}", "..."):
+            inst.attrs["literal"] = self._elided_literal(inst, pos)
+            return
         try:
             inst.attrs["literal"] = parse_literal(span[1:-1], inst.shape)
         except ValueError as e:
             raise s.error(f"bad literal for constant %{inst.name} of shape {inst.shape}: {e}", pos) from None
+
+    def _elided_literal(self, inst: Instruction, pos: int) -> Any:
+        """A constant XLA printed as `{...}` (its default for large literals): refused, or
+        arbitrary values as XLA's parser gives them, when the caller asked for that."""
+        if self.elided == "zeros":
+            return elided_values(inst.shape, None)
+        if self.elided == "random":
+            return elided_values(inst.shape, np.random.default_rng(zlib.crc32(inst.name.encode())))
+        raise self.s.error(f"constant %{inst.name} of shape {inst.shape} was elided as {{...}}: parse with "
+                           "elided='zeros' or elided='random' (CLI: --elided zeros|random) to run it with "
+                           "arbitrary values, or dump the module with its constants "
+                           "(XLA_FLAGS=--xla_dump_large_constants)", pos)
 
     def _operands(self, comp: Computation) -> list[str]:
         s = self.s
@@ -387,8 +413,28 @@ def _after_skip(s: Scanner) -> int:
     return s.pos
 
 
-def parse_module(text: str) -> Module:
-    parser = HloParser(text)
+def elided_values(shape: Shape, rng: np.random.Generator | None) -> Any:
+    """Values for an elided constant of `shape`: zeros, or small random values (floats in [-1, 1),
+    integers in [0, 8), so that index-like constants stay in bounds of most shapes)."""
+    if shape.is_tuple:
+        return tuple(elided_values(s, rng) for s in shape.tuple_shapes)
+    if rng is None:
+        return np.zeros(shape.dimensions, shape.dtype)
+    et = shape.element_type
+    if et.is_floating or et.is_complex:
+        values: np.ndarray = rng.uniform(-1, 1, size=shape.dimensions)
+    elif et.is_integral:
+        values = rng.integers(0, min(8, 1 << (et.bit_width - 1)), size=shape.dimensions)
+    else:
+        values = rng.integers(0, 2, size=shape.dimensions)
+    with np.errstate(all="ignore"):
+        return np.asarray(values).astype(shape.dtype)
+
+
+def parse_module(text: str, *, elided: ElidedPolicy = "error") -> Module:
+    if elided not in ELIDED_POLICIES:
+        raise ProgramError(f"elided must be one of {', '.join(ELIDED_POLICIES)}, got {elided!r}")
+    parser = HloParser(text, elided)
     try:
         return parser.module()
     except ProgramError:

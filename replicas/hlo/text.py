@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
-from replicas.hlo.parser import parse_module
+from replicas.hlo.parser import ElidedPolicy, parse_module
 from replicas.hlo.printer import print_module
 
 
-def parse_hlo(text: str, *, verify: bool = True) -> Module:
-    """Parse HLO module text (`HloModule name, ...` followed by computations).
+def parse_hlo(text: str, *, verify: bool = True, elided: ElidedPolicy = "error") -> Module:
+    """Parse HLO module text (`HloModule name, ...` followed by computations; without the
+    `HloModule` line the `ENTRY` computation, else the last one, is the entry, as in XLA).
 
     With `verify` (the default) the module is also checked as a whole: shapes agree with shape
-    inference, called computations exist, channel ordering holds (`replicas.hlo.verify`)."""
+    inference, called computations exist, channel ordering holds (`replicas.hlo.verify`).
+    `elided` says what a constant XLA printed as `{...}` becomes: "error" (the default) refuses
+    it, "zeros" or "random" (fixed per instruction name) fill it, as XLA's parser does."""
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8")
@@ -27,7 +30,7 @@ def parse_hlo(text: str, *, verify: bool = True) -> Module:
             raise ProgramError(f"HLO text is not UTF-8: {e}") from None
     if not isinstance(text, str):
         raise ProgramError(f"parse_hlo expects a str, got {type(text).__name__}")
-    module = parse_module(text)
+    module = parse_module(text, elided=elided)
     if verify:
         from replicas.hlo.verify import verify as verify_module
 

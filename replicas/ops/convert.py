@@ -75,7 +75,7 @@ def _converter(inst: Instruction, src: PrimitiveType, dst: PrimitiveType) -> Com
         # Integers wrap: through 8 bits, whose wrap-around includes the sub-byte one.
         wide = SUB_BYTE_WIDE[dst].dtype
         return lambda x: x.astype(wide).astype(dst_dtype)
-    if real is PrimitiveType.F64 and dst.is_floating and dst.bit_width == 8:
+    if real is PrimitiveType.F64 and dst.is_floating and dst.bit_width <= 8:
         if real_part:
             return lambda x: _f64_to_f8(x.real, dst_dtype)
         return lambda x: _f64_to_f8(x, dst_dtype)

@@ -22,7 +22,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Instruction
-from replicas.hlo.shape_inference.linalg import parse_dim_labels as parse_conv_dim_labels
+from replicas.hlo.shape_inference.convolution import parse_dim_labels as parse_conv_dim_labels
 from replicas.ops.registry import KernelContext, kernel
 
 

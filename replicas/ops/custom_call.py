@@ -90,6 +90,10 @@ def make_custom_call(inst: Instruction, ctx: KernelContext) -> Callable[..., Any
     if builtin is not None:
         return builtin(inst, ctx)
     fn = _CUSTOM_CALLS.get(target)
+    if fn is None and target.startswith("xla.sdy."):
+        raise inst.error(f"custom-call {target!r} is a marker of JAX's lowered SPMD modules: rp.run, rp.launch "
+                         "and rp.check partition such modules (replicas.jax.partition_spmd_markers), and "
+                         "rp.jax.run runs JAX functions directly")
     if fn is None:
         known = ", ".join(sorted(_CUSTOM_CALLS)) or "none registered"
         raise inst.error(f"unknown custom-call target {target!r} (known: {known}); register it with "
@@ -97,7 +101,11 @@ def make_custom_call(inst: Instruction, ctx: KernelContext) -> Callable[..., Any
     result_shape = inst.shape
 
     def custom_call(*args: Any) -> Any:
-        return _check_result(inst, target, result_shape, fn(*args))
+        # Looked up on every call: a pooled interpreter must call what is registered now.
+        current = _CUSTOM_CALLS.get(target)
+        if current is None:
+            raise inst.error(f"custom-call target {target!r} is no longer registered")
+        return _check_result(inst, target, result_shape, current(*args))
 
     return custom_call
 

@@ -5,11 +5,22 @@ step). Slots are reused once their value is dead, so peak memory follows the liv
 is program order, which is a valid topological order (operands are defined before use) and keeps
 side-effecting ops (collectives, channels, feeds) in the order the program wrote them.
 Instructions that are neither needed by the root nor side-effecting are dropped.
+
+Compiling is done once per module content: `compile_module` keeps the last executables by a
+fingerprint of the module's content (`module_fingerprint`), so running the same program again
+(the same object or an equal one) skips verifying and scheduling. Interpreters bound to an
+executable are pooled per process the same way (`replicas.runtime.interpreter.checkout`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
@@ -37,6 +48,8 @@ class Schedule:
 class Executable:
     module: Module
     schedules: dict[str, Schedule]
+    # The module's content fingerprint when it was compiled (the key of every per-module cache).
+    fingerprint: bytes = field(default=b"", compare=False)
 
     @property
     def entry(self) -> Schedule:
@@ -54,14 +67,118 @@ class Executable:
 
         return compile_module(module_from_bytes(data), verified=True)
 
+    def bytes(self) -> bytes:
+        """`to_bytes()`, serialized once per executable (it travels to every actor on every run)."""
+        data = _SERIALIZED.get(self.fingerprint) if self.fingerprint else None
+        if data is None:
+            data = self.to_bytes()
+            if self.fingerprint:
+                with _COMPILED_LOCK:
+                    _SERIALIZED[self.fingerprint] = data
+                    while len(_SERIALIZED) > _COMPILED_SIZE:
+                        _SERIALIZED.popitem(last=False)
+        return data
+
+
+_SERIALIZED: OrderedDict[bytes, bytes] = OrderedDict()
+
+
+# fingerprint -> (executable, the replica counts it was verified for): the last few programs.
+_COMPILED: OrderedDict[bytes, tuple[Executable, set[int | None]]] = OrderedDict()
+_COMPILED_SIZE = 16
+_COMPILED_LOCK = threading.Lock()
+
 
 def compile_module(module: Module, *, verified: bool = False, num_replicas: int | None = None) -> Executable:
+    """The module verified (unless `verified`) and scheduled: once per module content."""
+    key = module_fingerprint(module)
+    with _COMPILED_LOCK:
+        entry = _COMPILED.get(key)
+        if entry is not None:
+            _COMPILED.move_to_end(key)
+    if entry is not None and (entry[0].module is module or module_fingerprint(entry[0].module) == key):
+        executable, verified_for = entry
+        if not verified and num_replicas not in verified_for:
+            from replicas.hlo.verify import verify
+
+            verify(module, num_replicas=num_replicas)
+            verified_for.add(num_replicas)
+        return executable
+    verified_for: set[int | None] = set()
     if not verified:
         from replicas.hlo.verify import verify
 
         verify(module, num_replicas=num_replicas)
+        verified_for.add(num_replicas)
     schedules = {name: schedule_computation(comp) for name, comp in module.computations.items()}
-    return Executable(module, schedules)
+    executable = Executable(module, schedules, key)
+    with _COMPILED_LOCK:
+        _COMPILED[key] = (executable, verified_for)
+        while len(_COMPILED) > _COMPILED_SIZE:
+            _COMPILED.popitem(last=False)
+    return executable
+
+
+_BOUNDED: dict[bytes, bool] = {}
+
+
+def runs_bounded_alone(executable: Executable) -> bool:
+    """True when one replica of the program always finishes on its own, in bounded time: no loop,
+    no communication, no feed, no custom call (nothing that can wait or run long). Such a program
+    may run in the caller's thread instead of a replica thread of its own."""
+    key = executable.fingerprint
+    found = _BOUNDED.get(key) if key else None
+    if found is None:
+        found = not any(inst.opcode == "while" or inst.opcode in SIDE_EFFECT_OPCODES
+                        for _, inst in executable.module.instructions())
+        if key:
+            if len(_BOUNDED) > 1024:
+                _BOUNDED.clear()
+            _BOUNDED[key] = found
+    return found
+
+
+def module_fingerprint(module: Module) -> bytes:
+    """A digest of everything in `module` that decides what it computes (names, opcodes, shapes,
+    operands, attributes, literals' bytes), fast enough to take on every run."""
+    digest = hashlib.blake2b(digest_size=20)
+    update = digest.update
+    update(repr((module.name, module.entry, sorted(module.attrs.items(), key=str))).encode())
+    for comp in module.computations.values():
+        update(repr((comp.name, comp.root, comp.is_fusion, len(comp.instructions))).encode())
+        for inst in comp.instructions:
+            attrs = inst.attrs
+            literal = attrs.get("literal") if inst.opcode == "constant" else None
+            if literal is not None:
+                attrs = {k: v for k, v in attrs.items() if k != "literal"}
+                _update_literal(update, literal)
+            update(f"{inst.name}|{inst.opcode}|{_shape_text(inst.shape)}|{inst.operands}|{attrs or ''}".encode())
+    return digest.digest()
+
+
+_SHAPE_TEXT: dict[int, tuple[Any, str]] = {}
+
+
+def _shape_text(shape: Any) -> str:
+    """`repr(shape)`, remembered per shape object (parsed modules share their shape objects)."""
+    found = _SHAPE_TEXT.get(id(shape))
+    if found is not None and found[0] is shape:
+        return found[1]
+    text = repr(shape)
+    if len(_SHAPE_TEXT) > 100_000:
+        _SHAPE_TEXT.clear()
+    _SHAPE_TEXT[id(shape)] = (shape, text)
+    return text
+
+
+def _update_literal(update: Any, value: Any) -> None:
+    if isinstance(value, tuple):
+        for v in value:
+            _update_literal(update, v)
+        return
+    arr = np.asarray(value)
+    update(repr((arr.dtype.str, arr.shape)).encode())
+    update(np.ascontiguousarray(arr).view(np.uint8).reshape(-1).data if arr.size else b"")
 
 
 def schedule_computation(comp: Computation) -> Schedule:

@@ -6,6 +6,8 @@ through the `fabric` given to it.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,7 +16,7 @@ import numpy as np
 import replicas.channels  # noqa: F401  (registers send/recv, infeed/outfeed)
 import replicas.collectives  # noqa: F401  (registers the collective kernels)
 import replicas.ops  # noqa: F401  (registers the kernel families)
-from replicas.errors import ProgramError
+from replicas.errors import ProgramError, ReplicaFailure
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.ops.registry import lookup
 from replicas.runtime.compile import Executable, Schedule, compile_module
@@ -72,7 +74,7 @@ class BoundComputation:
             inst = self._failed_instruction(e)
             if inst is None:
                 raise
-            raise inst.error(f"kernel failed: {type(e).__name__}: {e}") from e
+            raise kernel_failure(interp.replica_id, inst, e) from e
 
     def _failed_instruction(self, e: BaseException) -> Instruction | None:
         """The step whose kernel raised `e`, from the generated code's line in the traceback."""
@@ -100,7 +102,7 @@ class BoundComputation:
                 recorder.end(event, error=True)
                 if getattr(e, "_replicas_passthrough", False) or _is_replicas_error(e):
                     raise
-                raise inst.error(f"kernel failed: {type(e).__name__}: {e}") from e
+                raise kernel_failure(interp.replica_id, inst, e) from e
             recorder.end(event)
             for s in release:
                 slots[s] = None
@@ -168,6 +170,15 @@ def _straight_line(bound: BoundComputation) -> tuple[Callable[..., Any], dict[in
     return env["run"], line_to_inst
 
 
+def kernel_failure(replica: int, inst: Instruction, error: BaseException) -> ReplicaFailure:
+    """A kernel (a custom call, or numpy out of memory) raised: the replica failed, in `inst`."""
+    where = f"%{inst.name} ({inst.opcode}" + (f", line {inst.line})" if inst.line is not None else ")")
+    target = inst.attrs.get("custom_call_target") if inst.opcode == "custom-call" else None
+    what = f"custom call {target!r} raised" if isinstance(target, str) else "its kernel raised"
+    return ReplicaFailure(f"replica {replica} failed in {where}: {what} {type(error).__name__}: {error}",
+                          replica, f"{type(error).__name__}: {error}", instruction=where)
+
+
 def _is_replicas_error(e: BaseException) -> bool:
     from replicas.errors import ReplicasError
 
@@ -188,15 +199,23 @@ class Interpreter:
             from replicas.runtime.fabric import LocalFabric
 
             fabric = LocalFabric()
-        self.fabric = fabric
-        self.mailbox = getattr(fabric, "mailbox", None)
+        # Kernels keep this slot, not the fabric: a pooled interpreter runs its next job by
+        # pointing the slot at that job's fabric (`attach`), without binding its kernels again.
+        self.fabric: Any = FabricSlot(fabric)
         self.num_replicas = num_replicas if num_replicas is not None else getattr(fabric, "num_replicas", 1)
         self.current: Instruction | None = None
-        recorder = getattr(fabric, "recorder", None)
-        self.every_instruction_recorder = recorder if getattr(recorder, "every_instruction", False) else None
+        self.attach(fabric)
         self._binding: Computation | None = None
         self._bound: dict[str, BoundComputation] = {}
         self._entry = self.computation(self.module.entry)
+
+    def attach(self, fabric: Any) -> None:
+        """Run the next executions over `fabric` (a new job's: its mailbox, recorder, peers)."""
+        self.fabric.attach(fabric)
+        self.mailbox = getattr(fabric, "mailbox", None)
+        recorder = getattr(fabric, "recorder", None)
+        self.every_instruction_recorder = recorder if getattr(recorder, "every_instruction", False) else None
+        self.current = None
 
     # -- KernelContext ---------------------------------------------------------------------------
     def computation(self, name: str) -> BoundComputation:
@@ -220,12 +239,65 @@ class Interpreter:
         return [comp.instruction(name).shape for name in inst.operands]
 
     # -- running ---------------------------------------------------------------------------------
-    def run(self, args: Sequence[Any] = ()) -> Any:
-        values = check_arguments(self.module.entry_computation, args)
+    def run(self, args: Sequence[Any] = (), *, checked: bool = False) -> Any:
+        """The entry computation's result on `args` (`checked`: they already passed `check_arguments`)."""
+        values = args if checked else check_arguments(self.module.entry_computation, args)
         # XLA semantics define every result (x/0, NaN casts, overflow): numpy's warnings about
         # them are noise. Silenced once here, for this thread, instead of in every kernel call.
         with np.errstate(all="ignore"):
             return self._entry(*values)
+
+
+class FabricSlot:
+    """Forwards every attribute to the fabric of the job an interpreter currently runs in. It takes
+    no weak references, so nothing can key per-job state on the slot instead of the fabric."""
+
+    __slots__ = ("_fabric",)
+
+    def __init__(self, fabric: Any) -> None:
+        object.__setattr__(self, "_fabric", fabric)
+
+    def attach(self, fabric: Any) -> None:
+        object.__setattr__(self, "_fabric", fabric)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_fabric"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(object.__getattribute__(self, "_fabric"), name, value)
+
+
+# Interpreters whose job ended, by (program fingerprint, replica id, number of replicas): the next
+# job of the same program binds no kernels and generates no code. Bounded (least recent dropped).
+_POOL: OrderedDict[tuple[bytes, int, int], list[Interpreter]] = OrderedDict()
+_POOL_LIMIT = 512
+_POOL_LOCK = threading.Lock()
+
+
+def checkout(executable: Executable, replica_id: int, fabric: Any, num_replicas: int) -> Interpreter:
+    """An interpreter of `executable` for `replica_id` over `fabric`: a pooled one when there is one."""
+    key = (executable.fingerprint, replica_id, num_replicas)
+    if executable.fingerprint:
+        with _POOL_LOCK:
+            free = _POOL.get(key)
+            interp = free.pop() if free else None
+        if interp is not None:
+            interp.attach(fabric)
+            return interp
+    return Interpreter(executable, replica_id, fabric, num_replicas)
+
+
+def checkin(interp: Interpreter) -> None:
+    """Return an interpreter whose execution has ended (finished or failed) to the pool."""
+    fingerprint = interp.executable.fingerprint
+    if not fingerprint:
+        return
+    key = (fingerprint, interp.replica_id, interp.num_replicas)
+    with _POOL_LOCK:
+        _POOL.setdefault(key, []).append(interp)
+        _POOL.move_to_end(key)
+        while sum(len(v) for v in _POOL.values()) > _POOL_LIMIT:
+            _POOL.popitem(last=False)
 
 
 def check_arguments(entry: Computation, args: Sequence[Any]) -> list[Any]:

@@ -10,7 +10,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from replicas.diagnostics.mismatch import with_sides
 from replicas.diagnostics.monitor import Monitor, deadlock_error
+from replicas.diagnostics.progress import LiveStatus, Progress, host_waits, progress_of
 from replicas.diagnostics.report import Report
 from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError
 from replicas.hlo.ir import Module
@@ -44,7 +46,7 @@ class Job:
     """Handle of a launched job. Use as a context manager: leaving the block cancels it."""
 
     def __init__(self, backend: Backend, executable: Executable, *, timeout: float | None,
-                 host_may_send: bool, trace: str | None = None) -> None:
+                 host_may_send: bool, trace: str | None = None, progress: bool = False) -> None:
         self._backend = backend
         self.executable = executable
         self.num_replicas = backend.num_replicas
@@ -57,6 +59,11 @@ class Job:
         self._done = False
         self._outcome: tuple[bool, Any] | None = None
         self._final_events: dict[int, list[dict[str, Any]]] | None = None
+        # replica -> (outfeed values, {channel: values}) not read when the job ended (backends whose
+        # replicas' memory goes with the job: Ray actors back in the pool)
+        self._host_values: dict[int, tuple[list[Any], dict[int, list[Any]]]] | None = None
+        self._status = LiveStatus() if progress else None  # a live status line while result() waits
+        self._last_progress: Progress | None = None
 
     # -- host side --------------------------------------------------------------------------------
     def infeed(self, replica: int, value: Any) -> None:
@@ -69,10 +76,13 @@ class Job:
     def outfeed(self, replica: int, timeout: float | None = None) -> Any:
         """The next value `replica` wrote to its outfeed; waits up to `timeout` seconds."""
         self._check_replica(replica)
+        if self._host_values is not None:
+            return self._kept(replica, None, "wrote no more outfeed values")
         try:
             return self._backend.outfeed(replica, timeout)
         except TimeoutError:
-            raise ExecutionTimeout(f"replica {replica} wrote no outfeed value within {timeout} s") from None
+            raise ExecutionTimeout(self._with_host_waits(
+                f"replica {replica} wrote no outfeed value within {timeout} s")) from None
         except EOFError as e:
             self._raise_if_failed()
             raise ReplicasError(f"replica {replica} wrote no more outfeed values: {e}") from None
@@ -87,14 +97,40 @@ class Job:
     def recv(self, replica: int, channel_id: int, timeout: float | None = None) -> Any:
         """Device -> host: the next value a Send with is_host_transfer=true on `channel_id` sent."""
         self._check_replica(replica)
+        if self._host_values is not None:
+            return self._kept(replica, channel_id, f"sends nothing more on channel {channel_id}")
         try:
             return self._backend.from_channel(replica, channel_id, timeout)
         except TimeoutError:
-            raise ExecutionTimeout(f"replica {replica} sent nothing to the host on channel {channel_id} "
-                                   f"within {timeout} s") from None
+            raise ExecutionTimeout(self._with_host_waits(
+                f"replica {replica} sent nothing to the host on channel {channel_id} within {timeout} s")) from None
         except EOFError as e:
             self._raise_if_failed()
             raise ReplicasError(f"replica {replica} sends nothing more on channel {channel_id}: {e}") from None
+
+    def _kept(self, replica: int, channel_id: int | None, nothing: str) -> Any:
+        """After the job ended: the values its replicas wrote to the host before it ended, in order."""
+        outfeed, channels = self._host_values.get(replica, ([], {}))
+        queue = outfeed if channel_id is None else channels.get(channel_id, [])
+        if queue:
+            return queue.pop(0)
+        ok, value = self._outcome
+        if not ok and type(value) is not ReplicasError:  # the job's failure (a cancel is a plain ReplicasError)
+            raise value
+        raise ReplicasError(f"replica {replica} {nothing}: the job has ended")
+
+    def _with_host_waits(self, message: str) -> str:
+        """`message`, and which replicas wait for the host (what the host may have forgotten to feed)."""
+        waits = host_waits(self._backend.states())
+        return f"{message}; " + "; ".join(waits) if waits else message
+
+    def progress(self) -> Progress:
+        """Elapsed time, replicas running/blocked/finished, the slowest replica's instruction and
+        collective number, collectives per second, and who waits for the host (see `Progress`)."""
+        if self._outcome is not None and self._last_progress is not None:
+            return self._last_progress
+        self._last_progress = progress_of(self._backend.states(), time.monotonic() - self._started)
+        return self._last_progress
 
     def _check_replica(self, replica: int) -> None:
         if not 0 <= replica < self.num_replicas:
@@ -163,11 +199,16 @@ class Job:
                 if deadline is not None and time.monotonic() >= deadline:
                     report = Report(f"still running after {timeout if timeout is not None else self.timeout} s "
                                     f"(not a deadlock: some replica is running or a message is in flight)",
-                                    states)
+                                    states, lines=host_waits(states))
                     report.events = backend.events()
                     _trim_events(report)
                     return self._finish(False, ExecutionTimeout(report.title, report))
+                if self._status is not None:
+                    self._last_progress = progress_of(states, time.monotonic() - self._started)
+                    self._status.show(self._last_progress)
                 backend.wait(backend.poll_interval)
+        except ReplicasError as e:  # the backend lost a replica (an actor died): name it, clean up
+            return self._finish(False, e)
         except KeyboardInterrupt:
             self._finish(False, ReplicasError("job interrupted"), cancel=True)
             raise
@@ -187,10 +228,16 @@ class Job:
     def _finish(self, ok: bool, value: Any, cancel: bool = False) -> tuple[bool, Any]:
         self._outcome = (ok, value)
         backend = self._backend
+        if self._status is not None:
+            self._status.close()
         try:
             self._final_events = backend.events()
             if not ok:
+                self._outcome = (ok, with_sides(value, self._final_events))  # who ran which side of a mismatch
                 backend.abort(value)
+            drain = getattr(backend, "drain", None)
+            if drain is not None:
+                self._host_values = drain()
             if self._trace:
                 self._write_trace()
         finally:
@@ -204,10 +251,13 @@ class Job:
         from replicas.diagnostics.trace import write_trace
 
         try:
-            write_trace(self._trace, self._final_events)
+            note = write_trace(self._trace, self._final_events)
         except Exception as e:  # noqa: BLE001 - disk full, directory removed meanwhile, ...
             warnings.warn(f"trace {self._trace!r} was not written: {type(e).__name__}: {e}", RuntimeWarning,
                           stacklevel=3)
+            return
+        if note:  # the ring of some replica overflowed: the file says so too
+            warnings.warn(f"{self._trace}: {note}", RuntimeWarning, stacklevel=3)
 
     def _raise_if_failed(self) -> None:
         states = self._backend.states()

@@ -125,6 +125,14 @@ class Mailbox:
     def get_from_channel(self, channel_id: int, timeout: float | None) -> Any:
         return self._host_get(lambda: self._to_host.setdefault(channel_id, deque()), timeout)
 
+    def drain_host(self) -> tuple[list[Any], dict[int, list[Any]]]:
+        """Take every outfeed value and host-channel message not read yet (kept when a job ends)."""
+        with self._cond:
+            outfeed, self._outfeed = list(self._outfeed), deque()
+            channels = {ch: list(q) for ch, q in self._to_host.items() if q}
+            self._to_host = {}
+            return outfeed, channels
+
     def _host_get(self, queue_of: Any, timeout: float | None) -> Any:
         """Pop the oldest value; raise TimeoutError if none arrives within `timeout` seconds."""
         with self._cond:

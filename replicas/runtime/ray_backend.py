@@ -7,22 +7,25 @@ actors, polls their states for the monitor and collects results; it is never in 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Hashable
 from typing import Any
 
-from replicas.diagnostics.recorder import FlightRecorder
-from replicas.errors import ReplicaFailure, ReplicasError
+from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
+from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
+from replicas.runtime.faults import actor_failure, is_memory_error, unplaceable
 from replicas.runtime.mailbox import Mailbox
 from replicas.runtime.shm import Inbox, Outbox, Shared, remove_job_segments
 from replicas.runtime.shm import available as shm_available
-from replicas.runtime.wire import WIRE_MAX_BYTES, Wire, payload_bytes
+from replicas.runtime.wire import WIRE_MAX_BYTES, Wire, WireError, payload_bytes
 
 _init_lock = threading.Lock()
 # The key this driver's actors authenticate direct connections with (see wire.py).
@@ -38,6 +41,8 @@ def ensure_ray(address: str | None = None) -> None:
             return
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        # The raylet's and core workers' own C++ logs (warnings on a normal run) stay in their log files.
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
         # Messages up to 2 MiB travel inline with their task instead of through the object store:
         # measured 127 -> 65 ms for a 1 MiB all-reduce on 4 replicas (bench/README.md).
         os.environ.setdefault("RAY_max_direct_call_object_size", str(2 << 20))
@@ -73,7 +78,7 @@ class RayFabric(MailboxFabric):
             box.deliver(self.replica_id, key, value)
             return
         if self.outbox is not None and dst in self.same_node:
-            shared = self.outbox.encode(value)
+            shared = self.outbox.encode(value, key)
             if shared is not None:  # a descriptor over the socket; the bytes wait in the arena
                 self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
                 self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, shared))
@@ -95,32 +100,56 @@ class ReplicaHost:
         self._executables: dict[bytes, Executable] = {}
         self._wire: Wire | None = None
         self._token = ""  # the current job's: messages of an earlier job are dropped
+        self._faults: dict[int, ReplicaFailure] = {}  # replica -> a fault found outside its thread
         self._outbox: Outbox | None = None  # this job's shared-memory arena, when it has peers
         self._inbox: Inbox | None = None
         self._shm_report: dict[int, dict[int, int]] = {}
 
-    def wire_address(self, authkey: bytes) -> dict[str, Any]:
-        """Open (once per actor) the direct message sockets; their address for the peers."""
+    def wire_address(self, authkey: bytes, across_nodes: bool = False) -> dict[str, Any]:
+        """Open (once per actor) the direct message sockets; their address for the peers. A TCP
+        listener is opened only when some job spans nodes (one node: an abstract Unix socket)."""
         import ray
 
         if self._wire is None:
             self._wire = Wire(self._on_wire, authkey, ray.get_runtime_context().get_node_id(),
-                              ray.util.get_node_ip_address())
+                              on_fault=self._on_wire_fault)
+        if across_nodes:
+            self._wire.open_tcp(ray.util.get_node_ip_address())
         return self._wire.address
 
-    def _on_wire(self, message: tuple) -> None:
+    def _on_wire(self, message: Any) -> None:
+        if not (isinstance(message, tuple) and len(message) == 5):
+            raise WireError(f"a message must be (token, dst, src, key, value), got {type(message).__name__}")
         token, dst, src, key, value = message
         box = self._mailboxes.get(dst)
         inbox = self._inbox
-        if token == self._token and box is not None:
+        if token != self._token:  # an earlier job's message, late: dropped
             if type(value) is Shared and inbox is not None:
-                value = inbox.decode(value)
-            box.deliver(src, key, value)
-        elif type(value) is Shared and inbox is not None:
-            inbox.release_unread(value)
+                inbox.release_unread(value)
+            return
+        if box is None:
+            if type(value) is Shared and inbox is not None:
+                inbox.release_unread(value)
+            raise WireError(f"a message for replica {dst!r}, which this actor does not run")
+        if type(value) is Shared and inbox is not None:
+            value = inbox.decode(value)
+        box.deliver(src, key, value)
+
+    def _on_wire_fault(self, error: BaseException) -> None:
+        """A peer's message was refused: this actor's replicas fail, naming it (never a silent
+        dead reader that leaves its sender blocked)."""
+        if not self._mailboxes:
+            return
+        replica = min(self._mailboxes)
+        fault = ReplicaFailure(f"replica {replica} failed: a peer's message was refused: "
+                               f"{type(error).__name__}: {error}", replica, repr(error))
+        self._faults.setdefault(replica, fault)
+        for box in self._mailboxes.values():
+            box.abort(fault)
 
     def setup(self, token: str, replica_ids: list[int], num_replicas: int, module_bytes: bytes, strict: bool,
-              record_every_instruction: bool, custom_calls: dict[str, Any] | None = None) -> None:
+              record_every_instruction: bool, custom_calls: dict[str, Any] | None = None,
+              trace_events: int = DEFAULT_CAPACITY) -> None:
         import hashlib
 
         from replicas.ops.custom_call import register_custom_call
@@ -135,8 +164,9 @@ class ReplicaHost:
         if executable is None:
             executable = Executable.from_bytes(module_bytes)
             self._executables = {digest: executable}  # keep the last program only
-        self._close_shared_memory()
+        self._close_shared_memory(self._token)
         self._token = token
+        self._faults = {}
         self._mailboxes = {r: Mailbox(r) for r in replica_ids}
         self._runners = {}
         self._fabrics = []
@@ -145,7 +175,7 @@ class ReplicaHost:
         if len(replica_ids) < num_replicas and shm_available():
             self._outbox = Outbox(token, replica_ids[0])
         for r in replica_ids:
-            recorder = FlightRecorder(r, every_instruction=record_every_instruction)
+            recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
             fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
                                recorder=recorder)
             fabric.wire, fabric.token, fabric.outbox = self._wire, token, self._outbox
@@ -158,20 +188,34 @@ class ReplicaHost:
         for box in self._mailboxes.values():
             box.abort(stopped)
         clean = all(runner.join(timeout) for runner in self._runners.values())
+        # An actor whose replica ran out of memory may hold what it allocated: never reuse it.
+        clean = clean and not any(is_memory_error(runner.error) for runner in self._runners.values())
+        if self._wire is not None:
+            self._wire.drop_peers()
         self._shm_report = self.shm_sent()
-        self._close_shared_memory()
+        token = self._token
         if clean:
-            self._mailboxes, self._runners, self._fabrics = {}, {}, []
+            self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
+            self._token = ""
+        self._close_shared_memory(token)
         return clean
 
-    def _close_shared_memory(self) -> None:
-        """Unlink this job's segments on this node (a dead peer's too) and drop the mappings."""
+    def _close_shared_memory(self, token: str) -> None:
+        """Unlink the job's segments on this node (a dead peer's too) and unmap them."""
+        used = False
         if self._outbox is not None:
-            self._outbox.close()
+            used = self._outbox.close()
         if self._inbox is not None:
-            self._inbox.close()
-        remove_job_segments(self._token)
+            used = self._inbox.close() or used
+        for fabric in self._fabrics:
+            fabric.outbox = None
+        remove_job_segments(token)
         self._outbox = self._inbox = None
+        if used:
+            # Received arrays left in the finished job's reference cycles (interpreter, kernels,
+            # mailboxes) keep their mappings until the cycle collector runs: run it now, so an
+            # idle pooled actor does not hold a job's shared memory.
+            gc.collect()
 
     def shm_sent(self) -> dict[int, dict[int, int]]:
         """Per hosted replica: messages it sent through shared memory, by destination (the
@@ -206,9 +250,12 @@ class ReplicaHost:
 
         node = ray.get_runtime_context().get_node_id()
         out = []
-        for runner in self._runners.values():
+        for r, runner in self._runners.items():
             state = runner.state()
             state.node = node
+            fault = self._faults.get(r)
+            if fault is not None:
+                state.status, state.error = "failed", str(fault)
             out.append(state)
         return out
 
@@ -216,7 +263,7 @@ class ReplicaHost:
         return {r: runner.result for r, runner in self._runners.items()}
 
     def errors(self) -> dict[int, BaseException]:
-        out = {}
+        out: dict[int, BaseException] = dict(self._faults)
         for r, runner in self._runners.items():
             e = runner.own_error()
             if e is not None:
@@ -236,6 +283,10 @@ class ReplicaHost:
 
     def events(self) -> dict[int, list[dict[str, Any]]]:
         return {r: runner.recorder.events() for r, runner in self._runners.items()}
+
+    def drain(self) -> dict[int, tuple[list[Any], dict[int, list[Any]]]]:
+        """Take every value the replicas wrote to the host and nobody read yet."""
+        return {r: box.drain_host() for r, box in self._mailboxes.items()}
 
     def wait(self, timeout: float) -> bool:
         """True once every hosted replica has stopped (finished, failed or cancelled)."""
@@ -298,18 +349,30 @@ class ActorPool:
 
         self._check_session()
         resets = [a.reset.remote(stop_timeout) for a, _ in actors_with_options]
+        # One deadline for all: a stuck actor costs the job's end at most this, however many there are.
+        ready, _ = ray.wait(resets, num_returns=len(resets), timeout=stop_timeout + 5) if resets else ([], [])
+        ready_set = set(ready)
+        stale = []
         for (actor, options), ref in zip(actors_with_options, resets):
             try:
-                clean = ray.get(ref, timeout=stop_timeout + 10)
+                clean = ref in ready_set and ray.get(ref, timeout=0) is True
             except Exception:  # noqa: BLE001 - dead or stuck: never reuse it
                 clean = False
             if clean:
                 self._idle.setdefault(_options_key(options), []).append(actor)
             else:
-                try:
-                    ray.kill(actor, no_restart=True)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
+                stale.append(actor)
+        self.discard(stale)
+
+    def discard(self, actors: list[Any]) -> None:
+        """Kill actors that died, never started, or would not stop (never reused)."""
+        import ray
+
+        for actor in actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
     def stats(self) -> dict[str, int]:
         return {"idle": sum(len(v) for v in self._idle.values())}
@@ -342,20 +405,24 @@ class RayBackend:
 
     def __init__(self, executable: Executable, args: list[list[Any]], *, address: str | None = None,
                  strict: bool = True, record_every_instruction: bool = False, replicas_per_actor: int = 0,
-                 resources: list[dict[str, float]] | None = None, num_cpus: float = 0) -> None:
+                 resources: list[dict[str, float]] | None = None, num_cpus: float = 0,
+                 timeout: float | None = None, trace_events: int = DEFAULT_CAPACITY) -> None:
         import ray
 
         ensure_ray(address)
         self._ray = ray
+        deadline = None if timeout is None else time.monotonic() + timeout
         n = len(args)
         self.num_replicas = n
         per = int(replicas_per_actor) if replicas_per_actor else _default_packing(n, resources)
         groups = [list(range(i, min(i + per, n))) for i in range(0, n, per)]
-        module_ref = ray.put(executable.to_bytes())  # shipped once; every actor reads the same object
+        self._groups = groups
         self._actors = []
         self._options: list[dict[str, Any]] = []
         self._actor_of: dict[int, Any] = {}
         self._stopped = False
+        self._dead: set[int] = set()  # indexes of actors that died or never started: never pooled
+        self._last: dict[int, ReplicaState] = {}  # each replica's last reported state
         for ids in groups:
             options: dict[str, Any] = {"num_cpus": num_cpus, "max_concurrency": 64}
             if resources is not None:
@@ -363,43 +430,91 @@ class RayBackend:
                 for r in ids:
                     for k, v in (resources[r] or {}).items():
                         merged[k] = merged.get(k, 0) + v
+                # Ray takes CPUs and GPUs as options of their own, other resources by name.
+                for name, option in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
+                    if name in merged:
+                        options[option] = merged.pop(name)
                 if merged:
                     options["resources"] = merged
+            self._options.append(options)
+        nodes = ray.nodes()
+        why = unplaceable([(ids, _wanted(o)) for ids, o in zip(groups, self._options)], nodes)
+        if why is not None:
+            raise ReplicaFailure(why, groups[0][0])
+        across_nodes = sum(1 for node in nodes if node.get("Alive")) > 1
+        for ids, options in zip(groups, self._options):
             actor = POOL.acquire(options)
             self._actors.append(actor)
-            self._options.append(options)
             for r in ids:
                 self._actor_of[r] = actor
-        self._groups = groups
+        module_ref = ray.put(executable.bytes())  # serialized once per program; one object for every actor
         from replicas.ops.custom_call import registered_custom_calls
 
         calls = registered_custom_calls() or None
         self._token = secrets.token_hex(8)
         try:
-            addresses = ray.get([a.wire_address.remote(_AUTHKEY) for a in self._actors])
+            addresses = self._started([a.wire_address.remote(_AUTHKEY, across_nodes) for a in self._actors],
+                                      deadline, timeout)
             wire_routes = {r: address for address, ids in zip(addresses, groups) for r in ids}
-            ray.get([a.setup.remote(self._token, ids, n, module_ref, strict, record_every_instruction, calls)
-                     for a, ids in zip(self._actors, groups)])
+            self._started([a.setup.remote(self._token, ids, n, module_ref, strict, record_every_instruction, calls,
+                                          trace_events)
+                           for a, ids in zip(self._actors, groups)], deadline, timeout)
             placement = [0] * n  # replica -> the index of its actor: collectives meet in-actor first
             for index, ids in enumerate(groups):
                 for r in ids:
                     placement[r] = index
-            ray.get([a.connect.remote(self._actor_of, wire_routes, placement) for a in self._actors])
-            ray.get([a.start.remote({r: args[r] for r in ids}) for a, ids in zip(self._actors, groups)])
-        except Exception as e:
+            self._started([a.connect.remote(self._actor_of, wire_routes, placement) for a in self._actors],
+                          deadline, timeout)
+            self._started([a.start.remote({r: args[r] for r in ids}) for a, ids in zip(self._actors, groups)],
+                          deadline, timeout)
+        except BaseException as e:
             self.shutdown()
+            if isinstance(e, ReplicasError):
+                raise
             raise _unwrap(e) from None
 
-    def _get(self, refs: list[Any]) -> list[Any]:
+    def _started(self, refs: list[Any], deadline: float | None, timeout: float | None) -> list[Any]:
+        """One start-up step (a call per actor), within what is left of the job's timeout."""
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, pending = self._ray.wait(refs, num_returns=len(refs), timeout=left)
+        if pending:
+            waiting = [i for i, ref in enumerate(refs) if ref in set(pending)]
+            self._dead.update(waiting)  # still unplaced or stuck: killed, never pooled
+            ids = [r for i in waiting for r in self._groups[i]]
+            wanted = _wanted(self._options[waiting[0]])
+            raise ExecutionTimeout(
+                f"replicas {_id_list(ids)} did not start within timeout={timeout} s: their actors could not be "
+                f"placed or started (replica {ids[0]} asks for {wanted or 'no resources'}; available now: "
+                f"{_available(self._ray)})")
+        return self._get(refs)
+
+    def _get(self, refs: list[Any], indexes: list[int] | None = None) -> list[Any]:
         try:
             return self._ray.get(refs)
-        except Exception as e:
-            raise _unwrap(e) from None
+        except Exception as e:  # noqa: BLE001 - named below: which actor, which replicas
+            raise self._named(refs, indexes if indexes is not None else list(range(len(refs))), e) from None
+
+    def _named(self, refs: list[Any], indexes: list[int], error: BaseException) -> BaseException:
+        """The error of the first actor whose call failed, naming its replicas if it died."""
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        for ref, index in zip(refs, indexes):
+            try:
+                self._ray.get(ref, timeout=0)
+            except GetTimeoutError:
+                continue
+            except RayActorError as e:
+                self._dead.add(index)
+                return actor_failure(self._groups[index], self._last, e)
+            except Exception as e:  # noqa: BLE001
+                return _unwrap(e)
+        return _unwrap(error)
 
     def states(self) -> list[ReplicaState]:
         out: list[ReplicaState] = []
         for states in self._get([a.states.remote() for a in self._actors]):
             out.extend(states)
+        self._last = {s.replica: s for s in out}
         return out
 
     def wait(self, timeout: float) -> None:
@@ -426,17 +541,36 @@ class RayBackend:
         if self._stopped:
             return
         self._stopped = True
-        POOL.release(list(zip(self._actors, self._options)))
+        live = [i for i in range(len(self._actors)) if i not in self._dead]
+        POOL.release([(self._actors[i], self._options[i]) for i in live])
+        POOL.discard([self._actors[i] for i in self._dead])
         remove_job_segments(self._token)  # what killed actors of this node left behind
 
     def deliver_from_host(self, replica: int, key: tuple, value: Any) -> None:
         self._actor_of[replica].deliver.remote(self._token, replica, HOST, key, value)
 
     def outfeed(self, replica: int, timeout: float | None) -> Any:
-        return self._get([self._actor_of[replica].outfeed.remote(replica, timeout)])[0]
+        return self._get([self._actor_of[replica].outfeed.remote(replica, timeout)], [self._index_of(replica)])[0]
 
     def from_channel(self, replica: int, channel_id: int, timeout: float | None) -> Any:
-        return self._get([self._actor_of[replica].from_channel.remote(replica, channel_id, timeout)])[0]
+        return self._get([self._actor_of[replica].from_channel.remote(replica, channel_id, timeout)],
+                         [self._index_of(replica)])[0]
+
+    def _index_of(self, replica: int) -> int:
+        return next(i for i, ids in enumerate(self._groups) if ids[0] <= replica <= ids[-1])
+
+    def drain(self) -> dict[int, tuple[list[Any], dict[int, list[Any]]]]:
+        """What each live actor's replicas wrote to the host and nobody read yet (kept on the Job)."""
+        merged: dict[int, tuple[list[Any], dict[int, list[Any]]]] = {}
+        live = [i for i in range(len(self._actors)) if i not in self._dead]
+        refs = [self._actors[i].drain.remote() for i in live]
+        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=5)
+        for ref in ready:
+            try:
+                merged.update(self._ray.get(ref))
+            except Exception:  # noqa: BLE001 - a dead actor's values are lost with it
+                pass
+        return merged
 
     def events(self) -> dict[int, list[dict[str, Any]]]:
         merged: dict[int, list[dict[str, Any]]] = {}
@@ -469,3 +603,25 @@ def _unwrap(e: BaseException) -> BaseException:
     if isinstance(e, (ReplicasError, TimeoutError, EOFError)):
         return e
     return ReplicaFailure(f"a replica actor failed: {type(e).__name__}: {e}", None, repr(e))
+
+
+def _id_list(ids: list[int]) -> str:
+    from replicas.limits import id_ranges
+
+    return id_ranges(ids)
+
+
+def _available(ray: Any) -> dict[str, float]:
+    try:
+        return {k: v for k, v in ray.available_resources().items() if not k.startswith("node:")}
+    except Exception:  # noqa: BLE001 - only for the message
+        return {}
+
+
+def _wanted(options: dict[str, Any]) -> dict[str, float]:
+    """The resources an actor's options ask for, by Ray's names."""
+    wanted = dict(options.get("resources", {}))
+    for name, option in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
+        if options.get(option):
+            wanted[name] = options[option]
+    return wanted

@@ -8,9 +8,10 @@ from typing import Any
 
 from replicas.diagnostics.recorder import FlightRecorder
 from replicas.records import ReplicaState
+from replicas.runtime import workers
 from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
-from replicas.runtime.interpreter import Interpreter
+from replicas.runtime.interpreter import checkin, checkout
 
 
 class ReplicaRunner:
@@ -19,30 +20,36 @@ class ReplicaRunner:
         self.fabric = fabric
         self.mailbox = fabric.mailbox
         self.recorder = recorder
-        self.interpreter = Interpreter(executable, fabric.replica_id, fabric, fabric.num_replicas)
+        self.interpreter = checkout(executable, fabric.replica_id, fabric, fabric.num_replicas)
         self.result: Any = None
         self.error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._done: threading.Event | None = None  # set when the replica's run returned
 
     def start(self, args: Sequence[Any]) -> None:
-        self._thread = threading.Thread(target=self._run, args=(list(args),), daemon=True,
-                                        name=f"replica-{self.replica_id}")
-        self._thread.start()
+        values = list(args)
+        self._done = workers.submit(lambda: self._run(values), f"replica-{self.replica_id}")
+
+    def run_here(self, args: Sequence[Any]) -> None:
+        """Run in the calling thread (a program that cannot wait: see `runs_bounded_alone`)."""
+        self._done = threading.Event()
+        self._run(list(args))
+        self._done.set()
 
     def _run(self, args: list[Any]) -> None:
         try:
-            self.result = self.interpreter.run(args)
+            self.result = self.interpreter.run(args, checked=True)  # job.prepare checked them
+            checkin(self.interpreter)  # before "finished": its kernels and code serve the next job
             self.mailbox.set_status("finished")
         except BaseException as e:  # noqa: BLE001 - reported to the driver, never swallowed
             self.error = e
+            checkin(self.interpreter)
             status = "cancelled" if self.mailbox.aborted is e else "failed"
             self.mailbox.set_status(status, f"{type(e).__name__}: {e}")
 
     def join(self, timeout: float | None = None) -> bool:
-        if self._thread is None:
+        if self._done is None:
             return True
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return self._done.wait(timeout)
 
     def state(self) -> ReplicaState:
         s = self.mailbox.snapshot()

@@ -14,13 +14,13 @@ Why this mechanism (measured, `bench/shm_mechanisms.py` and bench/README.md "Sam
   maps the arena once and gets a read-only view of the block, pinned until the last view of that
   array is gone. No Ray task, no pickling of array bytes, no page faults after the first use.
 
-Layout: the arena is a sequence of blocks; each block is a 64-byte header (its release flag)
-followed by the array bytes. The sender allocates first-fit below the highest block still held
-(so a quiet arena is reused from offset 0 and touches only the peak in-flight bytes); the
-receiver sets the flag when the array it was handed is garbage, and the sender sweeps flags on its
-next allocation. A sender never writes a block whose flag is not set, so a receiver never sees
-its data change. When the arena is full (receivers hold too much), the caller falls back to the
-object store: sends never wait for space.
+Layout: the arena is a sequence of blocks; each block is a 64-byte header (one release word per
+receiver of the block) followed by the array bytes. The sender allocates first-fit below the
+highest block still held (so a quiet arena is reused from offset 0 and touches only the peak
+in-flight bytes); a receiver sets its word when the array it was handed is garbage, and the sender
+sweeps the words on its next allocation. A sender never writes a block while any of its words is
+unset, so a receiver never sees its data change. When the arena is full (receivers hold too
+much), the caller falls back to the object store: sends never wait for space.
 
 Segments are named `rpl-<job token>-<first replica of the actor>`: the token is the job's random
 secret, so a job only opens its own segments, and everything of a job is removed by name when it
@@ -36,13 +36,15 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Hashable
 from typing import Any, NamedTuple
 
 import numpy as np
 
 SHM_DIR = "/dev/shm"
 PREFIX = "rpl-"
-HEADER = 64  # bytes before each block's data: the release flag, and 64-byte alignment
+HEADER = 64  # bytes before each block's data: its receivers' release words, and 64-byte alignment
+WORDS = HEADER // 8  # receivers one block can be handed to
 # Arrays of at least this many bytes travel through the arena; smaller ones inline over the socket
 # (the copy into a pickle costs the same as into the arena, and a descriptor is not free).
 MIN_BYTES = 64 * 1024
@@ -73,6 +75,12 @@ def remove_job_segments(token: str) -> int:
     return removed
 
 
+def mapped_segments(token: str) -> int:
+    """How many mappings of job `token`'s segments this process holds (for leak checks)."""
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if f"/{PREFIX}{token}-" in line)
+
+
 def available() -> bool:
     return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
@@ -82,6 +90,7 @@ class ShmArray(NamedTuple):
 
     segment: str
     offset: int  # of the block's header
+    slot: int  # the header word this receiver sets when it is done with the block
     shape: tuple[int, ...]
     dtype: np.dtype
 
@@ -101,7 +110,13 @@ def _eligible(x: Any) -> bool:
 
 
 class Outbox:
-    """The sending actor's arena for one job. Thread-safe: the actor's replicas share it."""
+    """The sending actor's arena for one job. Thread-safe: the actor's replicas share it.
+
+    The same array sent to several peers in a row under one message key (one round of one
+    collective: an all-gather, a broadcast, a sharded all-reduce's second round) is copied once:
+    each receiver gets its own release word in the block's header, and the block is free once
+    every word is set. The key is part of the match because an algorithm may update an array in
+    place between rounds: the same object under another key is copied again."""
 
     def __init__(self, token: str, owner: int, capacity: int = CAPACITY) -> None:
         self.name = segment_name(token, owner)
@@ -113,44 +128,66 @@ class Outbox:
             self._mm = mmap.mmap(fd, capacity)
         finally:
             os.close(fd)
-        self._flags = np.frombuffer(self._mm, np.uint64)  # block header words
-        self._blocks: dict[int, int] = {}  # offset -> size of the blocks receivers may still read
+        self._words = np.frombuffer(self._mm, np.uint64)  # block header words
+        self._blocks: dict[int, list[int]] = {}  # offset -> [size, readers] of blocks not yet free
+        self._last: tuple[Any, Hashable, int] | None = None  # (weakref to the last array placed, key, block)
         self._lock = threading.Lock()
+        self._used = False
+
+    def _held(self, offset: int, readers: int) -> bool:
+        first = offset // 8
+        return bool((self._words[first:first + readers] != _RELEASED).any())
 
     def _allocate(self, size: int) -> int | None:
-        with self._lock:
-            flags, blocks = self._flags, self._blocks
-            for off in [o for o in blocks if flags[o // 8] == _RELEASED]:
-                del blocks[off]
-            pos = 0
-            for off in sorted(blocks):
-                if off - pos >= size:
-                    break
-                pos = off + blocks[off]
-            if pos + size > self.capacity:
-                return None
-            blocks[pos] = size
-            flags[pos // 8] = _HELD
-            return pos
-
-    def _free(self, offset: int) -> None:
-        self._flags[offset // 8] = _RELEASED
-
-    def put(self, x: np.ndarray) -> ShmArray | None:
-        """Copy `x` into a free block; None when the arena has no room for it."""
-        offset = self._allocate(HEADER + _round_up(x.nbytes))
-        if offset is None:
+        blocks = self._blocks
+        for off in [o for o, (_, readers) in blocks.items() if not self._held(o, readers)]:
+            del blocks[off]
+            if self._last is not None and self._last[2] == off:
+                self._last = None
+        pos = 0
+        for off in sorted(blocks):
+            if off - pos >= size:
+                break
+            pos = off + blocks[off][0]
+        if pos + size > self.capacity:
             return None
-        np.copyto(np.ndarray(x.shape, x.dtype, buffer=self._mm, offset=offset + HEADER), x, casting="no")
-        return ShmArray(self.name, offset, x.shape, x.dtype)
+        blocks[pos] = [size, 1]
+        self._words[pos // 8] = _HELD
+        self._used = True
+        return pos
 
-    def encode(self, value: Any) -> Shared | None:
-        """`value` with its large arrays moved into the arena; None if it has none or they do not fit."""
+    def _free(self, ref: ShmArray) -> None:
+        self._words[ref.offset // 8 + ref.slot] = _RELEASED
+
+    def put(self, x: np.ndarray, key: Hashable = None) -> ShmArray | None:
+        """`x` in a block (copied unless it was placed last, under `key`); None when there is no room."""
+        with self._lock:
+            last = self._last
+            if last is not None and key is not None and last[0]() is x and last[1] == key:
+                offset = last[2]
+                block = self._blocks.get(offset)
+                if block is not None and block[1] < WORDS:
+                    slot = block[1]
+                    block[1] += 1
+                    self._words[offset // 8 + slot] = _HELD
+                    return ShmArray(self.name, offset, slot, x.shape, x.dtype)
+            offset = self._allocate(HEADER + _round_up(x.nbytes))
+            if offset is None:
+                return None
+        np.copyto(np.ndarray(x.shape, x.dtype, buffer=self._mm, offset=offset + HEADER), x, casting="no")
+        with self._lock:
+            if offset in self._blocks:
+                self._last = (weakref.ref(x), key, offset)
+        return ShmArray(self.name, offset, 0, x.shape, x.dtype)
+
+    def encode(self, value: Any, key: Hashable = None) -> Shared | None:
+        """`value` (a message sent under `key`) with its large arrays moved into the arena; None if it
+        has none or they do not fit."""
         placed: list[ShmArray] = []
 
         def walk(v: Any) -> Any:
             if _eligible(v):
-                ref = self.put(v)
+                ref = self.put(v, key)
                 if ref is None:
                     raise _Full
                 placed.append(ref)
@@ -165,21 +202,31 @@ class Outbox:
             encoded = walk(value)
         except _Full:
             for ref in placed:
-                self._free(ref.offset)
+                self._free(ref)
             return None
         return Shared(encoded) if placed else None
 
     def in_use(self) -> int:
-        """Bytes of blocks not yet released by their receivers."""
+        """Bytes of blocks some receiver still holds."""
         with self._lock:
-            return sum(size for off, size in self._blocks.items() if self._flags[off // 8] != _RELEASED)
+            return sum(size for off, (size, readers) in self._blocks.items() if self._held(off, readers))
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Unlink the segment and unmap it; True if anything was ever placed in it."""
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-        self._blocks.clear()
+        with self._lock:
+            used = self._used
+            self._blocks.clear()
+            self._last = None
+            self._words = np.empty(0, np.uint64)
+        try:
+            self._mm.close()
+        except BufferError:  # a replica that never stopped is still copying: the collector unmaps it
+            pass
+        return used
 
 
 class _Full(Exception):
@@ -218,9 +265,11 @@ class Inbox:
 
     def array(self, ref: ShmArray) -> np.ndarray:
         """A read-only view of the block; the block is released when the view is garbage."""
+        if not (0 <= ref.slot < WORDS and ref.offset >= 0 and ref.offset % HEADER == 0):
+            raise ValueError(f"bad shared-memory descriptor {ref!r}")
         mm, flags = self._map(ref.segment)
         pinned = _Pinned(ref.shape, ref.dtype, buffer=mm, offset=ref.offset + HEADER)
-        weakref.finalize(pinned, _release, flags, ref.offset // 8)
+        weakref.finalize(pinned, _release, flags, ref.offset // 8 + ref.slot)
         out = pinned.view(np.ndarray)
         out.flags.writeable = False
         return out
@@ -242,7 +291,7 @@ class Inbox:
         def walk(v: Any) -> None:
             if isinstance(v, ShmArray):
                 try:
-                    _release(self._map(v.segment)[1], v.offset // 8)
+                    _release(self._map(v.segment)[1], v.offset // 8 + v.slot)
                 except (OSError, ValueError):
                     pass
             elif isinstance(v, (tuple, list)):
@@ -251,9 +300,11 @@ class Inbox:
 
         walk(shared.value)
 
-    def close(self) -> None:
-        # Mappings are dropped, not closed: arrays still held keep theirs alive until they go.
+    def close(self) -> bool:
+        """Drop the mappings (arrays still held keep theirs until they go); True if any was made."""
+        used = bool(self._maps)
         self._maps = {}
+        return used
 
 
 def _release(flags: np.ndarray, word: int) -> None:

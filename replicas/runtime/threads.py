@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from replicas.diagnostics.recorder import FlightRecorder
+from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicasError
 from replicas.records import HOST, ReplicaState
-from replicas.runtime.compile import Executable
+from replicas.runtime.compile import Executable, runs_bounded_alone
 from replicas.runtime.fabric import MailboxFabric
 from replicas.runtime.mailbox import Mailbox
 from replicas.runtime.replica_runner import ReplicaRunner
@@ -33,7 +33,8 @@ class ThreadBackend:
     poll_interval = 0.02
 
     def __init__(self, executable: Executable, args: list[list[Any]], *, strict: bool = True,
-                 record_every_instruction: bool = False, placement: list[int] | None = None) -> None:
+                 record_every_instruction: bool = False, placement: list[int] | None = None,
+                 trace_events: int = DEFAULT_CAPACITY) -> None:
         n = len(args)
         self.num_replicas = n
         self._mailboxes = [Mailbox(r) for r in range(n)]
@@ -42,9 +43,12 @@ class ThreadBackend:
         # treat replicas as hosted by those "processes" (their cross-process algorithms, without Ray).
         placement = list(placement) if placement is not None else [0] * n
         for r in range(n):
-            recorder = FlightRecorder(r, every_instruction=record_every_instruction)
+            recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
             fabric = ThreadFabric(r, self._mailboxes, strict=strict, recorder=recorder, placement=placement)
             self._replicas.append(ReplicaRunner(executable, fabric, recorder))
+        if n == 1 and runs_bounded_alone(executable):  # no thread hand-off for a program that cannot wait
+            self._replicas[0].run_here(args[0])
+            return
         for replica, a in zip(self._replicas, args):
             replica.start(a)
 

@@ -3,23 +3,54 @@
 A Ray actor call costs milliseconds of CPU on a small machine; a message written to a socket
 that a reader thread in the peer hands to its mailbox costs tens of microseconds. Small messages
 take this path; large ones keep going through Ray's object store (zero-copy on one node).
-Connections authenticate with the driver's key (multiprocessing's HMAC handshake), so only
-this job's actors can deliver, and a Unix socket is used between actors of one node.
+
+The surface is closed:
+- Between actors of one node the socket is a Unix socket in Linux's abstract namespace (no file,
+  so nothing is left in the temp dir even when an actor is killed); a TCP listener is opened only
+  when the job spans nodes, on this node's address.
+- Every connection is authenticated (mutual HMAC-SHA256 challenge/response with the driver's
+  key) before any message is read, within `HANDSHAKE_TIMEOUT`, in that connection's own thread:
+  a silent stranger, a wrong key or garbage costs one thread for at most that long and never
+  delays another connection; at most `MAX_PENDING` handshakes run at once.
+- Only an authenticated peer's messages are deserialized; each is a length-prefixed frame of at
+  most `MAX_FRAME_BYTES`. A frame over the limit, or a message the host refuses, is reported to
+  `on_fault` (the job fails naming it) and the connection is closed, so its sender gets an error
+  instead of blocking on a reader that is gone.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import pickle
+import secrets
+import socket
+import struct
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
-from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
 import numpy as np
 
 # Messages with more array bytes than this go through Ray's object store instead.
 WIRE_MAX_BYTES = 1 << 20
+# A frame carries one message: its arrays plus the key, the job token and pickle's framing.
+MAX_FRAME_BYTES = WIRE_MAX_BYTES + (1 << 20)
+HANDSHAKE_TIMEOUT = 5.0  # seconds a new connection has to prove it holds the key
+SEND_TIMEOUT = 60.0  # seconds a send may wait for a peer that stopped reading
+MAX_PENDING = 256  # connections allowed to be in their handshake at once
+
+_HELLO = b"rpw1"
+_CHALLENGE_BYTES = 32
+_DIGEST_BYTES = 32
+_LENGTH = struct.Struct("<Q")
+
+
+class WireError(RuntimeError):
+    """A peer connection failed (handshake refused, peer gone, frame too large)."""
 
 
 def payload_bytes(value: Any) -> int:
@@ -33,37 +64,152 @@ def payload_bytes(value: Any) -> int:
     return 0
 
 
+def _digest(key: bytes, role: bytes, challenge: bytes) -> bytes:
+    return hmac.new(key, _HELLO + role + challenge, hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            raise EOFError("connection closed")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _server_handshake(sock: socket.socket, key: bytes) -> None:
+    """Prove the client holds `key` (and that we do); raises on anything else."""
+    challenge = secrets.token_bytes(_CHALLENGE_BYTES)
+    sock.sendall(_HELLO + challenge)
+    answer = _recv_exact(sock, _DIGEST_BYTES + _CHALLENGE_BYTES)
+    if not hmac.compare_digest(answer[:_DIGEST_BYTES], _digest(key, b"c", challenge)):
+        raise WireError("wrong key")
+    sock.sendall(_digest(key, b"s", answer[_DIGEST_BYTES:]))
+
+
+def _client_handshake(sock: socket.socket, key: bytes) -> None:
+    hello = _recv_exact(sock, len(_HELLO) + _CHALLENGE_BYTES)
+    if hello[:len(_HELLO)] != _HELLO:
+        raise WireError("the peer does not speak this protocol")
+    mine = secrets.token_bytes(_CHALLENGE_BYTES)
+    sock.sendall(_digest(key, b"c", hello[len(_HELLO):]) + mine)
+    if not hmac.compare_digest(_recv_exact(sock, _DIGEST_BYTES), _digest(key, b"s", mine)):
+        raise WireError("the peer does not hold the job's key")
+
+
 class Wire:
-    """One actor's end: a listener whose reader threads call `deliver(message)`, and a
-    connection (with a lock, shared by the actor's replicas) to each peer it has written to."""
+    """One actor's end: listeners whose reader threads call `deliver(message)`, and a
+    connection (with a lock, shared by the actor's replicas) to each peer it has written to.
 
-    def __init__(self, deliver: Callable[[Any], None], authkey: bytes, node: str, node_ip: str) -> None:
+    `on_fault(error)` is called when an authenticated peer sends something this end refuses (a
+    frame too large, bytes that do not unpickle, a message `deliver` raises on)."""
+
+    def __init__(self, deliver: Callable[[Any], None], authkey: bytes, node: str, node_ip: str | None = None,
+                 on_fault: Callable[[BaseException], None] | None = None) -> None:
         self._deliver = deliver
+        self._on_fault = on_fault
         self._authkey = authkey
-        self._dir = tempfile.mkdtemp(prefix="rpw-", dir="/tmp")
-        self._unix = Listener(os.path.join(self._dir, "s"), family="AF_UNIX", authkey=authkey)
-        self._tcp = Listener((node_ip, 0), family="AF_INET", authkey=authkey)
-        self.address = {"node": node, "unix": self._unix.address, "tcp": self._tcp.address}
-        self._conns: dict[str, tuple[Connection, threading.Lock]] = {}
+        self._closed = False
         self._lock = threading.Lock()
-        for listener in (self._unix, self._tcp):
-            threading.Thread(target=self._accept, args=(listener,), daemon=True, name="wire-accept").start()
+        self._conns: dict[str, tuple[socket.socket, threading.Lock]] = {}
+        self._served: set[socket.socket] = set()  # accepted connections, closed with the wire
+        self._pending = threading.BoundedSemaphore(MAX_PENDING)
+        self._listeners: list[socket.socket] = []
+        self._dir: str | None = None
+        self.address: dict[str, Any] = {"node": node, "unix": self._listen_unix(), "tcp": None}
+        if node_ip is not None:
+            self.open_tcp(node_ip)
 
-    def _accept(self, listener: Listener) -> None:
-        while True:
+    # -- listening ---------------------------------------------------------------------------------
+    def _listen_unix(self) -> str:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if sys.platform.startswith("linux"):
+            address = "\0rpw-" + secrets.token_hex(16)  # abstract: no file to leave behind
+        else:
+            self._dir = tempfile.mkdtemp(prefix="rpw-")
+            address = os.path.join(self._dir, "s")
+        sock.bind(address)
+        self._start_listener(sock)
+        return address
+
+    def open_tcp(self, host: str) -> None:
+        """Listen on `host` too (once): for peers on other nodes."""
+        with self._lock:
+            if self.address["tcp"] is not None:
+                return
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            self.address["tcp"] = sock.getsockname()[:2]
+            self._start_listener(sock)
+
+    def _start_listener(self, sock: socket.socket) -> None:
+        sock.listen(128)
+        self._listeners.append(sock)
+        threading.Thread(target=self._accept, args=(sock,), daemon=True, name="wire-accept").start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while not self._closed:
             try:
-                conn = listener.accept()
-            except Exception:  # noqa: BLE001 - a failed handshake (wrong key) or a closed listener
+                conn, _ = listener.accept()
+            except OSError:
+                if self._closed:
+                    return
                 continue
-            threading.Thread(target=self._read, args=(conn,), daemon=True, name="wire-read").start()
+            if not self._pending.acquire(blocking=False):
+                conn.close()  # too many strangers mid-handshake: refuse rather than queue
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True, name="wire-read").start()
 
-    def _read(self, conn: Connection) -> None:
+    def _serve(self, conn: socket.socket) -> None:
+        """Authenticate within the deadline, then read frames until the peer or the wire closes."""
         try:
-            while True:
-                self._deliver(conn.recv())
-        except (EOFError, OSError):
+            conn.settimeout(HANDSHAKE_TIMEOUT)
+            _server_handshake(conn, self._authkey)
+            conn.settimeout(None)
+        except (OSError, EOFError, WireError):
+            conn.close()
+            return
+        finally:
+            self._pending.release()
+        with self._lock:
+            if self._closed:
+                conn.close()
+                return
+            self._served.add(conn)
+        try:
+            self._read(conn)
+        finally:
+            with self._lock:
+                self._served.discard(conn)
             conn.close()
 
+    def _read(self, conn: socket.socket) -> None:
+        while True:
+            try:
+                (size,) = _LENGTH.unpack(_recv_exact(conn, _LENGTH.size))
+                if size > MAX_FRAME_BYTES:
+                    raise WireError(f"a peer sent a frame of {size} bytes (the limit is {MAX_FRAME_BYTES})")
+                data = _recv_exact(conn, size)
+            except (OSError, EOFError):
+                return  # the peer closed, or the wire did
+            except WireError as e:
+                self._fault(e)
+                return
+            try:
+                # Only an authenticated peer (an actor of this driver) gets here: see the module doc.
+                message = pickle.loads(data)  # noqa: S301
+                self._deliver(message)
+            except Exception as e:  # noqa: BLE001 - a refused message fails the job, never this thread
+                self._fault(e)
+                return
+
+    def _fault(self, error: BaseException) -> None:
+        if self._on_fault is not None and not self._closed:
+            self._on_fault(error)
+
+    # -- sending -----------------------------------------------------------------------------------
     def send(self, peer: dict[str, Any], message: Any) -> None:
         key = f"{peer['node']}|{peer['unix']}"
         entry = self._conns.get(key)
@@ -71,11 +217,82 @@ class Wire:
             with self._lock:
                 entry = self._conns.get(key)
                 if entry is None:
-                    if peer["node"] == self.address["node"]:
-                        conn = Client(peer["unix"], family="AF_UNIX", authkey=self._authkey)
-                    else:
-                        conn = Client(tuple(peer["tcp"]), family="AF_INET", authkey=self._authkey)
-                    entry = self._conns[key] = (conn, threading.Lock())
+                    entry = self._conns[key] = (self._connect(peer), threading.Lock())
         conn, lock = entry
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) > MAX_FRAME_BYTES:
+            raise WireError(f"a message of {len(data)} bytes is over the frame limit of {MAX_FRAME_BYTES}")
+        header = _LENGTH.pack(len(data))
         with lock:
-            conn.send(message)
+            try:
+                if len(data) < 65536:
+                    conn.sendall(header + data)  # one system call for the usual small message
+                else:
+                    conn.sendall(header)
+                    conn.sendall(data)
+            except OSError as e:
+                self._drop(key, conn)
+                raise WireError(f"cannot send to the actor at {peer['unix']!r}: {type(e).__name__}: {e}") from None
+
+    def _connect(self, peer: dict[str, Any]) -> socket.socket:
+        if peer["node"] == self.address["node"]:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            target: Any = peer["unix"]
+        else:
+            if peer.get("tcp") is None:
+                raise WireError(f"the actor on node {peer['node']} has no TCP listener")
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            target = tuple(peer["tcp"])
+        try:
+            sock.settimeout(HANDSHAKE_TIMEOUT)
+            sock.connect(target)
+            _client_handshake(sock, self._authkey)
+            sock.settimeout(SEND_TIMEOUT)
+        except (OSError, EOFError, WireError) as e:
+            sock.close()
+            raise WireError(f"cannot connect to the actor at {target!r}: {type(e).__name__}: {e}") from None
+        return sock
+
+    def _drop(self, key: str, conn: socket.socket) -> None:
+        with self._lock:
+            if self._conns.get(key, (None,))[0] is conn:
+                del self._conns[key]
+        conn.close()
+
+    # -- closing -----------------------------------------------------------------------------------
+    def drop_peers(self) -> None:
+        """Close this end's outgoing connections (a job ended; the next job connects afresh)."""
+        with self._lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for conn, _ in conns:
+            _shut(conn)
+
+    def close(self) -> None:
+        """Stop listening and close every connection, both directions."""
+        with self._lock:
+            self._closed = True
+            served, self._served = list(self._served), set()
+        for sock in self._listeners:
+            _shut(sock)
+        for conn in served:
+            _shut(conn)
+        self.drop_peers()
+        if self._dir is not None:
+            import shutil
+
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    @property
+    def connections(self) -> int:
+        """Open connections (outgoing and authenticated incoming): for leak checks."""
+        with self._lock:
+            return len(self._conns) + len(self._served)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

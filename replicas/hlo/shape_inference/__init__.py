@@ -7,29 +7,28 @@ broadcast, convert, rng, custom-call, infeed, recv, ...). Pass the instruction's
 number of participating devices as `num_replicas=` to check replica groups and infer collective
 result shapes. Violations raise `ProgramError` naming the opcode and the rule.
 
-The rules live in one module per family (`shape_inference/*.py`); importing them registers them.
+The rules live in one module per op family, named as in `replicas/ops/` (`hlo/opcodes.py` gives each
+opcode's family); importing the package registers them all.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation
 from replicas.hlo.opcodes import OPCODES
-from replicas.hlo.shape_inference import (  # noqa: F401  (importing registers the rules)
-    collectives,
-    control_flow,
-    elementwise,
-    gather,
-    linalg,
-    shape_ops,
-)
 from replicas.hlo.shape_inference.base import RULES, Ctx
-from replicas.hlo.shape_inference.elementwise import comparison_type_for
-from replicas.hlo.shape_inference.linalg import ConvDimensionNumbers, parse_dim_labels
+from replicas.hlo.shape_inference.compare import comparison_type_for
+from replicas.hlo.shape_inference.convolution import ConvDimensionNumbers, parse_dim_labels
 from replicas.shapes import Shape
+
+for _info in pkgutil.iter_modules(__path__):  # importing a family's module registers its rules
+    if _info.name != "base":
+        importlib.import_module(f"{__name__}.{_info.name}")
 
 
 def infer_shape(opcode: str, operand_shapes: Sequence[Shape], attrs: dict[str, Any],

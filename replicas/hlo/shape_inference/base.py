@@ -211,6 +211,14 @@ def check_param_shapes(c: Ctx, comp: Computation, shapes: list[Shape], what: str
             raise c.fail(f"{what} {comp.name} parameter {i} is {p}, but the operand is {s}")
 
 
+def second_of_start(c: Ctx) -> Shape:
+    """The result of a -done op whose start returned (operands, result, ...)."""
+    s = c.operands[0]
+    if not s.is_tuple or len(s.tuple_shapes) < 2:
+        raise c.fail(f"operand must be the tuple produced by the matching start, got {s}")
+    return s.tuple_shapes[1]
+
+
 def replica_groups(c: Ctx) -> list[list[int]]:
     groups = c.attrs.get("replica_groups") or []
     try:

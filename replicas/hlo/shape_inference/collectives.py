@@ -4,21 +4,18 @@ send/recv, infeed/outfeed, tokens, async wrappers, rng, custom-call, replica-id.
 from __future__ import annotations
 
 from replicas.hlo.shape_inference.base import (
-    PRED,
     U32,
     Ctx,
     array_shape,
-    check_param_shapes,
     check_replica_groups,
     check_scalar_computation,
     compatible,
     rule,
     scalar,
+    second_of_start,
     tuple_or_single,
 )
-from replicas.shapes import PrimitiveType, Shape
-
-U64 = PrimitiveType.U64
+from replicas.shapes import Shape
 
 
 def _arrays(c: Ctx) -> list[Shape]:
@@ -188,175 +185,14 @@ def _done_same(c: Ctx) -> Shape:
     return c.operands[0]
 
 
-@rule("all-gather-done", "collective-permute-done", "async-done", "copy-done")
+@rule("all-gather-done", "collective-permute-done")
 def _done_second(c: Ctx) -> Shape:
-    s = c.operands[0]
-    if not s.is_tuple or len(s.tuple_shapes) < 2:
-        raise c.fail(f"operand must be the tuple produced by the matching start, got {s}")
-    return s.tuple_shapes[1]
-
-
-@rule("copy-start")
-def _copy_start(c: Ctx) -> Shape | None:
-    s = c.operands[0]
-    return None if c.result is not None else Shape.tuple([s, s, scalar(U32)])
-
-
-@rule("async-start")
-def _async_start(c: Ctx) -> None:
-    comp = c.computation("calls")
-    check_param_shapes(c, comp, c.operands, "wrapped computation")
-    r = c.result
-    if r is not None:
-        want0 = Shape.tuple(list(c.operands))
-        if not r.is_tuple or len(r.tuple_shapes) < 2:
-            raise c.fail(f"result must be ((operands...), result, context...), got {r}")
-        if not compatible(r.tuple_shapes[0], want0) or not compatible(r.tuple_shapes[1], comp.result_shape):
-            raise c.fail(f"result {r} must start with ({want0}, {comp.result_shape})")
-    return None
-
-
-@rule("async-update")
-def _async_update(c: Ctx) -> Shape:
-    return c.operands[0]
-
-
-def _channel(c: Ctx) -> None:
-    cid = c.attrs.get("channel_id")
-    if cid is not None and (not isinstance(cid, int) or cid < 0):
-        raise c.fail(f"channel_id must be a non-negative integer, got {cid!r}")
-
-
-def _is_context(s: Shape) -> bool:
-    return (s.is_tuple and len(s.tuple_shapes) == 3 and compatible(s.tuple_shapes[1], scalar(U32))
-            and s.tuple_shapes[2].is_token)
-
-
-@rule("send")
-def _send(c: Ctx) -> Shape:
-    _channel(c)
-    c.token(1, "operand 1 (the token)")
-    return Shape.tuple([c.operands[0], scalar(U32), Shape.token()])
-
-
-@rule("recv")
-def _recv(c: Ctx) -> None:
-    _channel(c)
-    c.token(0, "operand 0 (the token)")
-    if c.result is not None and not _is_context(c.result):
-        raise c.fail(f"result must be (data, u32[], token[]), got {c.result}")
-    return None
-
-
-@rule("send-done")
-def _send_done(c: Ctx) -> Shape:
-    _channel(c)
-    if not _is_context(c.operands[0]):
-        raise c.fail(f"operand must be a send's (data, u32[], token[]), got {c.operands[0]}")
-    return Shape.token()
-
-
-@rule("recv-done")
-def _recv_done(c: Ctx) -> Shape:
-    _channel(c)
-    s = c.operands[0]
-    if not _is_context(s):
-        raise c.fail(f"operand must be a recv's (data, u32[], token[]), got {s}")
-    return Shape.tuple([s.tuple_shapes[0], Shape.token()])
-
-
-@rule("infeed")
-def _infeed(c: Ctx) -> None:
-    c.token(0, "operand 0 (the token)")
-    r = c.result
-    if r is not None and not (r.is_tuple and len(r.tuple_shapes) == 2 and r.tuple_shapes[1].is_token):
-        raise c.fail(f"result must be (data, token[]), got {r}")
-    return None
-
-
-@rule("outfeed")
-def _outfeed(c: Ctx) -> Shape:
-    c.token(1, "operand 1 (the token)")
-    declared = c.attrs.get("outfeed_shape")
-    if declared is not None and not compatible(declared, c.operands[0]):
-        raise c.fail(f"outfeed_shape {declared} does not match the data operand {c.operands[0]}")
-    return Shape.token()
-
-
-@rule("after-all")
-def _after_all(c: Ctx) -> Shape:
-    for i in range(len(c.operands)):
-        c.token(i)
-    return Shape.token()
-
-
-@rule("add-dependency")
-def _add_dependency(c: Ctx) -> Shape:
-    c.token(1, "operand 1 (the token)")
-    return c.operands[0]
-
-
-@rule("opt-barrier", "domain")
-def _identity(c: Ctx) -> Shape:
-    return c.operands[0]
+    return second_of_start(c)
 
 
 @rule("replica-id", "partition-id")
 def _replica_id(c: Ctx) -> Shape:
     return scalar(U32)
-
-
-@rule("rng")
-def _rng(c: Ctx) -> None:
-    c.count(2, 3)
-    a, b = c.array(0, "a"), c.array(1, "b")
-    if len(c.operands) == 3:  # XLA's optional third operand: the result dimensions, s64[rank]
-        dims = c.array(2, "shape")
-        if dims.rank != 1 or not dims.element_type.is_integral:
-            raise c.fail(f"the third operand gives the result dimensions as an integer vector, got {dims}")
-    dist = c.attr("distribution")
-    if not (a.is_scalar and b.is_scalar and a.element_type is b.element_type):
-        raise c.fail(f"parameters {a} and {b} must be scalars of the same type")
-    t = a.element_type
-    if dist == "rng_normal" and not t.is_floating:
-        raise c.fail(f"rng_normal needs floating-point parameters, got {t.value}")
-    if dist == "rng_uniform" and not (t.is_floating or t.is_integral or t is PRED):
-        raise c.fail(f"rng_uniform needs numeric parameters, got {t.value}")
-    if dist not in ("rng_normal", "rng_uniform"):
-        raise c.fail(f"distribution must be rng_uniform or rng_normal, got {dist!r}")
-    r = c.result
-    if r is not None and (not r.is_array or r.element_type is not t):
-        raise c.fail(f"result {r} must be an array of the parameters' type {t.value}")
-    return None
-
-
-@rule("rng-bit-generator")
-def _rng_bit_generator(c: Ctx) -> None:
-    state = c.array(0, "state")
-    if state.rank != 1 or not state.element_type.is_unsigned_integral:
-        raise c.fail(f"state {state} must be a rank-1 unsigned integer array")
-    algorithm = c.attr("algorithm", "rng_default")
-    if algorithm not in ("rng_default", "rng_three_fry", "rng_philox"):
-        raise c.fail(f"unknown algorithm {algorithm!r}")
-    r = c.result
-    if r is not None:
-        if not (r.is_tuple and len(r.tuple_shapes) == 2 and compatible(r.tuple_shapes[0], state)
-                and r.tuple_shapes[1].is_array):
-            raise c.fail(f"result must be (state {state}, data), got {r}")
-    return None
-
-
-@rule("rng-get-and-update-state")
-def _rng_state(c: Ctx) -> Shape:
-    return array_shape(U64, [2])
-
-
-@rule("custom-call")
-def _custom_call(c: Ctx) -> None:
-    target = c.attr("custom_call_target")
-    if not isinstance(target, str) or not target:
-        raise c.fail(f"custom_call_target must be a non-empty string, got {target!r}")
-    return None
 
 
 @rule("ragged-all-to-all")

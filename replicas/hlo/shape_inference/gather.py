@@ -1,4 +1,4 @@
-"""Shape rules of gather and scatter (XLA's dimension-number validity and bounds checks)."""
+"""Shape rule of gather, and the index checks shared with scatter."""
 
 from __future__ import annotations
 
@@ -6,15 +6,12 @@ from replicas.hlo.shape_inference.base import (
     Ctx,
     array_shape,
     check_dims_unique_in_range,
-    check_scalar_computation,
     rule,
-    same_dims,
-    tuple_or_single,
 )
 from replicas.shapes import Shape
 
 
-def _expanded_indices(c: Ctx, indices: Shape, index_vector_dim: int) -> list[int]:
+def expanded_indices(c: Ctx, indices: Shape, index_vector_dim: int) -> list[int]:
     if not indices.element_type.is_integral:
         raise c.fail(f"start indices {indices} must be integers")
     if not 0 <= index_vector_dim <= indices.rank:
@@ -25,7 +22,7 @@ def _expanded_indices(c: Ctx, indices: Shape, index_vector_dim: int) -> list[int
     return dims
 
 
-def _check_batching(c: Ctx, operand: Shape, indices: Shape, operand_batching: list[int],
+def check_batching(c: Ctx, operand: Shape, indices: Shape, operand_batching: list[int],
                     indices_batching: list[int], index_vector_dim: int, names: tuple[str, str]) -> None:
     check_dims_unique_in_range(c, indices_batching, indices.rank, names[1])
     if index_vector_dim in indices_batching:
@@ -42,7 +39,7 @@ def _check_batching(c: Ctx, operand: Shape, indices: Shape, operand_batching: li
 def _gather(c: Ctx) -> Shape:
     operand, indices = c.array(0, "operand"), c.array(1, "start indices")
     ivd = int(c.attr("index_vector_dim"))
-    expanded = _expanded_indices(c, indices, ivd)
+    expanded = expanded_indices(c, indices, ivd)
     offset_dims = c.int_list("offset_dims", [])
     collapsed = c.int_list("collapsed_slice_dims", [])
     start_index_map = c.int_list("start_index_map", [])
@@ -60,7 +57,7 @@ def _gather(c: Ctx) -> Shape:
     check_dims_unique_in_range(c, start_index_map, operand.rank, "start_index_map")
     if set(start_index_map) & set(operand_batching):
         raise c.fail(f"start_index_map {start_index_map} and operand_batching_dims {operand_batching} overlap")
-    _check_batching(c, operand, indices, operand_batching, indices_batching, ivd,
+    check_batching(c, operand, indices, operand_batching, indices_batching, ivd,
                     ("operand_batching_dims", "start_indices_batching_dims"))
     if expanded[ivd] != len(start_index_map):
         raise c.fail(f"the index vector size {expanded[ivd]} (indices dimension {ivd}) must equal the length "
@@ -89,63 +86,3 @@ def _gather(c: Ctx) -> Shape:
             out.append(batch_sizes[b])
             b += 1
     return array_shape(operand.element_type, out)
-
-
-@rule("scatter")
-def _scatter(c: Ctx) -> Shape:
-    n = len(c.operands)
-    if n < 3 or n % 2 == 0:
-        raise c.fail(f"expects N operands, the indices and N updates (an odd count >= 3), got {n} operands")
-    k = (n - 1) // 2
-    operands, indices, updates = c.operands[:k], c.operands[k], c.operands[k + 1:]
-    for i in range(n):
-        c.array(i)
-    for i, s in enumerate(operands):
-        if not same_dims(s, operands[0]):
-            raise c.fail(f"operand {i} {s} must have the dimensions of operand 0 {operands[0]}")
-    for i, (u, s) in enumerate(zip(updates, operands)):
-        if not same_dims(u, updates[0]):
-            raise c.fail(f"update {i} {u} must have the dimensions of update 0 {updates[0]}")
-        if u.element_type is not s.element_type:
-            raise c.fail(f"update {i} {u} must have the element type of operand {i} {s}")
-    operand, update = operands[0], updates[0]
-    ivd = int(c.attr("index_vector_dim"))
-    expanded = _expanded_indices(c, indices, ivd)
-    window_dims = c.int_list("update_window_dims", [])
-    inserted = c.int_list("inserted_window_dims", [])
-    to_operand = c.int_list("scatter_dims_to_operand_dims", [])
-    input_batching = c.int_list("input_batching_dims", [])
-    indices_batching = c.int_list("scatter_indices_batching_dims", [])
-
-    check_dims_unique_in_range(c, window_dims, update.rank, "update_window_dims", sorted_required=True)
-    check_dims_unique_in_range(c, inserted, operand.rank, "inserted_window_dims", sorted_required=True)
-    check_dims_unique_in_range(c, input_batching, operand.rank, "input_batching_dims", sorted_required=True)
-    if set(inserted) & set(input_batching):
-        raise c.fail(f"inserted_window_dims {inserted} and input_batching_dims {input_batching} overlap")
-    _check_batching(c, operand, indices, input_batching, indices_batching, ivd,
-                    ("input_batching_dims", "scatter_indices_batching_dims"))
-    if expanded[ivd] != len(to_operand):
-        raise c.fail(f"the index vector size {expanded[ivd]} (indices dimension {ivd}) must equal the length of "
-                     f"scatter_dims_to_operand_dims {to_operand}")
-    check_dims_unique_in_range(c, to_operand, operand.rank, "scatter_dims_to_operand_dims")
-    if set(to_operand) & set(input_batching):
-        raise c.fail(f"scatter_dims_to_operand_dims {to_operand} and input_batching_dims {input_batching} overlap")
-    if len(window_dims) + len(inserted) + len(input_batching) != operand.rank:
-        raise c.fail(f"update_window_dims {window_dims}, inserted_window_dims {inserted} and input_batching_dims "
-                     f"{input_batching} must add up to the operand rank {operand.rank}")
-    if update.rank != len(window_dims) + len(expanded) - 1:
-        raise c.fail(f"updates {update} must have rank {len(window_dims) + len(expanded) - 1} "
-                     f"(update_window_dims plus the scatter dimensions of the indices)")
-    scatter_sizes = [d for i, d in enumerate(expanded) if i != ivd]
-    update_scatter = [d for i, d in enumerate(update.dimensions) if i not in window_dims]
-    if update_scatter != scatter_sizes:
-        raise c.fail(f"the scatter dimensions of updates {update_scatter} must equal the indices' batch "
-                     f"dimensions {scatter_sizes}")
-    window_operand_dims = [i for i in range(operand.rank) if i not in inserted and i not in input_batching]
-    for ud, od in zip(window_dims, window_operand_dims):
-        if update.dimensions[ud] > operand.dimensions[od]:
-            raise c.fail(f"update window dimension {ud} (size {update.dimensions[ud]}) is larger than operand "
-                         f"dimension {od} (size {operand.dimensions[od]})")
-    types = [s.element_type for s in operands]
-    check_scalar_computation(c, c.computation("to_apply"), types + types, types, "update computation")
-    return tuple_or_single(list(operands))

@@ -1,40 +1,9 @@
-"""Shape rules of the ops that create, move or rearrange array data: parameter, constant, iota,
-broadcast, reshape, bitcast, transpose, reverse, slice, dynamic-(update-)slice, pad, concatenate,
-tuple, get-tuple-element, get/set-dimension-size."""
+"""Shape rules of the ops that rearrange one array: iota, broadcast, reshape, bitcast, copy, transpose, reverse."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from replicas.hlo.shape_inference.base import S32, Ctx, array_shape, check_dims_unique_in_range, rule
+from replicas.hlo.shape_inference.base import Ctx, array_shape, check_dims_unique_in_range, rule
 from replicas.shapes import Shape
-
-
-@rule("parameter")
-def _parameter(c: Ctx) -> None:
-    n = c.attr("parameter_number")
-    if not isinstance(n, int) or n < 0:
-        raise c.fail(f"parameter_number must be a non-negative integer, got {n!r}")
-    return None
-
-
-def _literal_matches(shape: Shape, literal: object) -> bool:
-    if shape.is_tuple:
-        return (isinstance(literal, (tuple, list)) and len(literal) == len(shape.tuple_shapes)
-                and all(_literal_matches(s, v) for s, v in zip(shape.tuple_shapes, literal)))
-    if shape.is_token:
-        return True
-    arr = np.asarray(literal)
-    return tuple(arr.shape) == shape.dimensions
-
-
-@rule("constant")
-def _constant(c: Ctx) -> None:
-    literal = c.attrs.get("literal")
-    if c.result is not None and literal is not None and not _literal_matches(c.result, literal):
-        got = np.asarray(literal).shape if not isinstance(literal, tuple) else "a tuple"
-        raise c.fail(f"literal of shape {got} does not match the declared shape {c.result}")
-    return None
 
 
 @rule("iota")
@@ -70,17 +39,22 @@ def _broadcast(c: Ctx) -> None:
     return None
 
 
-@rule("reshape", "dynamic-reshape")
+@rule("reshape")
 def _reshape(c: Ctx) -> None:
-    s = c.array(0)
+    s = same_type_result(c)
     r = c.result
-    if r is None:
-        return None
-    if not r.is_array or r.element_type is not s.element_type:
-        raise c.fail(f"result {r} must be an array of the operand's element type {s.element_type.value}")
-    if c.opcode == "reshape" and r.numel != s.numel:
+    if r is not None and r.numel != s.numel:
         raise c.fail(f"element count changes from {s.numel} ({s}) to {r.numel} ({r})")
     return None
+
+
+def same_type_result(c: Ctx) -> Shape:
+    """Operand 0, once the declared result is known to be an array of its element type."""
+    s = c.array(0)
+    r = c.result
+    if r is not None and (not r.is_array or r.element_type is not s.element_type):
+        raise c.fail(f"result {r} must be an array of the operand's element type {s.element_type.value}")
+    return s
 
 
 @rule("bitcast")
@@ -93,6 +67,11 @@ def _bitcast(c: Ctx) -> None:
         if r.numel * r.element_type.bit_width != s.numel * s.element_type.bit_width:
             raise c.fail(f"size in bits changes from {s} to {r}")
     return None
+
+
+@rule("copy")
+def _copy(c: Ctx) -> Shape:
+    return c.operands[0]
 
 
 @rule("transpose")
@@ -109,154 +88,3 @@ def _reverse(c: Ctx) -> Shape:
     s = c.array(0)
     check_dims_unique_in_range(c, c.int_list("dimensions"), s.rank, "dimensions")
     return s
-
-
-@rule("slice")
-def _slice(c: Ctx) -> Shape:
-    s = c.array(0)
-    spec = c.attr("slice")
-    if len(spec) != s.rank:
-        raise c.fail(f"slice has {len(spec)} entries, expected one per operand dimension ({s.rank})")
-    out = []
-    for i, entry in enumerate(spec):
-        start, limit, stride = (list(entry) + [1])[:3]
-        if stride < 1:
-            raise c.fail(f"stride {stride} in dimension {i} must be positive")
-        if not 0 <= start <= limit <= s.dimensions[i]:
-            raise c.fail(f"slice [{start}:{limit}] in dimension {i} is out of bounds for size {s.dimensions[i]} "
-                         "(need 0 <= start <= limit <= size)")
-        out.append(-(-(limit - start) // stride))
-    return array_shape(s.element_type, out)
-
-
-def _check_start_indices(c: Ctx, first: int, rank: int) -> None:
-    starts = c.operands[first:]
-    if len(starts) == 1 and rank != 1 and starts[0].is_array and starts[0].rank == 1:
-        # The old form: one rank-1 index array.
-        if starts[0].dimensions[0] != rank or not starts[0].element_type.is_integral:
-            raise c.fail(f"start indices {starts[0]} must be an integer vector of length {rank}")
-        return
-    if len(starts) != rank:
-        raise c.fail(f"expects {rank} scalar start indices (one per operand dimension), got {len(starts)}")
-    types = set()
-    for i, s in enumerate(starts):
-        if not (s.is_array and s.is_scalar and s.element_type.is_integral):
-            raise c.fail(f"start index {i} must be an integer scalar, got {s}")
-        types.add(s.element_type)
-    if len(types) > 1:
-        raise c.fail(f"start indices must all have the same type, got {sorted(t.value for t in types)}")
-
-
-@rule("dynamic-slice")
-def _dynamic_slice(c: Ctx) -> Shape:
-    c.count(at_least=1)
-    s = c.array(0)
-    _check_start_indices(c, 1, s.rank)
-    sizes = c.int_list("dynamic_slice_sizes")
-    if len(sizes) != s.rank:
-        raise c.fail(f"dynamic_slice_sizes {sizes} must have one entry per operand dimension ({s.rank})")
-    for i, (n, d) in enumerate(zip(sizes, s.dimensions)):
-        if not 0 <= n <= d:
-            raise c.fail(f"slice size {n} in dimension {i} must be between 0 and the operand size {d}")
-    return array_shape(s.element_type, sizes)
-
-
-@rule("dynamic-update-slice")
-def _dynamic_update_slice(c: Ctx) -> Shape:
-    c.count(at_least=2)
-    s, u = c.array(0), c.array(1, "update")
-    if u.element_type is not s.element_type:
-        raise c.fail(f"update {u} must have the operand's element type {s.element_type.value}")
-    if u.rank != s.rank:
-        raise c.fail(f"update {u} must have the operand's rank {s.rank}")
-    for i, (n, d) in enumerate(zip(u.dimensions, s.dimensions)):
-        if n > d:
-            raise c.fail(f"update size {n} in dimension {i} exceeds the operand size {d}")
-    _check_start_indices(c, 2, s.rank)
-    return s
-
-
-@rule("pad")
-def _pad(c: Ctx) -> Shape:
-    s, v = c.array(0), c.array(1, "padding value")
-    if not v.is_scalar or v.element_type is not s.element_type:
-        raise c.fail(f"padding value {v} must be a scalar of the operand's element type {s.element_type.value}")
-    cfg = c.attr("padding")
-    if len(cfg) != s.rank:
-        raise c.fail(f"padding has {len(cfg)} entries, expected one per operand dimension ({s.rank})")
-    out = []
-    for i, entry in enumerate(cfg):
-        lo, hi, interior = (list(entry) + [0])[:3]
-        if interior < 0:
-            raise c.fail(f"interior padding {interior} in dimension {i} must be non-negative")
-        d = s.dimensions[i]
-        n = lo + hi + d + max(d - 1, 0) * interior
-        if n < 0:
-            raise c.fail(f"padding ({lo}, {hi}, {interior}) in dimension {i} of size {d} gives negative size {n}")
-        out.append(n)
-    return array_shape(s.element_type, out)
-
-
-@rule("concatenate")
-def _concatenate(c: Ctx) -> Shape:
-    c.count(at_least=1)
-    dims = c.int_list("dimensions")
-    if len(dims) != 1:
-        raise c.fail(f"dimensions must hold exactly one dimension, got {dims}")
-    d = dims[0]
-    first = c.array(0)
-    if not 0 <= d < first.rank:
-        raise c.fail(f"concatenation dimension {d} out of range for rank {first.rank}")
-    total = 0
-    for i, s in enumerate(c.operands):
-        s = c.array(i)
-        if s.rank != first.rank:
-            raise c.fail(f"operand {i} {s} has rank {s.rank}, operand 0 {first} has rank {first.rank}")
-        if s.element_type is not first.element_type:
-            raise c.fail(f"operand {i} {s} has element type {s.element_type.value}, operand 0 has "
-                         f"{first.element_type.value}")
-        for k in range(s.rank):
-            if k != d and s.dimensions[k] != first.dimensions[k]:
-                raise c.fail(f"operand {i} {s} differs from operand 0 {first} in non-concatenated dimension {k}")
-        total += s.dimensions[d]
-    out = list(first.dimensions)
-    out[d] = total
-    return array_shape(first.element_type, out)
-
-
-@rule("tuple")
-def _tuple(c: Ctx) -> Shape:
-    return Shape.tuple(list(c.operands))
-
-
-@rule("get-tuple-element")
-def _gte(c: Ctx) -> Shape:
-    s = c.operands[0]
-    if not s.is_tuple:
-        raise c.fail(f"operand must be a tuple, got {s}")
-    i = c.attr("index")
-    if not isinstance(i, int) or not 0 <= i < len(s.tuple_shapes):
-        raise c.fail(f"index {i} out of range for a {len(s.tuple_shapes)}-element tuple {s}")
-    return s.tuple_shapes[i]
-
-
-@rule("get-dimension-size")
-def _get_dimension_size(c: Ctx) -> Shape:
-    s = c.array(0)
-    dims = c.int_list("dimensions")
-    if len(dims) != 1 or not 0 <= dims[0] < s.rank:
-        raise c.fail(f"dimensions {dims} must hold one dimension of the rank {s.rank} operand")
-    return Shape.scalar(S32)
-
-
-@rule("set-dimension-size")
-def _set_dimension_size(c: Ctx) -> Shape:
-    s, size = c.array(0), c.array(1, "size")
-    dims = c.int_list("dimensions")
-    if len(dims) != 1 or not 0 <= dims[0] < s.rank:
-        raise c.fail(f"dimensions {dims} must hold one dimension of the rank {s.rank} operand")
-    if not (size.is_scalar and size.element_type is S32):
-        raise c.fail(f"size must be an s32 scalar, got {size}")
-    dyn = list(s.dynamic) if s.dynamic else [False] * s.rank
-    dyn[dims[0]] = True
-    return Shape.array(s.element_type, s.dimensions, None, dyn)

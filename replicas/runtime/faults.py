@@ -1,0 +1,90 @@
+"""Naming faults: which replica, in which instruction, for what cause.
+
+A replica actor that dies (killed, a segfault in a custom call, out of memory) reaches the driver
+as a Ray error about an actor; the driver knows which replicas that actor ran and what each was
+last seen doing, and says so. Placement that can never succeed (a `resources=` request no node
+has) is found before any actor is started.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from replicas.errors import ReplicaFailure
+from replicas.records import ReplicaState
+
+
+def is_memory_error(error: BaseException | None) -> bool:
+    """`error` is, or was caused by, a MemoryError."""
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, MemoryError):
+            return True
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return False
+
+
+def doing(state: ReplicaState | None) -> str:
+    """What a replica was last seen doing, for an error message."""
+    if state is None:
+        return "before its first report"
+    if state.status == "blocked" and state.block is not None:
+        b = state.block
+        return f"while blocked in %{b.instruction} ({b.opcode})"
+    if state.instruction:
+        return f"while running {state.instruction}"
+    return f"while {state.status}"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("The actor") and "Traceback" not in line:
+            return line[:300]
+    return text.splitlines()[0][:300] if text else type(error).__name__
+
+
+def actor_failure(replicas: list[int], last: dict[int, ReplicaState], error: BaseException) -> ReplicaFailure:
+    """The ReplicaFailure for the death of the actor that ran `replicas`."""
+    r = replicas[0]
+    others = f" (with replicas {replicas[1:]} in the same actor)" if len(replicas) > 1 else ""
+    cause = _first_line(error)
+    failure = ReplicaFailure(f"replica {r}{others} died {doing(last.get(r))}: its actor process exited "
+                             f"({type(error).__name__}: {cause})", r, f"{type(error).__name__}: {cause}")
+    failure.instruction = _instruction(last.get(r))
+    return failure
+
+
+def _instruction(state: ReplicaState | None) -> str | None:
+    if state is None:
+        return None
+    if state.block is not None:
+        return f"%{state.block.instruction} ({state.block.opcode})"
+    return state.instruction
+
+
+def unplaceable(requests: list[tuple[list[int], dict[str, float]]], nodes: list[dict[str, Any]]) -> str | None:
+    """Why some actor can never be placed (no alive node has every resource it asks for), or None.
+
+    `requests` are (replicas, resources) per actor; `nodes` as `ray.nodes()` gives them."""
+    totals = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    for replicas, wanted in requests:
+        if not wanted:
+            continue
+        if any(all(node.get(k, 0) >= v for k, v in wanted.items()) for node in totals):
+            continue
+        missing = sorted(k for k, v in wanted.items() if not any(node.get(k, 0) >= v for node in totals))
+        have = {k: max((node.get(k, 0) for node in totals), default=0) for k in wanted}
+        what = ", ".join(f"{k}={wanted[k]:g} (largest on a node: {have[k]:g})" for k in missing) or \
+            f"{wanted} together on one node"
+        return f"replica{'s' if len(replicas) > 1 else ''} {_ids(replicas)} cannot be placed: no node has {what}"
+    return None
+
+
+def _ids(replicas: list[int]) -> str:
+    return str(replicas[0]) if len(replicas) == 1 else f"{replicas[0]}-{replicas[-1]}"
+
+
+__all__ = ["is_memory_error", "doing", "actor_failure", "unplaceable"]

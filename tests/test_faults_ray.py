@@ -1,0 +1,276 @@
+"""Faults under Ray end the job with an error naming the replica, the instruction and the cause;
+the pool is repaired and the next job in the same driver works. Strangers on an actor's socket do
+not disturb a job; a refused peer message fails it, naming the replica."""
+
+from __future__ import annotations
+
+import _thread
+import glob
+import os
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+
+import replicas as rp
+from replicas.ops.custom_call import unregister_custom_call
+from replicas.runtime.ray_backend import _AUTHKEY, POOL
+from replicas.runtime.wire import Wire
+
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.ray]
+
+
+def setup_module(module):
+    # The custom calls below are this module's functions: the actors cannot import tests/.
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
+
+CALL = """\
+HloModule call, replica_count=2
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[4] parameter(0)
+  id = u32[] replica-id()
+  y = f32[4] custom-call(x, id), custom_call_target="fault"
+  ROOT z = f32[4] all-reduce(y), replica_groups={}, to_apply=add
+}
+"""
+
+FED = """\
+HloModule fed, replica_count=2
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  tok = token[] after-all()
+  in = (f32[4], token[]) infeed(tok)
+  x = f32[4] get-tuple-element(in), index=0
+  t2 = token[] get-tuple-element(in), index=1
+  out = token[] outfeed(x, t2), outfeed_shape=f32[4]
+  ROOT z = f32[4] all-reduce(x), replica_groups={}, to_apply=add
+}
+"""
+
+X = np.arange(4, dtype=np.float32)
+
+
+def _flag_path(tmp_path) -> str:
+    return str(tmp_path / "go")
+
+
+def run_with(fault, **kwargs):
+    """Run CALL with custom call `fault(x, id)` on 2 replicas."""
+    rp.register_custom_call("fault", fault)
+    try:
+        return rp.run(rp.parse_hlo(CALL), [X], num_replicas=2, **kwargs)
+    finally:
+        unregister_custom_call("fault")
+
+
+def healthy(x, rid):
+    return x
+
+
+def assert_next_job_works():
+    results = run_with(healthy, timeout=60)
+    np.testing.assert_array_equal(results[1], 2 * X)
+
+
+def _replica_one(action):
+    def fault(x, rid):
+        if int(rid) == 1:
+            action()
+        return x
+    return fault
+
+
+def _exit():
+    os._exit(3)
+
+
+def _segfault():
+    import ctypes
+
+    ctypes.string_at(0)
+
+
+@pytest.mark.parametrize("action", [_exit, _segfault], ids=["os._exit", "segfault"])
+def test_an_actor_that_dies_in_a_custom_call_is_named(action):
+    with pytest.raises(rp.ReplicaFailure) as info:
+        run_with(_replica_one(action), timeout=60)
+    assert info.value.replica == 1
+    assert "replica 1" in str(info.value) and "died" in str(info.value)
+    assert_next_job_works()
+
+
+def _memory():
+    raise MemoryError("pretend the actor ran out")
+
+
+def test_a_custom_call_out_of_memory_fails_the_replica_and_its_actor_is_not_pooled():
+    rp.register_custom_call("fault", _replica_one(_memory))
+    try:
+        job = rp.launch(rp.parse_hlo(CALL), [X], num_replicas=2, timeout=60)
+        with pytest.raises(rp.ReplicaFailure, match="MemoryError") as info:
+            job.result()
+    finally:
+        unregister_custom_call("fault")
+    assert info.value.replica == 1 and info.value.instruction.startswith("%y (custom-call")
+    idle = [a for actors in POOL._idle.values() for a in actors]  # noqa: SLF001
+    assert job._backend._actor_of[1] not in idle and job._backend._actor_of[0] in idle  # noqa: SLF001
+    assert_next_job_works()
+
+
+def test_a_replica_that_never_returns_times_out_naming_it_and_its_actor_is_replaced():
+    def never(x, rid):
+        if int(rid) == 0:
+            threading.Event().wait()  # never set
+        return x
+
+    with pytest.raises(rp.ExecutionTimeout) as info:
+        run_with(never, timeout=2)
+    assert "replica 0: running %y (custom-call)" in str(info.value)
+    assert_next_job_works()
+
+
+def test_a_killed_actor_is_named_with_what_it_was_doing():
+    import ray
+
+    job = rp.launch(rp.parse_hlo(FED), [], num_replicas=2, timeout=60)
+    states = job.states()
+    assert states[0].status == "blocked"
+    ray.kill(job._backend._actor_of[0], no_restart=True)  # noqa: SLF001 - the fault under test
+    with pytest.raises(rp.ReplicaFailure) as info:
+        job.result()
+    assert info.value.replica == 0 and "infeed" in str(info.value)
+    assert_next_job_works()
+
+
+def test_outfeed_values_written_before_a_failure_stay_readable():
+    job = rp.launch(rp.parse_hlo(FED), [], num_replicas=2, timeout=60)
+    job.infeed(1, X)  # replica 1 writes its outfeed, then waits in the all-reduce
+    assert _eventually(lambda: job.states()[1].status == "blocked" and job.states()[1].block.opcode == "all-reduce")
+    job.cancel()
+    np.testing.assert_array_equal(job.outfeed(1), X)
+    with pytest.raises(rp.ReplicasError, match="no more outfeed"):
+        job.outfeed(1)
+
+
+def test_resources_no_node_has_fail_at_once_naming_the_resource():
+    with pytest.raises(rp.ReplicaFailure, match="no node has no_such_accelerator=1"):
+        rp.run(rp.parse_hlo(CALL), [X], num_replicas=2, resources=[{"no_such_accelerator": 1}, {}], timeout=60)
+
+
+def test_replicas_that_cannot_be_placed_in_time_end_within_the_timeout():
+    import ray
+
+    cpus = ray.cluster_resources()["CPU"]
+    with pytest.raises(rp.ExecutionTimeout, match="did not start within timeout=3"):
+        # Each asks for every CPU of the only node: the second can never start while the first runs.
+        run_with(healthy, timeout=3, resources=[{"CPU": cpus}, {"CPU": cpus}])
+    assert_next_job_works()
+
+
+def test_strangers_on_an_actor_socket_and_replayed_messages_do_not_disturb_a_job():
+    import socket
+
+    job = rp.launch(rp.parse_hlo(FED), [], num_replicas=2, timeout=60)
+    address = job._backend._get([job._backend._actor_of[0].wire_address.remote(_AUTHKEY)])[0]  # noqa: SLF001
+    strangers = []
+    for payload in (b"", os.urandom(100), b"rpw1" + b"\0" * 64):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(address["unix"])
+        s.sendall(payload)
+        strangers.append(s)
+    # A keyed sender replaying an earlier job's message (old token): dropped.
+    insider = Wire(lambda m: None, _AUTHKEY, address["node"])
+    insider.send(address, ("an-earlier-job", 0, 1, ("ar", 0), X))
+    job.infeed(0, X)
+    job.infeed(1, X)
+    results = job.result()
+    np.testing.assert_array_equal(results[0], 2 * X)
+    for s in strangers:
+        s.close()
+    insider.close()
+
+
+def test_a_malformed_message_from_a_key_holder_fails_the_job_naming_the_replica():
+    job = rp.launch(rp.parse_hlo(FED), [], num_replicas=2, timeout=60)
+    backend = job._backend  # noqa: SLF001
+    address = backend._get([backend._actor_of[0].wire_address.remote(_AUTHKEY)])[0]
+    insider = Wire(lambda m: None, _AUTHKEY, address["node"])
+    insider.send(address, (backend._token, 99, 1, ("ar", 0), X))  # a replica that actor does not run
+    with pytest.raises(rp.ReplicaFailure, match="does not run") as info:
+        job.result()
+    assert info.value.replica == 0
+    insider.close()
+    assert_next_job_works()
+
+
+def test_exception_in_with_block_ctrl_c_and_two_threads():
+    m = rp.parse_hlo(FED)
+    with pytest.raises(ValueError), rp.launch(m, [], num_replicas=2, timeout=None):
+        raise ValueError("user code failed")
+    # Ctrl-C while waiting for a job: the job is cancelled and KeyboardInterrupt propagates.
+    job = rp.launch(m, [], num_replicas=2, timeout=None)
+
+    def interrupt():
+        _eventually(lambda: bool(job._backend._last))  # noqa: SLF001 - the main thread is in result()
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        job.result()
+    with pytest.raises(rp.ReplicasError, match="interrupted"):
+        job.result()
+    # Two jobs from two threads of one driver.
+    out: dict[int, list] = {}
+    errors: list[BaseException] = []
+
+    def one(k):
+        try:
+            out[k] = run_with(healthy, timeout=60) if k == 0 else rp.run(
+                rp.parse_hlo(CALL.replace('"fault"', '"healthy2"')), [X], num_replicas=2, timeout=60)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    rp.register_custom_call("healthy2", healthy)
+    try:
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        unregister_custom_call("healthy2")
+    assert not errors and all(np.array_equal(out[k][0], 2 * X) for k in range(2))
+
+
+def test_no_socket_folders_are_left_in_the_temp_dir():
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "rpw-*")))
+    assert_next_job_works()
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "rpw-*"))) <= before
+
+
+def _eventually(predicate, limit: float = 30) -> bool:
+    import time
+
+    event = threading.Event()
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        event.wait(0.05)
+    return False

@@ -1,0 +1,99 @@
+"""Reports that fit a terminal at 1024 replicas (threads): replicas in the same situation share a
+line, ranges are compressed, the wait-for graph is summarized, event tails only for the replicas
+the diagnosis names; `rp.run` and `rp.check` give the same text; a mismatch names both sides."""
+
+from __future__ import annotations
+
+import resource
+
+import numpy as np
+import pytest
+
+import replicas as rp
+from replicas.errors import CollectiveMismatchError, DeadlockError
+
+N = 1024
+REDUCERS = """
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+"""
+
+
+def last_replica_differs(on_last: str, on_others: str) -> str:
+    """Replica N-1 runs `on_last`, every other replica `on_others` (bodies map p = f32[4] to f32[4])."""
+    return f"""HloModule one_culprit, replica_count={N}
+{REDUCERS}
+on_last {{
+  p = f32[4] parameter(0)
+  {on_last}
+}}
+
+on_others {{
+  p = f32[4] parameter(0)
+  {on_others}
+}}
+
+ENTRY main {{
+  x = f32[4] parameter(0)
+  id = u32[] replica-id()
+  last = u32[] constant({N - 1})
+  is_last = pred[] compare(id, last), direction=EQ
+  ROOT out = f32[4] conditional(is_last, x, x), true_computation=on_last, false_computation=on_others
+}}
+"""
+
+
+DEADLOCK = last_replica_differs("ROOT n = f32[4] negate(p)",
+                                "ROOT r = f32[4] all-reduce(p), replica_groups={}, to_apply=add")
+MISMATCH = last_replica_differs("ROOT ar_b = f32[4] all-reduce(p), replica_groups={}, to_apply=max",
+                                "ROOT ar_a = f32[4] all-reduce(p), replica_groups={}, to_apply=add")
+X = [np.zeros(4, np.float32)]
+
+
+def without_event_times(text: str) -> str:
+    return text.split("last events")[0]
+
+
+@pytest.mark.slow
+def test_a_one_culprit_deadlock_at_1024_replicas_fits_a_terminal() -> None:
+    with pytest.raises(DeadlockError) as info:
+        rp.run(DEADLOCK, X, backend="threads", timeout=300)
+    text = f"DeadlockError: {info.value}"
+    assert len(text.splitlines()) < 40 and len(text) < 4000, text
+    assert "replicas 0-1022: blocked in %r (all-reduce #0) in on_others waiting for replica 1023" in text
+    assert "replica 1023 finished without any collective and never reached all-reduce #0 (%r)" in text
+    assert "replicas 0-1022 -> replica 1023  [all] in %r" in text
+    assert "last events of replicas [0, 1023]" in text
+    report = info.value.report
+    assert len(report.to_dict()["wait_for_all"]) == 1023 and len(report.to_dict()["replicas"]) == N
+    with pytest.raises(DeadlockError) as checked:
+        rp.check(DEADLOCK, X, timeout=300)
+    assert without_event_times(str(checked.value)) == without_event_times(str(info.value))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 << 20  # KiB: under 4 GiB
+
+
+@pytest.mark.slow
+def test_a_mismatch_at_1024_replicas_shows_the_diff_and_both_sides() -> None:
+    with pytest.raises(CollectiveMismatchError) as info:
+        rp.run(MISMATCH, X, backend="threads", timeout=300)
+    text = str(info.value)
+    assert len(text.splitlines()) < 40, text
+    assert "- replica 0 %ar_a: reduction = add(f32)" in text or "+ replica 0 %ar_a: reduction = add(f32)" in text
+    assert "replicas 0-1022 ran %ar_a as collective #0" in text
+    assert "replica 1023 ran %ar_b as collective #0" in text
+    report = info.value.report
+    assert isinstance(report, rp.MismatchReport)
+    assert report.sides == [list(range(N - 1)), [N - 1]] or report.sides == [[N - 1], list(range(N - 1))]
+    assert report.to_dict()["collective"] == 0
+    with pytest.raises(CollectiveMismatchError) as checked:
+        rp.check(MISMATCH, X, timeout=300)
+    assert str(checked.value).splitlines()[-2:] == text.splitlines()[-2:]

@@ -1,0 +1,81 @@
+"""Two Ray nodes on one machine (cluster/local_cluster.sh): replicas on the same node exchange
+large pieces through shared memory, pairs across nodes never do (even though both nodes see the
+same /dev/shm here), and the results are right. The driver joining the cluster runs in a
+subprocess, since this test run's own process is attached to the shared local Ray session."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PORT = 6790  # its own ports (PORT .. PORT + 299), apart from test_cluster.py's
+
+DRIVER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import ray
+    import replicas as rp
+    from replicas.runtime.shm import job_segments
+
+    m = rp.parse_hlo(open(sys.argv[2]).read())
+    size = int(sys.argv[3])
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(size).astype(np.float32) for _ in range(4)]
+    want = rp.run(m, [[x] for x in xs], num_replicas=4, backend="threads")
+    placement = [{"node1": 1}, {"node2": 1}, {"node1": 1}, {"node2": 1}]
+    job = rp.launch(m, [[x] for x in xs], num_replicas=4, address=sys.argv[1], resources=placement, timeout=120)
+    nodes = {s.replica: s.node for s in job.states()}
+    got = job.result()
+    equal = all(a.tobytes() == b.tobytes() for r in range(4) for a, b in zip(got[r], want[r]))
+    sent = {}
+    for part in ray.get([a.shm_sent.remote() for a in job._backend._actors]):
+        sent.update(part)
+    print(json.dumps({"equal": equal, "nodes": nodes, "left": job_segments(job._backend._token),
+                      "shm": {str(r): {str(d): n for d, n in v.items()} for r, v in sent.items()}}))
+""")
+
+
+@pytest.mark.cluster
+def test_same_node_pairs_use_shared_memory_and_cross_node_pairs_do_not(tmp_path):
+    from test_shm import COLLECTIVES, SIZE
+
+    program = tmp_path / "c.hlo"
+    program.write_text(COLLECTIVES.format(e=SIZE, g=4 * SIZE, q=SIZE // 4))
+    cluster_dir = tempfile.mkdtemp(prefix="rps-", dir="/tmp")  # Ray's socket paths stay short
+    env = dict(os.environ, RAY=str(pathlib.Path(sys.executable).parent / "ray"),
+               REPLICAS_CLUSTER_DIR=cluster_dir, RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)  # set by this process's own Ray session
+    script = ROOT / "cluster" / "local_cluster.sh"
+    started = subprocess.run(["bash", str(script), "start", str(PORT)], env=env, capture_output=True, text=True,
+                             timeout=180)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        address = started.stdout.strip().splitlines()[-1]
+        driver = tmp_path / "driver.py"
+        driver.write_text(DRIVER)
+        out = subprocess.run([sys.executable, str(driver), address, str(program), str(SIZE)], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+        report = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(PORT)], env=env, capture_output=True, timeout=60)
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+    assert report["equal"]
+    nodes = report["nodes"]
+    assert nodes["0"] == nodes["2"] != nodes["1"] == nodes["3"]
+    shm = report["shm"]
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                used = shm[str(src)].get(str(dst), 0)
+                assert (used > 0) == (nodes[str(src)] == nodes[str(dst)]), (src, dst, shm)
+    assert report["left"] == []

@@ -1,0 +1,190 @@
+"""The actor-to-actor socket surface, in one process: strangers, wrong keys, garbage, replays and
+half-open connections are dropped without disturbing a keyed peer; a refused message is reported,
+never a dead reader that blocks its sender; nothing is left in the temp dir.
+
+Every connection goes to this process's own listeners (abstract Unix sockets: no IP at all)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import socket
+import struct
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+
+from replicas.runtime import wire as wire_module
+from replicas.runtime.wire import MAX_FRAME_BYTES, Wire, WireError
+
+KEY = b"k" * 32
+WAIT = 20  # seconds: a bound on waits for something that should happen at once
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.messages: list = []
+        self.faults: list[BaseException] = []
+        self.changed = threading.Condition()
+
+    def deliver(self, message) -> None:
+        if isinstance(message, tuple) and message and message[0] == "refuse":
+            raise ValueError("refused on purpose")
+        with self.changed:
+            self.messages.append(message)
+            self.changed.notify_all()
+
+    def fault(self, error: BaseException) -> None:
+        with self.changed:
+            self.faults.append(error)
+            self.changed.notify_all()
+
+    def wait_for(self, predicate) -> bool:
+        with self.changed:
+            return self.changed.wait_for(predicate, WAIT)
+
+
+@pytest.fixture
+def pair():
+    inbox = Inbox()
+    receiver = Wire(inbox.deliver, KEY, "node", on_fault=inbox.fault)
+    sender = Wire(lambda m: None, KEY, "node")
+    yield inbox, receiver, sender
+    sender.close()
+    receiver.close()
+
+
+def _raw(address: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(WAIT)
+    sock.connect(address)
+    return sock
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """True once the other end closed the connection (reads until EOF, bounded)."""
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_keyed_peer_delivers_while_strangers_hold_connections(pair):
+    inbox, receiver, sender = pair
+    strangers = [_raw(receiver.address["unix"]) for _ in range(20)]  # connected, silent
+    wrong = Wire(lambda m: None, b"x" * 32, "node")
+    with pytest.raises(WireError):
+        wrong.send(receiver.address, ("from a wrong key",))
+    garbage = _raw(receiver.address["unix"])
+    garbage.sendall(os.urandom(4096))
+    sender.send(receiver.address, ("hello", np.arange(3)))
+    assert inbox.wait_for(lambda: len(inbox.messages) == 1)
+    assert inbox.messages[0][0] == "hello" and not inbox.faults
+    assert _closed_by_peer(garbage)
+    for s in strangers + [garbage]:
+        s.close()
+    wrong.close()
+
+
+def test_a_half_open_connection_is_dropped_after_the_handshake_deadline(pair, monkeypatch):
+    monkeypatch.setattr(wire_module, "HANDSHAKE_TIMEOUT", 0.3)
+    inbox, receiver, sender = pair
+    sock = _raw(receiver.address["unix"])
+    sock.sendall(b"rpw1")  # starts to answer, never finishes
+    assert _closed_by_peer(sock)
+    sock.close()
+    sender.send(receiver.address, ("after",))
+    assert inbox.wait_for(lambda: inbox.messages == [("after",)])
+
+
+def test_replayed_bytes_of_an_earlier_connection_are_refused(pair):
+    import pickle
+
+    inbox, receiver, _ = pair
+    # A keyed client's whole session: its answer to the challenge, then one framed message.
+    first = _raw(receiver.address["unix"])
+    hello = first.recv(36)
+    session = wire_module._digest(KEY, b"c", hello[4:]) + os.urandom(32)
+    data = pickle.dumps(("genuine",))
+    session += struct.pack("<Q", len(data)) + data
+    first.sendall(session)
+    assert inbox.wait_for(lambda: inbox.messages == [("genuine",)])
+    first.close()
+    # The same bytes replayed on a new connection answer a challenge it was not given: refused.
+    replay = _raw(receiver.address["unix"])
+    assert replay.recv(36)[:4] == b"rpw1"
+    replay.sendall(session)
+    assert _closed_by_peer(replay)
+    replay.close()
+    assert inbox.messages == [("genuine",)] and not inbox.faults
+
+
+def test_a_refused_message_is_reported_and_its_sender_is_not_left_blocked(pair):
+    inbox, receiver, sender = pair
+    sender.send(receiver.address, ("refuse",))
+    assert inbox.wait_for(lambda: len(inbox.faults) == 1)
+    assert "refused on purpose" in str(inbox.faults[0])
+    # The receiver closed that connection: the sender learns it (an error, then a fresh connection).
+    with pytest.raises(WireError):
+        for _ in range(1000):
+            sender.send(receiver.address, ("x" * 60000,))
+    sender.send(receiver.address, ("again",))
+    assert inbox.wait_for(lambda: ("again",) in inbox.messages)
+
+
+def test_a_frame_over_the_limit_is_a_fault_not_an_allocation(pair):
+    inbox, receiver, _ = pair
+    client = _raw(receiver.address["unix"])
+    wire_module._client_handshake(client, KEY)
+    client.sendall(struct.pack("<Q", 1 << 60))
+    assert inbox.wait_for(lambda: len(inbox.faults) == 1)
+    assert str(MAX_FRAME_BYTES) in str(inbox.faults[0])
+    assert _closed_by_peer(client)
+    client.close()
+
+
+def test_bytes_that_do_not_unpickle_are_a_fault(pair):
+    inbox, receiver, _ = pair
+    client = _raw(receiver.address["unix"])
+    wire_module._client_handshake(client, KEY)
+    client.sendall(struct.pack("<Q", 7) + b"garbage")
+    assert inbox.wait_for(lambda: len(inbox.faults) == 1)
+    client.close()
+
+
+def test_sockets_leave_nothing_in_the_temp_dir_and_close_with_the_wire():
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "rpw-*")))
+    inbox = Inbox()
+    a = Wire(inbox.deliver, KEY, "node")
+    b = Wire(lambda m: None, KEY, "node")
+    b.send(a.address, ("x",))
+    assert inbox.wait_for(lambda: inbox.messages == [("x",)])
+    assert a.address["unix"].startswith("\0") and a.address["tcp"] is None  # no IP listener on one node
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "rpw-*"))) == before
+    a.close()
+    b.close()
+    assert a.connections == 0 and b.connections == 0
+    with pytest.raises(OSError):
+        _raw(a.address["unix"])
+
+
+def test_tcp_listens_only_where_asked_and_authenticates_too():
+    inbox = Inbox()
+    a = Wire(inbox.deliver, KEY, "node-a")
+    a.open_tcp("127.0.0.1")
+    b = Wire(lambda m: None, KEY, "node-b")
+    try:
+        assert a.address["tcp"][0] == "127.0.0.1"
+        stranger = socket.create_connection(tuple(a.address["tcp"]), timeout=WAIT)
+        b.send(a.address, ("over tcp",))
+        assert inbox.wait_for(lambda: inbox.messages == [("over tcp",)])
+        stranger.close()
+    finally:
+        a.close()
+        b.close()
