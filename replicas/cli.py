@@ -16,7 +16,7 @@ from replicas.diagnostics.check import zero_arguments
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import CollectiveMismatchError, DeadlockError, ProgramError, ReplicasError
 from replicas.hlo.ir import Instruction
-from replicas.runtime.driver import declared_replicas
+from replicas.runtime.driver import as_program, declared_replicas
 
 DEMO_HLO = """\
 HloModule all_reduce_demo, replica_count=4
@@ -234,7 +234,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
             print(f"           all-gather = {gathered.tolist()}")
         return 0
     try:
-        module = rp.load(ns.program, elided=ns.elided)
+        module = as_program(rp.load(ns.program, elided=ns.elided))  # JAX's lowered SPMD text: partitioned
     except ProgramError as e:
         if ns.command != "check":
             raise

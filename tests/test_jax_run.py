@@ -144,3 +144,19 @@ def test_importing_replicas_does_not_import_jax() -> None:
 
     code = "import sys, replicas; replicas.parse_hlo; assert 'jax' not in sys.modules, 'jax imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_command_line_runs_lowered_jax_text(tmp_path, capsys) -> None:
+    from replicas.cli import main as cli_main
+
+    f = shard_map(lambda x: jax.lax.psum(x, "x"), mesh=mesh_of(4, names=("x",)), in_specs=(P("x"),), out_specs=P())
+    program = tmp_path / "lowered.hlo"
+    program.write_text(jax.jit(f).lower(X).as_text(dialect="hlo"))
+    np.savez(tmp_path / "args.npz", arg0=X)
+    out = tmp_path / "out.npz"
+    code = cli_main(["run", str(program), "--args", str(tmp_path / "args.npz"), "--backend", "threads", "-q",
+                     "--out", str(out)])
+    assert code == 0, capsys.readouterr()
+    with np.load(out) as results:
+        assert sorted(results.files) == ["r0", "r1", "r2", "r3"]  # one replica per device of the mesh
+        np.testing.assert_allclose(results["r2"], np.asarray(jax.jit(f)(X)), rtol=1e-6)

@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any
 
 from replicas.diagnostics.mismatch import mismatch_report
+from replicas.diagnostics.progress import host_waits
 from replicas.diagnostics.report import Edge, Report, find_cycles, replicas_text, where
 from replicas.errors import CollectiveMismatchError, DeadlockError, ReplicasError
 from replicas.records import HOST, BlockInfo, ReplicaState
@@ -153,6 +154,7 @@ def explain(states: list[ReplicaState]) -> Report:
             else:
                 lines.append(f"{_replicas(reps)} finished {b.opcode} #{done - 1} but did not join #{b.seq} "
                              f"(%{b.instruction})")
+    lines.extend(_host_findings(states))
     lines.extend(point_to_point)
     lines.extend(_lagging_summary(states))
     cycles = find_cycles([e for e in edges if e.target != HOST])
@@ -170,8 +172,7 @@ def _point_to_point(s: ReplicaState, b: BlockInfo, by_id: dict[int, ReplicaState
     what = {"recv-done": "data", "send-done": "its matching recv"}.get(b.kind, "a message")
     for t in b.waits_for:
         if t == HOST:
-            lines.append(f"replica {s.replica} waits in {_where(b)} for the host, which has nothing more to give")
-            continue
+            continue  # grouped by _host_findings
         ts = by_id.get(t)
         if ts is None:
             continue
@@ -185,6 +186,11 @@ def _point_to_point(s: ReplicaState, b: BlockInfo, by_id: dict[int, ReplicaState
             lines.append(f"replica {s.replica} waits in {_where(b)} for {what} from replica {t}, "
                          f"which is blocked in {_where(ts.block)}")
     return lines
+
+
+def _host_findings(states: list[ReplicaState]) -> list[str]:
+    """`replicas [1, 2, 3] wait in %in (infeed) for the host, which has nothing more to give`."""
+    return [f"{line}, which has nothing more to give" for line in host_waits(states)]
 
 
 def _lagging_summary(states: list[ReplicaState]) -> list[str]:

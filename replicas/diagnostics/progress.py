@@ -4,41 +4,11 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-from replicas.records import HOST, BlockInfo, ReplicaState
-
-
-def replica_ranges(replicas: Iterable[int]) -> str:
-    """`[1, 2, 3]` for a few replicas, `0-1022, 1024` once runs make it shorter."""
-    ids = sorted(set(replicas))
-    runs: list[tuple[int, int]] = []
-    for r in ids:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], r)
-        else:
-            runs.append((r, r))
-    if len(ids) <= 4 or all(a == b for a, b in runs):
-        return "[" + ", ".join(map(str, ids)) + "]"
-    return ", ".join(str(a) if a == b else f"{a}-{b}" if b > a + 1 else f"{a}, {b}" for a, b in runs)
-
-
-def replicas_text(replicas: Iterable[int]) -> str:
-    """`replica 3` or `replicas [1, 2, 3]` / `replicas 0-1022`."""
-    ids = sorted(set(replicas))
-    return f"replica {ids[0]}" if len(ids) == 1 else f"replicas {replica_ranges(ids)}"
-
-
-def where(b: BlockInfo) -> str:
-    """`%r (all-reduce #0)`, `%recv (recv-done, channel 1)`, `%in (infeed)`."""
-    text = f"%{b.instruction} ({b.opcode}"
-    if b.kind == "collective" and b.seq is not None:
-        text += f" #{b.seq}"
-    if b.channel_id is not None:
-        text += f", channel {b.channel_id}"
-    return text + ")"
+from replicas.diagnostics.report import replicas_text, where
+from replicas.records import HOST, ReplicaState
 
 
 def host_waits(states: list[ReplicaState]) -> list[str]:

@@ -90,6 +90,10 @@ def make_custom_call(inst: Instruction, ctx: KernelContext) -> Callable[..., Any
     if builtin is not None:
         return builtin(inst, ctx)
     fn = _CUSTOM_CALLS.get(target)
+    if fn is None and target.startswith("xla.sdy."):
+        raise inst.error(f"custom-call {target!r} is a marker of JAX's lowered SPMD modules: rp.run, rp.launch "
+                         "and rp.check partition such modules (replicas.jax.partition_spmd_markers), and "
+                         "rp.jax.run runs JAX functions directly")
     if fn is None:
         known = ", ".join(sorted(_CUSTOM_CALLS)) or "none registered"
         raise inst.error(f"unknown custom-call target {target!r} (known: {known}); register it with "
