@@ -10,8 +10,8 @@ import pytest
 from buggy_programs import BY_NAME, CASES, CHECK_ONLY, CORRECT, LENIENT_OK, Case
 
 import replicas as rp
+from replicas.check import check
 from replicas.cli import main as cli_main
-from replicas.diagnostics.check import check
 from replicas.errors import CollectiveMismatchError, DeadlockError, ProgramError
 
 # Host feeds have no command-line form: the cases that preload an infeed stay with rp.run.

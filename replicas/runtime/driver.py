@@ -196,7 +196,7 @@ def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int 
     """Run `module` on threads and raise what goes wrong, as `rp.verify` raises for a bad module:
     DeadlockError, CollectiveMismatchError, ReplicaFailure, ExecutionTimeout, or a ProgramError for
     messages nobody received. Without `args` every parameter is zeros. Returns None when clean."""
-    from replicas.diagnostics.check import check as find_problem
+    from replicas.check import check as find_problem
 
     program = as_program(module)
     if num_replicas is None:
