@@ -255,9 +255,9 @@ def _dispatch(ns: argparse.Namespace) -> int:
     options = {"timeout": ns.timeout, "record_every_instruction": ns.trace_all, "trace_events": ns.trace_events,
                "progress": not ns.quiet}
     if ns.command == "check":
-        from replicas.check import check, describe
+        from replicas.check import describe, find_problem
 
-        problem = check(module, args, n, strict=not ns.lenient, trace=ns.trace, **options)
+        problem = find_problem(module, args, n, strict=not ns.lenient, trace=ns.trace, **options)
         if problem is None:
             print(f"ok: {Path(ns.program).name} ran on {n} replicas with no deadlock, mismatch or error")
             return 0
