@@ -10,7 +10,7 @@ import pytest
 from buggy_programs import BY_NAME, CASES, CHECK_ONLY, CORRECT, LENIENT_OK, Case
 
 import replicas as rp
-from replicas.check import find_problem
+from replicas.checker import find_problem
 from replicas.cli import main as cli_main
 from replicas.errors import CollectiveMismatchError, DeadlockError, ProgramError
 
