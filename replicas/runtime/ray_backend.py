@@ -153,12 +153,15 @@ class ReplicaHost:
         import hashlib
 
         from replicas.ops.custom_call import register_custom_call
+        from replicas.runtime.cores import size_replica_process
         from replicas.runtime.replica_runner import ReplicaRunner
 
         # The driver's registered custom calls (never names from the program) run here too.
         for name, fn in (custom_calls or {}).items():
             register_custom_call(name, fn)
 
+        # Every replica of the job is taken to be on this node (the safe side on one node).
+        size_replica_process(num_replicas)
         digest = hashlib.sha256(module_bytes).digest()
         executable = self._executables.get(digest)
         if executable is None:
