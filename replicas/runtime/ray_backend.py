@@ -196,11 +196,10 @@ class ReplicaHost:
         if self._wire is not None:
             self._wire.drop_peers()
         self._shm_report = self.shm_sent()
-        token = self._token
+        self._close_shared_memory(self._token)  # while the fabrics are still there to drop their arenas
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
             self._token = ""
-        self._close_shared_memory(token)
         return clean
 
     def _close_shared_memory(self, token: str) -> None:
