@@ -52,8 +52,10 @@ def gpt_params(key: Any) -> dict:
     layers = []
     for i in range(LAYERS):
         k = ks[2 + 4 * i: 6 + 4 * i]
-        layers.append({"qkv": jax.random.normal(k[0], (D, 3 * D)) * 0.02, "o": jax.random.normal(k[1], (D, D)) * 0.02,
-                       "w1": jax.random.normal(k[2], (D, 4 * D)) * 0.02, "w2": jax.random.normal(k[3], (4 * D, D)) * 0.02,
+        layers.append({"qkv": jax.random.normal(k[0], (D, 3 * D)) * 0.02,
+                       "o": jax.random.normal(k[1], (D, D)) * 0.02,
+                       "w1": jax.random.normal(k[2], (D, 4 * D)) * 0.02,
+                       "w2": jax.random.normal(k[3], (4 * D, D)) * 0.02,
                        "g1": jnp.ones(D), "g2": jnp.ones(D)})
     return {"emb": jax.random.normal(ks[0], (VOCAB, D)) * 0.02, "pos": jax.random.normal(ks[1], (SEQ, D)) * 0.02,
             "layers": layers}
