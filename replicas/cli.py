@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from replicas.diagnostics.check import zero_arguments
+from replicas.checker import zero_arguments
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import CollectiveMismatchError, DeadlockError, ProgramError, ReplicasError
 from replicas.hlo.ir import Instruction
@@ -250,9 +250,9 @@ def _dispatch(ns: argparse.Namespace) -> int:
     options = {"timeout": ns.timeout, "record_every_instruction": ns.trace_all, "trace_events": ns.trace_events,
                "progress": not ns.quiet}
     if ns.command == "check":
-        from replicas.diagnostics.check import check, describe
+        from replicas.checker import describe, find_problem
 
-        problem = check(module, args, n, strict=not ns.lenient, trace=ns.trace, **options)
+        problem = find_problem(module, args, n, strict=not ns.lenient, trace=ns.trace, **options)
         if problem is None:
             print(f"ok: {Path(ns.program).name} ran on {n} replicas with no deadlock, mismatch or error")
             return 0
