@@ -38,18 +38,16 @@ def as_program(program: Program) -> Module | Executable:
 
         module = load(program)
     elif isinstance(program, str):
-        from replicas.hlo.text import parse_hlo
-
-        module = parse_hlo(program)
+        module = _parse(program)
     elif isinstance(program, (bytes, bytearray, memoryview)):
         module = _from_bytes(bytes(program))
     elif hasattr(program, "lower") and callable(program):
         raise ProgramError("rp.run got a JAX function: JAX needs its arguments to lower it; run it with "
                            "rp.jax.run(f, *args, num_replicas=N), which also splits and joins the shards")
     elif hasattr(program, "as_text") and hasattr(program, "compile"):  # jax.stages.Lowered
-        module = _from_jax_text(program.compile().as_text())
+        module = _parse(program.compile().as_text())  # per device: its arguments are shards
     elif hasattr(program, "as_text") and hasattr(program, "input_shardings"):  # jax.stages.Compiled
-        module = _from_jax_text(program.as_text())
+        module = _parse(program.as_text())
     else:
         raise ProgramError(f"module must be a program (a Module, a path, HLO text or bytes, JAX's lowered "
                            f"form), got {type(program).__name__}")
@@ -71,13 +69,10 @@ def _from_bytes(data: bytes) -> Module:
         text = data.decode()
     except UnicodeDecodeError:
         raise ProgramError("bytes that are neither a .msgpack module nor HLO text (UTF-8)") from None
-    from replicas.hlo.text import parse_hlo
-
-    return parse_hlo(text)
+    return _parse(text)
 
 
-def _from_jax_text(text: str) -> Module:
-    """JAX's compiled per-device text: its arguments are each partition's shards (rp.jax.run splits them)."""
+def _parse(text: str) -> Module:
     from replicas.hlo.text import parse_hlo
 
     return parse_hlo(text)
@@ -89,14 +84,19 @@ def declared_replicas(module: Module | Executable) -> int:
     return int(m.attrs.get("replica_count") or 1) * m.num_partitions
 
 
-def as_value(value: Any) -> Any:
-    """numpy arrays for array-likes (JAX arrays, ...); lists and tuples keep their structure."""
-    if isinstance(value, np.ndarray):
+MAX_NESTING = 4  # per-replica list > argument list > tuple argument > its elements: deeper is left as is
+
+
+def as_value(value: Any, depth: int = 0) -> Any:
+    """numpy arrays for array-likes (JAX arrays, ...); lists and tuples keep their structure. Lists of
+    numbers, and anything nested deeper than MAX_NESTING, are left for the argument checks."""
+    if isinstance(value, np.ndarray) or depth > MAX_NESTING:
         return value
-    if isinstance(value, list):
-        return [as_value(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(as_value(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        if not value or isinstance(value[0], (int, float, complex, np.generic)):
+            return value
+        converted = [as_value(v, depth + 1) for v in value]
+        return converted if isinstance(value, list) else tuple(converted)
     if hasattr(value, "__array__") and not isinstance(value, np.generic):
         return np.asarray(value)
     return value
@@ -192,10 +192,13 @@ def run(module: Program, args: Sequence[Any] | None = None, num_replicas: int | 
 
 
 def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int | None = None, *,
-          timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None, strict: bool = True) -> None:
+          timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None, strict: bool = True,
+          trace: str | None = None, record_every_instruction: bool = False,
+          trace_events: int = DEFAULT_CAPACITY) -> None:
     """Run `module` on threads and raise what goes wrong, as `rp.verify` raises for a bad module:
     DeadlockError, CollectiveMismatchError, ReplicaFailure, ExecutionTimeout, or a ProgramError for
-    messages nobody received. Without `args` every parameter is zeros. Returns None when clean."""
+    messages nobody received. Without `args` every parameter is zeros. Returns None when clean.
+    The trace options are `launch`'s."""
     from replicas.diagnostics.check import check as find_problem
 
     program = as_program(module)
@@ -204,7 +207,8 @@ def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int 
     num_replicas = check_replicas(num_replicas)
     check_timeout(timeout)
     problem = find_problem(program.module if isinstance(program, Executable) else program, as_arguments(args),
-                           num_replicas, timeout=timeout, infeed=infeed, strict=strict)
+                           num_replicas, timeout=timeout, infeed=infeed, strict=strict, trace=trace,
+                           record_every_instruction=record_every_instruction, trace_events=trace_events)
     if problem is not None:
         raise problem
 
