@@ -20,6 +20,7 @@ from replicas.limits import check_replicas
 from replicas.runtime.arguments import check_launch_options, check_timeout
 from replicas.runtime.compile import Executable
 from replicas.runtime.job import Job, prepare
+from replicas.runtime.values import as_value
 
 BACKENDS = ("ray", "threads")
 DEFAULT_TIMEOUT = 60.0
@@ -82,24 +83,6 @@ def declared_replicas(module: Module | Executable) -> int:
     """The replica count a module declares: replica_count x num_partitions (1 when it declares none)."""
     m = module.module if isinstance(module, Executable) else module
     return int(m.attrs.get("replica_count") or 1) * m.num_partitions
-
-
-MAX_NESTING = 4  # per-replica list > argument list > tuple argument > its elements: deeper is left as is
-
-
-def as_value(value: Any, depth: int = 0) -> Any:
-    """numpy arrays for array-likes (JAX arrays, ...); lists and tuples keep their structure. Lists of
-    numbers, and anything nested deeper than MAX_NESTING, are left for the argument checks."""
-    if isinstance(value, np.ndarray) or depth > MAX_NESTING:
-        return value
-    if isinstance(value, (list, tuple)):
-        if not value or isinstance(value[0], (int, float, complex, np.generic)):
-            return value
-        converted = [as_value(v, depth + 1) for v in value]
-        return converted if isinstance(value, list) else tuple(converted)
-    if hasattr(value, "__array__") and not isinstance(value, np.generic):
-        return np.asarray(value)
-    return value
 
 
 def as_arguments(args: Any) -> Any:
@@ -166,7 +149,7 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
     job = Job(engine, executable, timeout=timeout, host_may_send=True, trace=trace, progress=progress)
     for r, values in enumerate(infeed or []):
         for v in values:
-            job.infeed(r, as_value(v))
+            job.infeed(r, v)
     return job
 
 
@@ -213,4 +196,4 @@ def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int 
         raise problem
 
 
-__all__ = ["BACKENDS", "as_program", "as_value", "check", "declared_replicas", "launch", "run"]
+__all__ = ["BACKENDS", "as_program", "check", "declared_replicas", "launch", "run"]
