@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A two-node Ray cluster on this machine: a head node (custom resource "node1") and a second
-# node (custom resource "node2") with its own ports and temp dir.
+# node (custom resource "node2") with its own ports and temp dir. Every port either node listens on
+# lies in PORT .. PORT+299, so two clusters with different PORTs never collide.
 #   cluster/local_cluster.sh start [PORT]   -> prints the address; `--address auto` finds it too
 #   cluster/local_cluster.sh stop
 # `ray` is the one of the project's Python: $PYTHON, else the active virtualenv, else the
@@ -31,11 +32,16 @@ case "${1:-}" in
     ray_cli start --head --port="$PORT" --node-ip-address=127.0.0.1 --temp-dir="$BASE/ray" \
       --num-cpus=1 --resources='{"node1": 1000}' --include-dashboard=false --disable-usage-stats \
       --node-manager-port=$((PORT + 1)) --object-manager-port=$((PORT + 2)) \
+      --dashboard-agent-listen-port=$((PORT + 6)) \
+      --dashboard-agent-grpc-port=$((PORT + 7)) --runtime-env-agent-port=$((PORT + 8)) \
+      --metrics-export-port=$((PORT + 9)) \
       --min-worker-port=$((PORT + 100)) --max-worker-port=$((PORT + 199)) >"$BASE/head.log" 2>&1 \
       || { tail -n 30 "$BASE/head.log" >&2; exit 1; }
     ray_cli start --address="127.0.0.1:$PORT" --node-ip-address=127.0.0.1 \
       --num-cpus=1 --resources='{"node2": 1000}' \
       --node-manager-port=$((PORT + 3)) --object-manager-port=$((PORT + 4)) \
+      --dashboard-agent-listen-port=$((PORT + 10)) --dashboard-agent-grpc-port=$((PORT + 11)) \
+      --runtime-env-agent-port=$((PORT + 12)) --metrics-export-port=$((PORT + 13)) \
       --min-worker-port=$((PORT + 200)) --max-worker-port=$((PORT + 299)) \
       --disable-usage-stats >"$BASE/node2.log" 2>&1 \
       || { tail -n 30 "$BASE/node2.log" >&2; exit 1; }

@@ -42,7 +42,7 @@ _LAZY = {
     "Job": "replicas.runtime.job",
     "register_custom_call": "replicas.ops.custom_call",
     "unregister_custom_call": "replicas.ops.custom_call",
-    "check": "replicas.runtime.driver",
+    "check": "replicas.checker",
     "jax": ("replicas.jax", None),
     # What users receive: the reports carried by errors, the replicas' published states.
     "Report": "replicas.diagnostics.report",

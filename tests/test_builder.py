@@ -13,8 +13,6 @@ from replicas.hlo.ir import Module
 from replicas.hlo.verify import verify
 from replicas.shapes import PrimitiveType, Shape
 
-jax.config.update("jax_enable_x64", True)
-
 
 def S(text: str) -> Shape:
     return Shape.parse(text)

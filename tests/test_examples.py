@@ -37,7 +37,7 @@ def test_dp_sgd_on_ray_actors(ray_session):
     np.testing.assert_allclose(parallel[0], single, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["threads", "ray"])
+@pytest.mark.parametrize("backend", ["threads", pytest.param("ray", marks=pytest.mark.ray)])
 def test_pipeline_stage_output_matches_single_replica(backend, request):
     if backend == "ray":
         request.getfixturevalue("ray_session")

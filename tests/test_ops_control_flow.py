@@ -11,14 +11,7 @@ from opkit import binary_computation, run_module
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.ops.custom_call import register_custom_call, unregister_custom_call
-from replicas.ops.registry import registered_opcodes
 from replicas.shapes import Shape
-
-jax.config.update("jax_enable_x64", True)
-
-needs_elementwise = pytest.mark.skipif(
-    not {"add", "subtract", "multiply", "compare"} <= registered_opcodes(),
-    reason="needs the element-wise kernels (add, subtract, multiply, compare)")
 
 
 def computation(name: str, params: list[tuple[str, str]], body: list[tuple], root: str) -> Computation:
@@ -71,7 +64,6 @@ def counting_loop(limit_dtype="s32") -> tuple[Computation, Computation]:
     return cond, body
 
 
-@needs_elementwise
 @pytest.mark.parametrize("start", [0, 7, 10, 50])
 def test_while_with_tuple_state_matches_lax(start):
     cond, body = counting_loop()
@@ -92,7 +84,6 @@ def test_while_with_tuple_state_matches_lax(start):
     assert i.dtype == np.int32 and a.dtype == np.int32
 
 
-@needs_elementwise
 def test_while_with_an_array_state():
     cond = computation("cond", [("x", "f64[]")], [
         ("k", "constant", "f64[]", [], const(100.0, np.float64)),
@@ -109,7 +100,6 @@ def test_while_with_an_array_state():
     assert float(got) == float(lax.while_loop(lambda x: x < 100.0, lambda x: x * 3.0, np.float64(1.5)))
 
 
-@needs_elementwise
 def test_document_while_example():
     # result = {0, zero_vector[10]}; while result(0) < 1000: result = {result(0) + 1, result(1) + constant_vector}
     state = "(s32[], f32[10])"
@@ -148,7 +138,6 @@ def test_while_body_shape_must_match_the_state():
 
 # -- conditional -------------------------------------------------------------------------------
 
-@needs_elementwise
 @pytest.mark.parametrize("pred", [True, False])
 def test_conditional_pred_form(pred):
     on_true = computation("on_true", [("x", "f32[2]")], [
@@ -181,7 +170,6 @@ def branch_computations() -> list[Computation]:
     return out
 
 
-@needs_elementwise
 @pytest.mark.parametrize("index", [-5, -1, 0, 1, 2, 3, 100, np.iinfo(np.int32).min])
 def test_conditional_index_form_runs_the_last_branch_when_out_of_range(index):
     branches = branch_computations()
@@ -209,7 +197,6 @@ def test_conditional_rejects_a_pred_selector_for_branch_computations():
 
 # -- call / fusion / map / async ---------------------------------------------------------------
 
-@needs_elementwise
 @pytest.mark.parametrize("opcode,attr", [("call", "to_apply"), ("fusion", "calls")])
 def test_call_and_fusion_run_their_computation(opcode, attr):
     callee = computation("callee", [("a", "s32[2]"), ("b", "s32[2]")], [
@@ -239,7 +226,6 @@ def map_computation() -> Computation:
         ("r", "multiply", "f32[]", ["d", "half"])], "r")
 
 
-@needs_elementwise
 @pytest.mark.parametrize("dims", [(3, 4), (), (0, 2), (7,)])
 def test_map_evaluates_a_multi_op_computation_on_whole_arrays(dims):
     rng = np.random.default_rng(0)
@@ -262,7 +248,6 @@ def test_map_of_a_computation_that_ignores_its_parameter_broadcasts():
     np.testing.assert_array_equal(got, np.full((2, 3), 9, np.int32))
 
 
-@needs_elementwise
 def test_async_start_update_done_wrap_a_computation():
     wrapped = binary_computation("add", "f32", name="wrapped")
     wrapped.instructions[0].shape = Shape.parse("f32[3]")
@@ -336,7 +321,6 @@ def reduce_computation(kind: str) -> Computation:
     return binary_computation(kind, "f32", name=f"r_{kind}")
 
 
-@pytest.mark.skipif(not {"reduce", "add", "multiply"} <= registered_opcodes(), reason="needs reduce, add, multiply")
 def test_document_set_dimension_size_example():
     v = np.arange(1, 11, dtype=np.float32)
     main = computation("main", [("v", "f32[10]")], [

@@ -16,8 +16,6 @@ from replicas.hlo.ir import make_window
 from replicas.ops.convolution import parse_dim_labels
 from replicas.shapes import Shape
 
-jax.config.update("jax_enable_x64", True)
-
 
 def labels_for(lhs_spec, rhs_spec, out_spec) -> str:
     def part(spec, a, b):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -13,8 +12,6 @@ from opkit import run_module, run_op
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.shapes import TOKEN, Layout, Shape
-
-jax.config.update("jax_enable_x64", True)
 
 DTYPES = [np.float32, np.float64, np.int32, np.int8, np.uint8, np.int64, np.uint64, np.bool_, np.float16,
           ml_dtypes.bfloat16, np.complex64]

@@ -13,28 +13,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opkit import run_op
-from xla_oracle import run_stablehlo, tensor_type
+from xla_oracle import compile_stablehlo, run_stablehlo, tensor_type
 
 from replicas.errors import ProgramError
 from replicas.shapes import Shape
 
-jax.config.update("jax_enable_x64", True)
-
 
 @functools.cache
 def _compiled_multi(op: str, in_types: tuple[str, ...], out_types: tuple[str, ...], attrs: str):
-    from jax._src import xla_bridge
-    from jax._src.lib import xla_client
-
     params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(in_types))
     args = ", ".join(f"%a{i}" for i in range(len(in_types)))
     outs = ", ".join(out_types)
     text = (f"module @oracle {{\n func.func public @main({params}) -> ({outs}) {{\n"
             f"  %0:{len(out_types)} = \"{op}\"({args}) {attrs} : ({', '.join(in_types)}) -> ({outs})\n"
             f"  return {', '.join(f'%0#{i}' for i in range(len(out_types)))} : {outs}\n }}\n}}\n")
-    backend = xla_bridge.get_backend("cpu")
-    devices = xla_client.DeviceList(tuple(backend.local_devices()[:1]))
-    return backend.compile_and_load(text, devices, xla_client.CompileOptions())
+    return compile_stablehlo(text)
 
 
 def run_stablehlo_multi(op, operands, outs, attrs):

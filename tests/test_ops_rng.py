@@ -19,8 +19,6 @@ from replicas.runtime.compile import compile_module
 from replicas.runtime.interpreter import Interpreter
 from replicas.shapes import Shape
 
-jax.config.update("jax_enable_x64", True)
-
 MLIR_TYPES = {
     "u8": "ui8",
     "u16": "ui16",

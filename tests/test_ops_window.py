@@ -18,10 +18,8 @@ from opkit import binary_computation, run_op
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, make_window
-from replicas.ops.registry import registered_opcodes
+from replicas.hlo.text import parse_hlo
 from replicas.shapes import Shape
-
-jax.config.update("jax_enable_x64", True)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 JAX_OPS = {
@@ -33,11 +31,6 @@ JAX_OPS = {
     "or": lax.bitwise_or,
 }
 IDENTITY = {"add": 0, "maximum": -np.inf, "minimum": np.inf, "multiply": 1, "and": True, "or": False}
-
-
-def needs(*opcodes: str):
-    missing = [o for o in opcodes if o not in registered_opcodes()]
-    return pytest.mark.skipif(bool(missing), reason=f"kernels not registered yet: {missing}")
 
 
 def identity(reducer: str, dtype) -> np.ndarray:
@@ -168,7 +161,6 @@ def wrapped_add(element_type: str) -> Computation:
     return comp
 
 
-@needs("add", "multiply")
 @settings(max_examples=10, deadline=None)
 @given(st.lists(st.integers(1, 6), min_size=1, max_size=3), st.integers(0, 2**32 - 1), st.data())
 def test_reduce_window_generic_computation(shape, seed, data):
@@ -181,7 +173,6 @@ def test_reduce_window_generic_computation(shape, seed, data):
     np.testing.assert_array_equal(got, expected)
 
 
-@needs("compare", "select", "tuple")
 def test_reduce_window_variadic_argmax():
     v, i = Shape.scalar("f32"), Shape.scalar("s32")
     comp = Computation("window_argmax")
@@ -340,7 +331,6 @@ def test_select_and_scatter_matches_jax(direction, dtype, shape, seed, data):
     check(got, expected, dtype)
 
 
-@needs("add", "multiply")
 def test_select_and_scatter_generic_scatter_computation():
     rng = np.random.default_rng(9)
     operand = rng.integers(0, 3, (9, 8)).astype(np.int32)
@@ -351,7 +341,6 @@ def test_select_and_scatter_generic_scatter_computation():
     np.testing.assert_array_equal(got, expected)
 
 
-@needs("compare")
 def test_select_and_scatter_generic_select_computation():
     # A TOTALORDER compare is not the numpy fast path: the select computation is called.
     rng = np.random.default_rng(10)
@@ -391,7 +380,6 @@ def test_select_and_scatter_rejects_bad_source_shape():
 
 def test_max_pool_and_its_gradient_from_jax_lowered_hlo_text():
     """End to end: jax's max-pool and its gradient (select-and-scatter on CPU), parsed from HLO text."""
-    text_module = pytest.importorskip("replicas.hlo.text")
     from replicas.runtime.interpreter import evaluate
 
     x = np.random.default_rng(12).integers(0, 5, (2, 7, 6, 3)).astype(np.float32)  # ties
@@ -405,6 +393,6 @@ def test_max_pool_and_its_gradient_from_jax_lowered_hlo_text():
         )(v)
 
     for f in (pool, grad):
-        module = text_module.parse_hlo(jax.jit(f).lower(x).as_text(dialect="hlo"))
+        module = parse_hlo(jax.jit(f).lower(x).as_text(dialect="hlo"))
         got = evaluate(module, [x])
         np.testing.assert_array_equal(got, np.asarray(jax.jit(f)(x)))

@@ -24,6 +24,7 @@ from replicas.hlo.serialize import (
     pack_value,
     unpack_value,
 )
+from replicas.hlo.text import parse_hlo
 from replicas.shapes import TOKEN, Layout, PrimitiveType, Shape, Token
 
 
@@ -480,8 +481,7 @@ def test_load_errors_name_the_path(tmp_path):
 
 
 def test_save_and_load_hlo_text(tmp_path):
-    text_module = pytest.importorskip("replicas.hlo.text")
-    module = text_module.parse_hlo(
+    module = parse_hlo(
         "HloModule m\n\nENTRY main {\n  p = f32[2,3]{1,0} parameter(0)\n  ROOT n = f32[2,3]{1,0} negate(p)\n}\n")
     for suffix in (".hlo", ".txt", ".HLO"):
         path = tmp_path / f"prog{suffix}"

@@ -14,8 +14,6 @@ from replicas.hlo.ir import Computation, Instruction, make_window
 from replicas.hlo.shape_inference import infer_shape, parse_dim_labels
 from replicas.shapes import Shape
 
-jax.config.update("jax_enable_x64", True)
-
 
 def S(text: str) -> Shape:
     return Shape.parse(text)

@@ -9,14 +9,14 @@ operands compile into one module (compiling is the slow part).
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-
-jax.config.update("jax_enable_x64", True)
-
 from jax._src import xla_bridge  # noqa: E402
 from jax._src.lib import xla_client  # noqa: E402
 
@@ -68,9 +68,31 @@ def _compiled(calls: tuple[tuple[str, tuple[int, ...], str, str], ...], in_types
     out_types = ", ".join(c[2] for c in calls)
     text = (f"module @oracle {{\n func.func public @main({params}) -> ({out_types}) {{\n" + "\n".join(lines)
             + f"\n  return {results} : {out_types}\n }}\n}}\n")
+    return compile_stablehlo(text)
+
+
+def compile_stablehlo(text: str) -> Any:
+    """A StableHLO module compiled for one CPU device. Compiling is the oracle's cost, so compiled
+    executables are kept on disk (conftest.py points REPLICAS_XLA_ORACLE_CACHE at a directory that
+    outlives the run), keyed by the module text and the jaxlib version."""
     backend = xla_bridge.get_backend("cpu")
     devices = xla_client.DeviceList(tuple(backend.local_devices()[:1]))
-    return backend.compile_and_load(text, devices, xla_client.CompileOptions())
+    options = xla_client.CompileOptions()
+    cache = os.environ.get("REPLICAS_XLA_ORACLE_CACHE")
+    if not cache:
+        return backend.compile_and_load(text, devices, options)
+    key = hashlib.sha256(f"{jax.__version__}\n{text}".encode()).hexdigest()
+    path = Path(cache) / key
+    if path.exists():
+        try:
+            return backend.deserialize_executable(path.read_bytes(), devices, options)
+        except Exception:  # noqa: BLE001 - a stale or torn entry is recompiled
+            pass
+    exe = backend.compile_and_load(text, devices, options)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(backend.serialize_executable(exe))
+    tmp.replace(path)  # atomic: concurrent runs never read a half-written entry
+    return exe
 
 
 def run_many(calls: list[Call], operands: list[Any]) -> list[np.ndarray]:

@@ -1,4 +1,4 @@
-"""The public entry points: launch N replicas of a program, run it to completion, or check it.
+"""The public entry points: launch N replicas of a program, or run it to completion.
 
 A *program* is a Module or Executable, a path to an `.hlo`/`.txt`/`.msgpack` file, HLO text, the
 bytes of either, or JAX's lowered / compiled form (`jax.jit(f).lower(*args)`, `.compile()`).
@@ -16,8 +16,7 @@ import numpy as np
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
-from replicas.limits import check_replicas
-from replicas.runtime.arguments import check_launch_options, check_timeout
+from replicas.runtime.arguments import check_launch_options
 from replicas.runtime.compile import Executable
 from replicas.runtime.job import Job, prepare
 from replicas.runtime.values import as_value
@@ -169,31 +168,9 @@ def run(module: Program, args: Sequence[Any] | None = None, num_replicas: int | 
     job = launch(module, args, num_replicas, timeout=timeout, address=address, infeed=infeed, trace=trace,
                  strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
                  record_every_instruction=record_every_instruction, trace_events=trace_events, progress=progress)
-    job._host_may_send = False  # noqa: SLF001 - run() feeds nothing beyond the preloaded infeed
+    job.close_host_input()  # run() feeds nothing beyond the preloaded infeed
     with job:
         return job.result()
 
 
-def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int | None = None, *,
-          timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None, strict: bool = True,
-          trace: str | None = None, record_every_instruction: bool = False,
-          trace_events: int = DEFAULT_CAPACITY) -> None:
-    """Run `module` on threads and raise what goes wrong, as `rp.verify` raises for a bad module:
-    DeadlockError, CollectiveMismatchError, ReplicaFailure, ExecutionTimeout, or a ProgramError for
-    messages nobody received. Without `args` every parameter is zeros. Returns None when clean.
-    The trace options are `launch`'s."""
-    from replicas.diagnostics.check import check as find_problem
-
-    program = as_program(module)
-    if num_replicas is None:
-        num_replicas = declared_replicas(program)
-    num_replicas = check_replicas(num_replicas)
-    check_timeout(timeout)
-    problem = find_problem(program.module if isinstance(program, Executable) else program, as_arguments(args),
-                           num_replicas, timeout=timeout, infeed=infeed, strict=strict, trace=trace,
-                           record_every_instruction=record_every_instruction, trace_events=trace_events)
-    if problem is not None:
-        raise problem
-
-
-__all__ = ["BACKENDS", "as_program", "check", "declared_replicas", "launch", "run"]
+__all__ = ["BACKENDS", "as_program", "as_value", "declared_replicas", "launch", "run"]

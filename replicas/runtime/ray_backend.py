@@ -153,12 +153,15 @@ class ReplicaHost:
         import hashlib
 
         from replicas.ops.custom_call import register_custom_call
+        from replicas.runtime.cores import size_replica_process
         from replicas.runtime.replica_runner import ReplicaRunner
 
         # The driver's registered custom calls (never names from the program) run here too.
         for name, fn in (custom_calls or {}).items():
             register_custom_call(name, fn)
 
+        # Every replica of the job is taken to be on this node (the safe side on one node).
+        size_replica_process(num_replicas)
         digest = hashlib.sha256(module_bytes).digest()
         executable = self._executables.get(digest)
         if executable is None:
@@ -193,11 +196,10 @@ class ReplicaHost:
         if self._wire is not None:
             self._wire.drop_peers()
         self._shm_report = self.shm_sent()
-        token = self._token
+        self._close_shared_memory(self._token)  # while the fabrics are still there to drop their arenas
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
             self._token = ""
-        self._close_shared_memory(token)
         return clean
 
     def _close_shared_memory(self, token: str) -> None:
