@@ -39,7 +39,9 @@ from common import (  # noqa: E402 - the bench folder is not a package
     parse_size,
     per_iteration,
     ray_echo_actor,
+    ray_processes,
     ray_round_trip,
+    rss_mib,
     run_json_subprocess,
     run_loop,
     size_label,
@@ -105,41 +107,6 @@ def measure_startup(n: int) -> tuple[dict | None, str]:
 
 
 # -- memory (leak check) -------------------------------------------------------------------------------
-
-def rss_mib(pid: int | str = "self", field: str = "VmRSS") -> float:
-    """A process's resident memory (VmRSS; RssAnon: its private heap only, without the shared
-    object-store and /dev/shm pages it has mapped)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _children(pid: int) -> list[tuple[int, str]]:
-    """(pid, command line) of the processes whose parent is `pid`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid == pid:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    out.append((int(entry), f.read().replace(b"\0", b" ").decode(errors="replace")))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
-def ray_processes() -> tuple[int | None, list[int]]:
-    """This driver's raylet (it hosts the object store) and its replica actor processes."""
-    raylets = [p for p, cmd in _children(os.getpid()) if "raylet/raylet" in cmd]
-    if not raylets:
-        return None, []
-    return raylets[0], [p for p, cmd in _children(raylets[0]) if cmd.startswith("ray::ReplicaHost")]
-
 
 def memory_mode(n: int, iterations: int, large_iterations: int = 300) -> None:
     warm_up(n, "ray")

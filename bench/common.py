@@ -332,3 +332,40 @@ def load_average() -> str:
         return " ".join(f"{v:.1f}" for v in os.getloadavg())
     except OSError:
         return "?"
+
+
+# -- processes and memory ------------------------------------------------------------------------------
+
+def rss_mib(pid: int | str = "self", field: str = "VmRSS") -> float:
+    """A process's resident memory (VmRSS; RssAnon: its private heap only, without the shared
+    object-store and /dev/shm pages it has mapped)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes whose parent is `pid`."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    out.append((int(entry), f.read().replace(b"\0", b" ").decode(errors="replace")))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def ray_processes() -> tuple[int | None, list[int]]:
+    """This driver's raylet (it hosts the object store) and its replica actor processes."""
+    raylets = [p for p, cmd in _children(os.getpid()) if "raylet/raylet" in cmd]
+    if not raylets:
+        return None, []
+    return raylets[0], [p for p, cmd in _children(raylets[0]) if cmd.startswith("ray::ReplicaHost")]

@@ -12,10 +12,11 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from replicas.diagnostics.check import zero_arguments
+from replicas.checker import zero_arguments
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import CollectiveMismatchError, DeadlockError, ProgramError, ReplicasError
 from replicas.hlo.ir import Instruction
+from replicas.npz import read_npz_array
 from replicas.runtime.driver import as_program, declared_replicas
 
 DEMO_HLO = """\
@@ -73,13 +74,7 @@ def load_args(path: str | None, num_replicas: int, parameters: list[Instruction]
                                f"for each of the {num_replicas} replicas)")
         values = {}
         for k in wanted:
-            try:
-                values[k] = data[k]
-            except ValueError:  # object arrays need pickle, which is never loaded
-                raise ProgramError(f"--args {path}: {k} holds Python objects (dtype=object), which are never "
-                                   f"loaded; save numeric arrays") from None
-            except (OSError, zipfile.BadZipFile) as e:
-                raise ProgramError(f"--args {path}: {k} cannot be read: {e}") from None
+            values[k] = read_npz_array(data, k, f"--args {path}: {k}")  # its declared size checked first
     if per_replica:
         return [[values[f"r{r}_arg{i}"] for i in range(len(parameters))] for r in range(num_replicas)]
     return [values[f"arg{i}"] for i in range(len(parameters))]
@@ -255,9 +250,9 @@ def _dispatch(ns: argparse.Namespace) -> int:
     options = {"timeout": ns.timeout, "record_every_instruction": ns.trace_all, "trace_events": ns.trace_events,
                "progress": not ns.quiet}
     if ns.command == "check":
-        from replicas.diagnostics.check import check, describe
+        from replicas.checker import describe, find_problem
 
-        problem = check(module, args, n, strict=not ns.lenient, trace=ns.trace, **options)
+        problem = find_problem(module, args, n, strict=not ns.lenient, trace=ns.trace, **options)
         if problem is None:
             print(f"ok: {Path(ns.program).name} ran on {n} replicas with no deadlock, mismatch or error")
             return 0

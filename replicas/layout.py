@@ -1,5 +1,5 @@
 """Index maths and literal bytes for any layout (the "Layout" and "Indexing into arrays" sections
-of the Shapes and Layout document). Re-exported by `replicas.shapes`."""
+of the Shapes and Layout document), built on `replicas.shapes`."""
 
 from __future__ import annotations
 

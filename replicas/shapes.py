@@ -461,15 +461,4 @@ def dtype_of(element_type: PrimitiveType | str) -> np.dtype:
     return _as_type(element_type).dtype
 
 
-# Index maths and bytes live in their own module; they are part of this module's public face.
-from replicas.layout import (  # noqa: E402
-    buffer_dimensions,
-    byte_size,
-    from_bytes,
-    linear_index,
-    multi_index,
-    to_bytes,
-)
-
-__all__ = ["PrimitiveType", "Layout", "Shape", "Token", "TOKEN", "dtype_of", "buffer_dimensions", "byte_size",
-           "from_bytes", "linear_index", "multi_index", "to_bytes"]
+__all__ = ["PrimitiveType", "Layout", "Shape", "Token", "TOKEN", "dtype_of"]

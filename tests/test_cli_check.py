@@ -10,8 +10,8 @@ import pytest
 from buggy_programs import BY_NAME, CASES, CHECK_ONLY, CORRECT, LENIENT_OK, Case
 
 import replicas as rp
+from replicas.checker import find_problem
 from replicas.cli import main as cli_main
-from replicas.diagnostics.check import check
 from replicas.errors import CollectiveMismatchError, DeadlockError, ProgramError
 
 # Host feeds have no command-line form: the cases that preload an infeed stay with rp.run.
@@ -100,7 +100,7 @@ def test_check_reports_messages_nobody_received(case: Case, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     module = rp.parse_hlo(case.hlo)
     assert len(rp.run(module, case.args(), num_replicas=2, backend="threads", timeout=30)) == 2  # silent in run
-    problem = check(module, case.args(), 2)
+    problem = find_problem(module, case.args(), 2)
     assert isinstance(problem, ProgramError)
     code, out = code_and_output(case, tmp_path, capsys)
     assert code == 2

@@ -8,18 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicas.errors import ProgramError
-from replicas.shapes import (
-    TOKEN,
-    Layout,
-    PrimitiveType,
-    Shape,
-    buffer_dimensions,
-    byte_size,
-    from_bytes,
-    linear_index,
-    multi_index,
-    to_bytes,
-)
+from replicas.layout import buffer_dimensions, byte_size, from_bytes, linear_index, multi_index, to_bytes
+from replicas.shapes import TOKEN, Layout, PrimitiveType, Shape
 
 
 def _has_dtype(element_type: PrimitiveType) -> bool:

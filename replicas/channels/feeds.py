@@ -2,7 +2,7 @@
 
 An infeed's result is `(data, token)`. The host value must match the data shape: a numpy array of
 the exact dtype and dimensions (Python scalars and lists are converted), raw `bytes` laid out as
-the shape's layout says (decoded by `replicas.shapes.from_bytes`), or a tuple of such values for a
+the shape's layout says (decoded by `replicas.layout.from_bytes`), or a tuple of such values for a
 tuple shape. Nested tuple shapes are rejected, as XLA does; the empty tuple reads nothing.
 """
 
@@ -42,7 +42,7 @@ def host_value_checker(inst: Instruction, replica: int, shape: Shape, what: str)
 
     def check_leaf(leaf: Shape, value: Any, whole: Any) -> Any:
         if isinstance(value, (bytes, bytearray, memoryview)):
-            from replicas.shapes import from_bytes
+            from replicas.layout import from_bytes
 
             try:
                 return from_bytes(value, leaf)
@@ -67,7 +67,7 @@ def host_value_checker(inst: Instruction, replica: int, shape: Shape, what: str)
 
         def check_tuple(value: Any) -> Any:
             if isinstance(value, (bytes, bytearray, memoryview)):
-                from replicas.shapes import from_bytes
+                from replicas.layout import from_bytes
 
                 try:
                     return from_bytes(value, shape)

@@ -78,7 +78,8 @@ class Collective:
         recorder = self.fabric.recorder
         if recorder is None:
             return algorithm(ex, *args)
-        event = recorder.begin("collective", self.inst.name, self.inst.opcode, seq=ex.seq, group=list(self.group),
+        # The group is the interned tuple itself: a copy per event would cost O(N) per member.
+        event = recorder.begin("collective", self.inst.name, self.inst.opcode, seq=ex.seq, group=self.group,
                                fingerprint=self.fingerprint_dict)
         try:
             result = algorithm(ex, *args)

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from replicas import limits
-from replicas.hlo.ir import make_window
 from replicas.hlo.lexer import Scanner, quote
+from replicas.hlo.window import make_window
 from replicas.shapes import Shape
 
 _INT = re.compile(r"-?[0-9]+")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replicas.errors import ProgramError
+from replicas.hlo.window import make_window  # noqa: F401  (part of the IR's public face)
 from replicas.shapes import Shape
 
 # Attributes whose value names one computation, or (for branch_computations) a list of them.
@@ -151,7 +152,7 @@ class Module:
                 yield comp, inst
 
     def to_hlo_text(self) -> str:
-        from replicas.hlo.text import print_module
+        from replicas.hlo.printer import print_module  # the printer reads the IR without importing it
 
         return print_module(self)
 
@@ -183,18 +184,3 @@ def _attrs_equal(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return a == b or (a != a and b != b)  # nan attributes (a constant's fill value) equal themselves
     return a == b
-
-
-def make_window(rank: int, size: list[int] | None = None, stride: list[int] | None = None,
-                pad: list[tuple[int, int]] | None = None, lhs_dilate: list[int] | None = None,
-                rhs_dilate: list[int] | None = None, window_reversal: list[bool] | None = None
-                ) -> dict[str, Any]:
-    """A Window attribute with every key present (see docs/ir.md)."""
-    return {
-        "size": list(size) if size is not None else [1] * rank,
-        "stride": list(stride) if stride is not None else [1] * rank,
-        "pad": [tuple(p) for p in pad] if pad is not None else [(0, 0)] * rank,
-        "lhs_dilate": list(lhs_dilate) if lhs_dilate is not None else [1] * rank,
-        "rhs_dilate": list(rhs_dilate) if rhs_dilate is not None else [1] * rank,
-        "window_reversal": list(window_reversal) if window_reversal is not None else [False] * rank,
-    }

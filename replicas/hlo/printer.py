@@ -5,12 +5,14 @@ The output parses back (`replicas.hlo.text.parse_hlo`) to an equal Module.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replicas.errors import ProgramError
 from replicas.hlo import attributes
-from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.hlo.literals import format_literal
+
+if TYPE_CHECKING:
+    from replicas.hlo.ir import Computation, Instruction, Module
 
 # Attributes printed in the operand position rather than after it.
 _OPERAND_POSITION_ATTRS = frozenset({"literal", "parameter_number"})

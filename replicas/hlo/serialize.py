@@ -25,7 +25,8 @@ import numpy as np
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
-from replicas.shapes import TOKEN, Layout, PrimitiveType, Shape, Token, from_bytes, to_bytes
+from replicas.layout import from_bytes, to_bytes
+from replicas.shapes import TOKEN, Layout, PrimitiveType, Shape, Token
 
 MAGIC = b"\x89RPLMOD\n"  # PNG-style: the high byte and the newline catch text-mode mangling
 FORMAT_VERSION = 1

@@ -13,6 +13,7 @@ from replicas.errors import ProgramError
 from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
 from replicas.hlo.opcodes import DONE_OF, GROUPED_OPCODES, OPCODES, PAIRED_OPCODES
 from replicas.hlo.shape_inference import infer_shape
+from replicas.limits import MAX_NESTING
 
 # A context may also arrive through a loop-carried tuple (XLA's pipelined send/recv).
 _PASS_THROUGH = frozenset({"get-tuple-element", "parameter", "opt-barrier"})
@@ -83,23 +84,37 @@ def _verify_structure(module: Module, comp: Computation) -> None:
 
 
 def _check_no_recursion(module: Module) -> None:
-    callees = {name: {c for inst in comp.instructions for c in inst.called_computations()}
+    """No computation calls itself, and calls nest at most MAX_NESTING deep (the interpreter runs a
+    call as a Python call); iterative, so a hostile chain of thousands is an error, not a crash."""
+    callees = {name: sorted({c for inst in comp.instructions for c in inst.called_computations()})
                for name, comp in module.computations.items()}
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
-
-    def visit(name: str, path: list[str]) -> None:
-        state[name] = 1
-        for callee in sorted(callees.get(name, ())):
+    height: dict[str, int] = {}  # the longest chain of calls starting at a computation
+    for start in module.computations:
+        if start in state:
+            continue
+        path = [start]
+        pending = [iter(callees.get(start, ()))]
+        state[start] = 1
+        while pending:
+            callee = next(pending[-1], None)
+            if callee is None:
+                done = path.pop()
+                state[done] = 2
+                pending.pop()
+                height[done] = 1 + max((height[c] for c in callees.get(done, ())), default=0)
+                if height[done] > MAX_NESTING:
+                    raise ProgramError(f"computation calls nest deeper than {MAX_NESTING} levels "
+                                       f"(from computation {done})")
+                continue
             if state.get(callee) == 1:
-                cycle = " -> ".join(path[path.index(callee):] + [callee]) if callee in path else callee
+                cycle = " -> ".join(path[path.index(callee):] + [callee])
                 raise ProgramError(f"computation {callee} calls itself (recursion is not allowed): {cycle}")
-            if callee not in state:
-                visit(callee, path + [callee])
-        state[name] = 2
-
-    for name in module.computations:
-        if name not in state:
-            visit(name, [name])
+            if callee in state:
+                continue
+            state[callee] = 1
+            path.append(callee)
+            pending.append(iter(callees.get(callee, ())))
 
 
 def _participants(inst: Instruction, replicas: int | None, partitions: int, explicit: bool) -> int | None:

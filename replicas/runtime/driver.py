@@ -1,4 +1,4 @@
-"""The public entry points: launch N replicas of a program, run it to completion, or check it.
+"""The public entry points: launch N replicas of a program, or run it to completion.
 
 A *program* is a Module or Executable, a path to an `.hlo`/`.txt`/`.msgpack` file, HLO text, the
 bytes of either, or JAX's lowered / compiled form (`jax.jit(f).lower(*args)`, `.compile()`).
@@ -16,10 +16,10 @@ import numpy as np
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
-from replicas.limits import check_replicas
-from replicas.runtime.arguments import check_launch_options, check_timeout
+from replicas.runtime.arguments import check_launch_options
 from replicas.runtime.compile import Executable
 from replicas.runtime.job import Job, prepare
+from replicas.runtime.values import as_value
 
 BACKENDS = ("ray", "threads")
 DEFAULT_TIMEOUT = 60.0
@@ -38,18 +38,16 @@ def as_program(program: Program) -> Module | Executable:
 
         module = load(program)
     elif isinstance(program, str):
-        from replicas.hlo.text import parse_hlo
-
-        module = parse_hlo(program)
+        module = _parse(program)
     elif isinstance(program, (bytes, bytearray, memoryview)):
         module = _from_bytes(bytes(program))
     elif hasattr(program, "lower") and callable(program):
         raise ProgramError("rp.run got a JAX function: JAX needs its arguments to lower it; run it with "
                            "rp.jax.run(f, *args, num_replicas=N), which also splits and joins the shards")
     elif hasattr(program, "as_text") and hasattr(program, "compile"):  # jax.stages.Lowered
-        module = _from_jax_text(program.compile().as_text())
+        module = _parse(program.compile().as_text())  # per device: its arguments are shards
     elif hasattr(program, "as_text") and hasattr(program, "input_shardings"):  # jax.stages.Compiled
-        module = _from_jax_text(program.as_text())
+        module = _parse(program.as_text())
     else:
         raise ProgramError(f"module must be a program (a Module, a path, HLO text or bytes, JAX's lowered "
                            f"form), got {type(program).__name__}")
@@ -71,13 +69,10 @@ def _from_bytes(data: bytes) -> Module:
         text = data.decode()
     except UnicodeDecodeError:
         raise ProgramError("bytes that are neither a .msgpack module nor HLO text (UTF-8)") from None
-    from replicas.hlo.text import parse_hlo
-
-    return parse_hlo(text)
+    return _parse(text)
 
 
-def _from_jax_text(text: str) -> Module:
-    """JAX's compiled per-device text: its arguments are each partition's shards (rp.jax.run splits them)."""
+def _parse(text: str) -> Module:
     from replicas.hlo.text import parse_hlo
 
     return parse_hlo(text)
@@ -87,19 +82,6 @@ def declared_replicas(module: Module | Executable) -> int:
     """The replica count a module declares: replica_count x num_partitions (1 when it declares none)."""
     m = module.module if isinstance(module, Executable) else module
     return int(m.attrs.get("replica_count") or 1) * m.num_partitions
-
-
-def as_value(value: Any) -> Any:
-    """numpy arrays for array-likes (JAX arrays, ...); lists and tuples keep their structure."""
-    if isinstance(value, np.ndarray):
-        return value
-    if isinstance(value, list):
-        return [as_value(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(as_value(v) for v in value)
-    if hasattr(value, "__array__") and not isinstance(value, np.generic):
-        return np.asarray(value)
-    return value
 
 
 def as_arguments(args: Any) -> Any:
@@ -166,7 +148,7 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
     job = Job(engine, executable, timeout=timeout, host_may_send=True, trace=trace, progress=progress)
     for r, values in enumerate(infeed or []):
         for v in values:
-            job.infeed(r, as_value(v))
+            job.infeed(r, v)
     return job
 
 
@@ -186,27 +168,9 @@ def run(module: Program, args: Sequence[Any] | None = None, num_replicas: int | 
     job = launch(module, args, num_replicas, timeout=timeout, address=address, infeed=infeed, trace=trace,
                  strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
                  record_every_instruction=record_every_instruction, trace_events=trace_events, progress=progress)
-    job._host_may_send = False  # noqa: SLF001 - run() feeds nothing beyond the preloaded infeed
+    job.close_host_input()  # run() feeds nothing beyond the preloaded infeed
     with job:
         return job.result()
 
 
-def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int | None = None, *,
-          timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None, strict: bool = True) -> None:
-    """Run `module` on threads and raise what goes wrong, as `rp.verify` raises for a bad module:
-    DeadlockError, CollectiveMismatchError, ReplicaFailure, ExecutionTimeout, or a ProgramError for
-    messages nobody received. Without `args` every parameter is zeros. Returns None when clean."""
-    from replicas.diagnostics.check import check as find_problem
-
-    program = as_program(module)
-    if num_replicas is None:
-        num_replicas = declared_replicas(program)
-    num_replicas = check_replicas(num_replicas)
-    check_timeout(timeout)
-    problem = find_problem(program.module if isinstance(program, Executable) else program, as_arguments(args),
-                           num_replicas, timeout=timeout, infeed=infeed, strict=strict)
-    if problem is not None:
-        raise problem
-
-
-__all__ = ["BACKENDS", "as_program", "as_value", "check", "declared_replicas", "launch", "run"]
+__all__ = ["BACKENDS", "as_program", "as_value", "declared_replicas", "launch", "run"]

@@ -7,7 +7,7 @@ The job is the same whatever runs the replicas; a *backend* (threads here, Ray a
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
 from replicas.diagnostics.mismatch import with_sides
@@ -22,6 +22,7 @@ from replicas.runtime import keys
 from replicas.runtime.arguments import check_args_container, check_module_argument
 from replicas.runtime.compile import Executable, compile_module
 from replicas.runtime.interpreter import check_arguments
+from replicas.runtime.values import as_value
 
 EVENTS_IN_REPORT = 20
 
@@ -71,7 +72,7 @@ class Job:
         self._check_replica(replica)
         seq = self._infeed_seq[replica]
         self._infeed_seq[replica] = seq + 1
-        self._backend.deliver_from_host(replica, keys.infeed(seq), value)
+        self._backend.deliver_from_host(replica, keys.infeed(seq), as_value(value))
 
     def outfeed(self, replica: int, timeout: float | None = None) -> Any:
         """The next value `replica` wrote to its outfeed; waits up to `timeout` seconds."""
@@ -92,7 +93,7 @@ class Job:
         self._check_replica(replica)
         seq = self._host_seq.get((replica, channel_id), 0)
         self._host_seq[(replica, channel_id)] = seq + 1
-        self._backend.deliver_from_host(replica, keys.host_transfer(channel_id, seq), value)
+        self._backend.deliver_from_host(replica, keys.host_transfer(channel_id, seq), as_value(value))
 
     def recv(self, replica: int, channel_id: int, timeout: float | None = None) -> Any:
         """Device -> host: the next value a Send with is_host_transfer=true on `channel_id` sent."""
@@ -151,6 +152,19 @@ class Job:
             return True
         return all(s.status in ("finished", "failed", "cancelled") for s in self._backend.states())
 
+    def close_host_input(self) -> None:
+        """The host sends nothing beyond what is already queued: from now on a replica waiting
+        for an infeed or a host transfer can only be deadlocked (as under `rp.run`)."""
+        self._host_may_send = False
+
+    def leftovers(self) -> dict[int, dict[tuple[int, Hashable], Any]]:
+        """Messages left in each replica's mailbox after the job, by (source, key): evidence of a
+        message nobody received. Known only where the mailboxes live in this process (threads)."""
+        leftovers = getattr(self._backend, "leftovers", None)
+        if leftovers is None:
+            raise ProgramError("leftover messages are known only under backend='threads'")
+        return leftovers()
+
     def states(self) -> list[ReplicaState]:
         return self._backend.states()
 
@@ -163,7 +177,7 @@ class Job:
     def cancel(self) -> None:
         """Stop every replica and release everything. Safe to call twice."""
         if self._outcome is None:
-            self._finish(False, ReplicasError("job cancelled"), cancel=True)
+            self._finish(False, ReplicasError("job cancelled"))
 
     def __enter__(self) -> Job:
         return self
@@ -210,7 +224,7 @@ class Job:
         except ReplicasError as e:  # the backend lost a replica (an actor died): name it, clean up
             return self._finish(False, e)
         except KeyboardInterrupt:
-            self._finish(False, ReplicasError("job interrupted"), cancel=True)
+            self._finish(False, ReplicasError("job interrupted"))
             raise
 
     def _failure(self, states: list[ReplicaState]) -> ReplicasError:
@@ -225,7 +239,7 @@ class Job:
         s = failed[0]
         return ReplicaFailure(f"replica {s.replica} failed: {s.error}", s.replica, s.error)
 
-    def _finish(self, ok: bool, value: Any, cancel: bool = False) -> tuple[bool, Any]:
+    def _finish(self, ok: bool, value: Any) -> tuple[bool, Any]:
         self._outcome = (ok, value)
         backend = self._backend
         if self._status is not None:
@@ -314,10 +328,3 @@ def _check_replica_count(module: Module, num_replicas: int) -> None:
         raise ProgramError(f"module {module.name} declares replica_count={declared} but "
                            f"num_replicas={num_replicas}")
 
-
-def run_threads(module: Module | Executable, args: Sequence[Any] | None = None, num_replicas: int = 1,
-                **kwargs: Any) -> list[Any]:
-    """`rp.run(..., backend="threads")`: replicas as threads of this process, no Ray."""
-    from replicas.runtime.driver import run
-
-    return run(module, args, num_replicas, backend="threads", **kwargs)

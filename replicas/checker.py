@@ -1,4 +1,4 @@
-"""`replicas check`: run every replica as a thread of this process and report what goes wrong.
+"""`rp.check` and `replicas check`: run every replica as a thread of this process and report what goes wrong.
 
 Besides what `rp.run` reports (deadlocks, mismatches, failures), a check looks at the messages
 left in the replicas' mailboxes once every replica finished: a message nobody took is a silent
@@ -11,32 +11,57 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from replicas.collectives.fingerprint import Fingerprint
+from replicas.collectives.kernels import zeros_of
+from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ProgramError, ReplicasError
 from replicas.hlo.ir import Module
+from replicas.limits import check_replicas
 from replicas.records import HOST
 from replicas.runtime import keys
+from replicas.runtime.arguments import check_timeout
+from replicas.runtime.compile import Executable
+from replicas.runtime.driver import Program, as_arguments, as_program, declared_replicas, launch
 
 
-def check(module: Module, args: Sequence[Any] | None = None, num_replicas: int = 2, *,
+def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int | None = None, *,
+          timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None, strict: bool = True,
+          trace: str | None = None, record_every_instruction: bool = False,
+          trace_events: int = DEFAULT_CAPACITY) -> None:
+    """`rp.check`: run `module` on threads and raise what goes wrong, as `rp.verify` raises for a bad
+    module: DeadlockError, CollectiveMismatchError, ReplicaFailure, ExecutionTimeout, or a
+    ProgramError for messages nobody received. Without `args` every parameter is zeros. Returns
+    None when clean. The trace options are `rp.launch`'s."""
+    program = as_program(module)
+    if num_replicas is None:
+        num_replicas = declared_replicas(program)
+    num_replicas = check_replicas(num_replicas)
+    check_timeout(timeout)
+    problem = find_problem(program.module if isinstance(program, Executable) else program, as_arguments(args),
+                           num_replicas, timeout=timeout, infeed=infeed, strict=strict, trace=trace,
+                           record_every_instruction=record_every_instruction, trace_events=trace_events)
+    if problem is not None:
+        raise problem
+
+
+def find_problem(module: Module, args: Sequence[Any] | None = None, num_replicas: int = 2, *,
           timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None,
           strict: bool = True, **options: Any) -> ReplicasError | None:
     """Run `module` on `num_replicas` threads; None if it completes cleanly, else the error it raised
     (DeadlockError, CollectiveMismatchError, ProgramError, ReplicaFailure, ExecutionTimeout),
     with the same report `rp.run` gives, or a ProgramError naming the messages nobody received.
     Without `args`, every parameter is zeros."""
-    from replicas.runtime.driver import launch
-
     if args is None:
         args = zero_arguments(module)
     try:
         job = launch(module, args, num_replicas, timeout=timeout, infeed=infeed, strict=strict, backend="threads",
                      **options)  # trace, record_every_instruction, progress: as rp.run takes them
-        job._host_may_send = False  # noqa: SLF001 - as in rp.run: nothing is fed beyond `infeed`
+        job.close_host_input()  # as in rp.run: nothing is fed beyond `infeed`
         with job:
             job.result()
     except ReplicasError as e:
         return e
-    left = job._backend.leftovers()  # noqa: SLF001 - the finished job's leftovers are the evidence
+    left = job.leftovers()  # the finished job's leftovers are the evidence
     findings = [line for r, messages in left.items() for line in leftovers(r, messages)]
     if findings:
         return ProgramError("messages nobody received after every replica finished:\n  " + "\n  ".join(findings))
@@ -68,8 +93,6 @@ def leftovers(replica: int, messages: dict[tuple[int, Hashable], Any]) -> list[s
 
 
 def _collective_name(wire: Any) -> str:
-    from replicas.collectives.fingerprint import Fingerprint
-
     try:
         fp = Fingerprint(tuple(wire))
         return f"%{fp.name}, {fp.opcode}"
@@ -79,8 +102,6 @@ def _collective_name(wire: Any) -> str:
 
 def zero_arguments(module: Module) -> list[Any]:
     """Zeros of each entry parameter's shape: enough to exercise a program's communication."""
-    from replicas.collectives.kernels import zeros_of
-
     return [zeros_of(p.shape) for p in module.entry_computation.parameters]
 
 

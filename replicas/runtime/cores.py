@@ -1,0 +1,98 @@
+"""Share the cores among replicas: the BLAS / OpenMP thread pools of a process running replicas are
+sized (with threadpoolctl) so that the replicas of one node never run more threads than it has cores.
+
+Every BLAS call of a replica may use the whole pool; N replicas calling at once use N pools. So a
+process hosting replicas of a job with N replicas on this node limits its pools to
+max(1, (cores - 1) // N) threads (the pools are per process, not per thread). `REPLICAS_BLAS_THREADS`
+overrides it: an integer (threads per pool), or "off" to leave the pools alone.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+ENV = "REPLICAS_BLAS_THREADS"
+
+_lock = threading.Lock()
+_controller: Any = None
+_applied: list[Any] = []  # the limiter of the latest share_cores, restored when its job ends
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def pool_threads(replicas_on_node: int) -> int | None:
+    """Threads each BLAS/OpenMP pool of a replica process may use; None: leave the pools alone."""
+    setting = os.environ.get(ENV, "auto").strip().lower()
+    if setting == "off":
+        return None
+    if setting not in ("", "auto"):
+        try:
+            return max(1, int(setting))
+        except ValueError:
+            raise ValueError(f"{ENV}={setting!r}: expected an integer, 'auto' or 'off'") from None
+    # One core is left to what runs beside the replicas (the driver's monitor, the transports, other
+    # processes): OpenBLAS workers spin while they wait, and a pool that finds its cores taken
+    # stalls every call (a 1-replica GPT step ran 9x slower with 2 threads than with 1 on 2 cores).
+    return max(1, (cores() - 1) // max(1, replicas_on_node))
+
+
+def share_cores(replicas_on_node: int) -> Any:
+    """Limit this process's BLAS/OpenMP pools for a job with `replicas_on_node` replicas here.
+    Returns a token for `release` (None when nothing was changed)."""
+    threads = pool_threads(replicas_on_node)
+    if threads is None or (threads >= cores() and not _applied):
+        return None
+    global _controller
+    from threadpoolctl import ThreadpoolController
+
+    with _lock:
+        if _controller is None:
+            _controller = ThreadpoolController()
+        limiter = _controller.limit(limits=threads)
+        _applied.append(limiter)
+    return limiter
+
+
+_sized: list[int | None] = [None]
+
+
+def size_replica_process(replicas_on_node: int) -> None:
+    """`share_cores` for a process that exists to run replicas (a Ray actor): applied for good,
+    and only when the size changes (a pooled actor runs job after job)."""
+    threads = pool_threads(replicas_on_node)
+    if threads is None or threads == _sized[0]:
+        return
+    global _controller
+    from threadpoolctl import ThreadpoolController
+
+    with _lock:
+        if _controller is None:
+            _controller = ThreadpoolController()
+        _controller.limit(limits=threads)
+        _sized[0] = threads
+
+
+def release(token: Any) -> None:
+    """Undo `share_cores` once its job ended (the latest one only: an older job's token is dropped)."""
+    if token is None:
+        return
+    with _lock:
+        if _applied and _applied[-1] is token:
+            _applied.pop()
+            token.restore_original_limits()
+        elif token in _applied:
+            _applied.remove(token)
+
+
+def current_limits() -> dict[str, int]:
+    """{library prefix: threads} of this process's pools (for benchmarks and tests)."""
+    from threadpoolctl import threadpool_info
+
+    return {info["prefix"]: info["num_threads"] for info in threadpool_info()}

@@ -1,0 +1,234 @@
+"""Structure-aware mutations for the fuzz tests and the targets they feed (see test_fuzz.py).
+
+Each target takes bytes (what a file could hold) and either accepts them or raises ProgramError;
+`run_target` turns anything else (RecursionError, MemoryError, KeyError, an allocation over
+`ALLOCATION_BUDGET`) into an AssertionError naming the input's kind.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from replicas.errors import ProgramError
+
+ALLOCATION_BUDGET = 64 << 20  # bytes any one hostile input may make us allocate (the inputs are tiny)
+CORPUS = Path(__file__).parent / "fuzz_corpus"
+
+HLO_SEEDS = [
+    """HloModule fuzz, replica_count=4, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
+
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %add = f32[] add(f32[] %a, f32[] %b), metadata={op_name="x{,}" stack_frame_id=1}
+}
+
+ENTRY %main (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  %ar = f32[8]{0} all-reduce(f32[8]{0} %p), channel_id=1, replica_groups=[2,2]<=[2,2]T(1,0), to_apply=%sum
+  %ag = f32[16]{0} all-gather(%p), replica_groups={{0,1},{2,3}}, dimensions={0}
+  %cp = f32[8]{0} collective-permute(%ar), source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
+  %c = f32[2,2]{1,0} constant({ { 1, -inf }, { nan, 4.5 } })
+  %t = (f32[8]{0}, f32[2,2]{1,0}) tuple(%cp, /*index=1*/%c)
+  ROOT %g = f32[8]{0} get-tuple-element(%t), index=0
+}
+""",
+    """HloModule loops
+
+cond {
+  prev = (s32[], f32[3,4]{1,0}) parameter(0)
+  i = s32[] get-tuple-element(prev), index=0
+  n = s32[] constant(5)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+body {
+  prev = (s32[], f32[3,4]{1,0}) parameter(0)
+  i = s32[] get-tuple-element(prev), index=0
+  one = s32[] constant(1)
+  next = s32[] add(i, one)
+  x = f32[3,4]{1,0} get-tuple-element(prev), index=1
+  ROOT out = (s32[], f32[3,4]{1,0}) tuple(next, x)
+}
+
+ENTRY main {
+  x = f32[3,4]{1,0} parameter(0)
+  zero = s32[] constant(0)
+  init = (s32[], f32[3,4]{1,0}) tuple(zero, x)
+  w = (s32[], f32[3,4]{1,0}) while(init), condition=cond, body=body
+  s = f32[2,2]{1,0} slice(x), slice={[0:2], [0:4:2]}
+  r = f32[4,3]{1,0} reshape(x)
+  b = f32[2,3,4]{2,1,0} broadcast(x), dimensions={1,2}
+  io = s32[6]{0} iota(), iota_dimension=0
+  ROOT g = f32[3,4]{1,0} get-tuple-element(w), index=1
+}
+""",
+    """HloModule sendrecv, num_partitions=2
+
+ENTRY %e () -> (f32[], token[]) {
+  %tok = token[] after-all()
+  %recv = (f32[], u32[], token[]) recv(token[] %tok), channel_id=5
+  ROOT %done = (f32[], token[]) recv-done(%recv), channel_id=5
+  %k = u8[3]{0} constant({0, 7, 255})
+  %z = c64[] constant((1, -2))
+  %cc = f32[] custom-call(), custom_call_target="foo\\n", backend_config={"a":{"b":1}}
+}
+""",
+]
+
+_TOKEN = re.compile(r'\s+|"(?:[^"\\]|\\.)*"|[A-Za-z_%][\w.\-]*|-?[0-9]+(?:\.[0-9]+)?|.', re.S)
+NUMBERS = ["0", "-1", "-2147483649", "2147483648", "18446744073709551616", "999999999999", "1" + "0" * 40,
+           "9" * 5000, "nan", "-inf", "1e308", "0x10"]
+SHAPES = ["f32[999999999999]", "pred[4611686018427387904,4611686018427387904]", "f32[]", "token[]",
+          "(" * 70 + "f32[]" + ")" * 70, "(" * 2000 + "f32[]" + ")" * 2000, "s32[<=3]", "f32[-1]",
+          "f32[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]", "u4[7]"]
+SYNTAX = list('{}()[],=%:"/*<>-_x\n ') + ["ROOT", "ENTRY", "HloModule", "{...}", "nan", "{" * 3000,
+                                           "}" * 50, "replica_groups={{0,1}}", "[9999999,1]<=[9999999]"]
+ATTRIBUTES = [", unknown_attribute=1", ", replica_groups=[1000000000,1]<=[1000000000]", ", dimensions={" +
+              "0," * 3000 + "0}", ", to_apply=%nowhere", ", channel_id=-5", ", index=99999999999999999999",
+              ", slice={[0:999999999999]}", ", window={size=999999999x999999999}", ", replica_count=2"]
+
+
+def mutate_text(text: str, ops: list[tuple[str, int, int, int]]) -> str:
+    """Apply (kind, i, j, pick) mutations over the text's tokens (and raw bytes for flips)."""
+    tokens = _TOKEN.findall(text)
+    for kind, i, j, pick in ops:
+        if not tokens:
+            tokens = ["x"]
+        i %= len(tokens)
+        j %= len(tokens)
+        if kind == "drop" and len(tokens) > 1:
+            del tokens[i]
+        elif kind == "dup":
+            tokens.insert(i, tokens[i])
+        elif kind == "swap":
+            tokens[i], tokens[j] = tokens[j], tokens[i]
+        elif kind == "number":
+            numbers = [k for k, t in enumerate(tokens) if t[:1].isdigit() or t[:2] in ("-0", "-1")]
+            if numbers:
+                tokens[numbers[i % len(numbers)]] = NUMBERS[pick % len(NUMBERS)]
+        elif kind == "shape":
+            shapes = [k for k, t in enumerate(tokens) if re.fullmatch(r"[a-z]+[0-9]*", t) and k + 1 < len(tokens)
+                      and tokens[k + 1] == "["]
+            if shapes:
+                k = shapes[i % len(shapes)]
+                end = tokens.index("]", k) if "]" in tokens[k:] else k + 1
+                tokens[k:end + 1] = [SHAPES[pick % len(SHAPES)]]
+        elif kind == "attribute":
+            lines = [k for k, t in enumerate(tokens) if "\n" in t]
+            if lines:
+                tokens.insert(lines[i % len(lines)], ATTRIBUTES[pick % len(ATTRIBUTES)])
+        elif kind == "insert":
+            tokens.insert(i, SYNTAX[pick % len(SYNTAX)])
+        elif kind == "truncate":
+            tokens = tokens[:i]
+        elif kind == "flip":
+            raw = bytearray("".join(tokens).encode("utf-8", "surrogatepass"))
+            if raw:
+                raw[(i * 7919 + j) % len(raw)] ^= 1 << (pick % 8)
+            tokens = _TOKEN.findall(raw.decode("utf-8", "replace"))
+    return "".join(tokens)
+
+
+def mutate_object(obj: Any, ops: list[tuple[str, int, int]], depth: int = 0) -> Any:
+    """Structure-aware mutation of a decoded msgpack body: replace a number, list or string at a
+    pseudo-random path by a hostile one."""
+    for kind, i, pick in ops:
+        obj = _mutate_at(obj, kind, i, pick)
+    return obj
+
+
+_HOSTILE_VALUES = [2**64 - 1, -(2**63), -1, 999999999999, 2**62, [], [[[[[[[[[[]]]]]]]]]], "x" * 1000,
+                   "tuple", "token", None, True, 1.5, {"a": 1}, b"\x00" * 16]
+
+
+def _mutate_at(obj: Any, kind: str, i: int, pick: int) -> Any:
+    nodes: list[tuple[Any, Any]] = []  # (container, key)
+    stack = [obj]
+    while stack and len(nodes) < 5000:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                nodes.append((node, k))
+                stack.append(v)
+        elif isinstance(node, list):
+            for k, v in enumerate(node):
+                nodes.append((node, k))
+                stack.append(v)
+    if not nodes:
+        return obj
+    container, key = nodes[i % len(nodes)]
+    if kind == "replace":
+        container[key] = _HOSTILE_VALUES[pick % len(_HOSTILE_VALUES)]
+    elif kind == "nest":
+        value = container[key]
+        for _ in range(pick % 200 + 1):
+            value = [value]
+        container[key] = value
+    elif kind == "drop" and isinstance(container, dict):
+        del container[key]
+    elif kind == "drop" and isinstance(container, list):
+        container.pop(key)
+    elif kind == "grow" and isinstance(container[key], list):
+        container[key] = container[key] * (pick % 50 + 2)
+    return obj
+
+
+def flip_bytes(data: bytes, ops: list[tuple[str, int, int]]) -> bytes:
+    raw = bytearray(data)
+    for kind, i, pick in ops:
+        if not raw:
+            break
+        i %= len(raw)
+        if kind == "flip":
+            raw[i] ^= 1 << (pick % 8)
+        elif kind == "set":
+            raw[i] = pick % 256
+        elif kind == "truncate":
+            del raw[i:]
+        elif kind == "insert":
+            raw[i:i] = bytes([pick % 256]) * (pick % 9 + 1)
+    return bytes(raw)
+
+
+def npz_bytes(arrays: dict[str, np.ndarray], compressed: bool) -> bytes:
+    out = io.BytesIO()
+    (np.savez_compressed if compressed else np.savez)(out, **arrays)
+    return out.getvalue()
+
+
+def body_of(module_bytes: bytes) -> Any:
+    return msgpack.unpackb(module_bytes[10:], raw=False, strict_map_key=False, ext_hook=msgpack.ExtType)
+
+
+def with_body(body: Any) -> bytes:
+    from replicas.hlo.serialize import FORMAT_VERSION, MAGIC
+
+    return MAGIC + FORMAT_VERSION.to_bytes(2, "little") + msgpack.packb(body, use_bin_type=True)
+
+
+class Escaped(AssertionError):
+    pass
+
+
+def run_target(target: Any, data: Any, what: str) -> None:
+    """`target(data)` must succeed or raise ProgramError, within the allocation budget."""
+    tracemalloc.start()  # only around the target: hypothesis's own generation stays fast
+    try:
+        target(data)
+    except ProgramError:
+        pass
+    except BaseException as e:  # noqa: BLE001 - the point of the test
+        raise Escaped(f"{what}: {type(e).__name__} escaped: {str(e)[:300]}") from e
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    if peak > ALLOCATION_BUDGET:
+        raise Escaped(f"{what}: allocated {peak} bytes, over the budget of {ALLOCATION_BUDGET}")

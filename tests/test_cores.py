@@ -1,0 +1,49 @@
+"""Replicas share the cores: BLAS pools sized to cores // replicas while a job runs, restored after."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import replicas as rp
+from replicas.runtime.cores import cores, current_limits, pool_threads
+
+CALL = """HloModule pools
+ENTRY main {
+  x = s32[] parameter(0)
+  ROOT t = s32[] custom-call(x), custom_call_target="blas_pool_threads"
+}
+"""
+
+
+@pytest.fixture
+def pool_probe():
+    rp.register_custom_call("blas_pool_threads", lambda x: np.int32(min(current_limits().values())))
+    yield
+    rp.unregister_custom_call("blas_pool_threads")
+
+
+def test_pool_size_follows_replicas_and_the_environment(monkeypatch):
+    monkeypatch.delenv("REPLICAS_BLAS_THREADS", raising=False)
+    assert pool_threads(1) == max(1, cores() - 1)
+    assert pool_threads(4 * cores()) == 1
+    monkeypatch.setenv("REPLICAS_BLAS_THREADS", "3")
+    assert pool_threads(64) == 3
+    monkeypatch.setenv("REPLICAS_BLAS_THREADS", "off")
+    assert pool_threads(64) is None
+    monkeypatch.setenv("REPLICAS_BLAS_THREADS", "many")
+    with pytest.raises(ValueError, match="REPLICAS_BLAS_THREADS"):
+        pool_threads(2)
+
+
+@pytest.mark.usefixtures("pool_probe")
+def test_replica_threads_run_with_shared_pools_and_the_process_gets_its_own_back(monkeypatch):
+    monkeypatch.delenv("REPLICAS_BLAS_THREADS", raising=False)
+    before = current_limits()
+    n = 2 * cores()
+    got = rp.run(rp.parse_hlo(CALL), [np.int32(0)], num_replicas=n, backend="threads")
+    assert [int(g) for g in got] == [1] * n
+    assert current_limits() == before
+    monkeypatch.setenv("REPLICAS_BLAS_THREADS", "1")
+    assert int(rp.run(rp.parse_hlo(CALL), [np.int32(0)], num_replicas=1, backend="threads")[0]) == 1
+    assert current_limits() == before

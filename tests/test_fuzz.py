@@ -1,0 +1,250 @@
+"""Hostile input, fuzzed: mutations of valid HLO text, .msgpack modules, rp.run arguments and the
+CLI's .npz files raise only ProgramError (never RecursionError, MemoryError, KeyError, a crash or a
+hang) and allocate at most a fixed budget. Every input that ever failed is kept in
+tests/fuzz_corpus/ and replayed first. REPLICAS_FUZZ_SCALE=10 runs ten times the examples.
+
+No code path evaluates, unpickles or imports anything a file names: checked with an audit hook.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fuzzkit import (
+    CORPUS,
+    HLO_SEEDS,
+    body_of,
+    flip_bytes,
+    mutate_object,
+    mutate_text,
+    npz_bytes,
+    run_target,
+    with_body,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import replicas as rp
+from replicas.hlo.serialize import module_from_bytes, module_to_bytes
+from replicas.limits import check_module
+from replicas.runtime.compile import compile_module
+from replicas.runtime.job import prepare
+
+SCALE = float(os.environ.get("REPLICAS_FUZZ_SCALE", "1"))
+RAN: dict[str, int] = {}  # examples run per fuzz test (printed with -s)
+
+
+class Budget:
+    """Examples stop running after `seconds` of a test (the CI budget), unless one failed: then
+    hypothesis may replay and shrink it for as long as it takes."""
+
+    def __init__(self, name: str, seconds: float) -> None:
+        self.name, self.seconds, self.end, self.failed = name, seconds * SCALE, None, False
+
+    def run(self, fn, *args) -> None:
+        now = time.monotonic()
+        if self.end is None:
+            self.end = now + self.seconds
+        if now > self.end and not self.failed:
+            return
+        RAN[self.name] = RAN.get(self.name, 0) + 1
+        try:
+            fn(*args)
+        except BaseException:
+            self.failed = True
+            raise
+
+
+def examples(n: int) -> settings:
+    return settings(max_examples=max(1, int(n * SCALE)), deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.filter_too_much])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_counts():
+    yield
+    print("\nfuzz examples run:", RAN)
+
+
+# -- targets ---------------------------------------------------------------------------------------
+
+def parse_target(text: str) -> None:
+    module = rp.parse_hlo(text)
+    compile_module(module)
+
+
+def msgpack_target(data: bytes) -> None:
+    module = module_from_bytes(data)
+    check_module(module)  # what rp.load adds
+    compile_module(module)
+
+
+def npz_target(data: bytes) -> None:
+    from replicas.cli import load_args
+
+    with tempfile.NamedTemporaryFile(suffix=".npz") as f:
+        f.write(data)
+        f.flush()
+        load_args(f.name, 2, _ARGS_MODULE.entry_computation.parameters)
+
+
+_ARGS_MODULE = rp.parse_hlo("""HloModule args, replica_count=2
+
+ENTRY main {
+  x = f32[4] parameter(0)
+  t = (s32[2], pred[]) parameter(1)
+  i = s32[2] get-tuple-element(t), index=0
+  ROOT y = f32[4] add(x, x)
+}
+""")
+_SEED_MSGPACK = [module_to_bytes(rp.parse_hlo(text, verify=False)) for text in HLO_SEEDS]
+_SEED_NPZ = [npz_bytes({"arg0": np.zeros(4, np.float32), "arg1": np.ones(2, np.int32)}, c) for c in (False, True)]
+
+
+# -- the stored corpus, replayed every run -------------------------------------------------------------
+
+TARGETS = {".hlo": lambda b: parse_target(b.decode("utf-8", "surrogateescape")), ".msgpack": msgpack_target,
+           ".npz": npz_target}
+CORPUS_FILES = sorted(p for p in CORPUS.glob("*") if p.suffix in TARGETS)
+
+
+def test_the_corpus_is_not_empty():
+    assert {p.suffix for p in CORPUS_FILES} == set(TARGETS)
+
+
+@pytest.mark.parametrize("path", CORPUS_FILES, ids=lambda p: p.name)
+def test_corpus_input_raises_only_program_error(path: Path):
+    run_target(TARGETS[path.suffix], path.read_bytes(), str(path.name))
+
+
+def test_the_corpus_through_rp_load():
+    for path in CORPUS_FILES:
+        if path.suffix in (".hlo", ".msgpack"):
+            run_target(rp.load, path, path.name)
+
+
+# -- fuzzing -------------------------------------------------------------------------------------------
+
+text_ops = st.lists(st.tuples(st.sampled_from(["drop", "dup", "swap", "number", "shape", "attribute", "insert",
+                                                "truncate", "flip"]),
+                              st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**6)),
+                    min_size=1, max_size=5)
+
+
+HLO_BUDGET = Budget("hlo text", 6)
+
+
+@examples(500)
+@given(seed=st.sampled_from(range(len(HLO_SEEDS))), ops=text_ops)
+def test_fuzz_hlo_text(seed, ops):
+    HLO_BUDGET.run(lambda: run_target(parse_target, mutate_text(HLO_SEEDS[seed], ops), "HLO text"))
+
+
+object_ops = st.lists(st.tuples(st.sampled_from(["replace", "nest", "drop", "grow"]), st.integers(0, 10**6),
+                                st.integers(0, 10**6)), min_size=1, max_size=4)
+byte_ops = st.lists(st.tuples(st.sampled_from(["flip", "set", "truncate", "insert"]), st.integers(0, 10**6),
+                              st.integers(0, 10**6)), min_size=1, max_size=6)
+
+
+MSGPACK_BUDGET = Budget("msgpack structure", 4)
+
+
+@examples(400)
+@given(seed=st.sampled_from(range(len(HLO_SEEDS))), ops=object_ops)
+def test_fuzz_msgpack_structure(seed, ops):
+    body = mutate_object(body_of(_SEED_MSGPACK[seed]), ops)
+    try:
+        data = with_body(body)
+    except (OverflowError, ValueError, TypeError):  # msgpack cannot even write it
+        return
+    MSGPACK_BUDGET.run(lambda: run_target(msgpack_target, data, "msgpack module"))
+
+
+BYTES_BUDGET = Budget("msgpack bytes", 3)
+NPZ_BUDGET = Budget("npz bytes", 3)
+
+
+@examples(400)
+@given(seed=st.sampled_from(range(len(HLO_SEEDS))), ops=byte_ops)
+def test_fuzz_msgpack_bytes(seed, ops):
+    BYTES_BUDGET.run(lambda: run_target(msgpack_target, flip_bytes(_SEED_MSGPACK[seed], ops), "msgpack bytes"))
+
+
+@examples(250)
+@given(seed=st.sampled_from(range(len(_SEED_NPZ))), ops=byte_ops)
+def test_fuzz_npz_bytes(seed, ops):
+    NPZ_BUDGET.run(lambda: run_target(npz_target, flip_bytes(_SEED_NPZ[seed], ops), ".npz bytes"))
+
+
+_dtypes = st.sampled_from([np.float32, np.float64, np.int32, np.int64, np.bool_, np.uint8, np.complex64, object])
+_arrays = st.builds(lambda dt, shape: np.zeros(shape, dtype=dt), _dtypes,
+                    st.lists(st.integers(0, 5), max_size=3).map(tuple))
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.complex_numbers(),
+                     st.text(max_size=5), st.binary(max_size=5))
+_values = st.recursive(st.one_of(_scalars, _arrays),
+                       lambda inner: st.one_of(st.lists(inner, max_size=5), st.tuples(inner, inner),
+                                               st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+                       max_leaves=12)
+_counts = st.one_of(st.integers(-3, 5), st.just(2**70), st.none(), st.floats(), st.text(max_size=3))
+
+
+ARGS_BUDGET = Budget("rp.run arguments", 3)
+
+
+@examples(400)
+@given(args=st.one_of(_values, st.lists(_values, max_size=4)), n=_counts)
+def test_fuzz_run_arguments(args, n):
+    ARGS_BUDGET.run(lambda: run_target(lambda a: prepare(_ARGS_MODULE, a, n), args, "rp.run arguments"))
+
+
+# -- nothing named by a file is evaluated, unpickled or imported --------------------------------------------
+
+MARKER = "replicas_fuzz_marker_module"
+HOSTILE_HLO = f"""HloModule {MARKER}, replica_count=2
+
+ENTRY main {{
+  x = f32[4] parameter(0)
+  y = f32[4] custom-call(x), custom_call_target="{MARKER}.system", backend_config="__import__('{MARKER}')"
+  ROOT z = f32[4] add(y, y), metadata={{op_name="{MARKER}" source_file="{MARKER}.py"}}
+}}
+"""
+
+
+def test_nothing_a_file_names_is_evaluated_unpickled_or_imported(tmp_path):
+    events: list[tuple[str, tuple]] = []
+    watching = [True]
+
+    def hook(event: str, args: tuple) -> None:
+        if watching[0] and event in ("import", "exec", "compile", "pickle.find_class", "os.system",
+                                     "subprocess.Popen", "builtins.input", "ctypes.dlopen"):
+            events.append((event, args))
+
+    sys.addaudithook(hook)  # audit hooks cannot be removed: this one only records while watching
+    try:
+        text_path = tmp_path / "hostile.hlo"
+        text_path.write_text(HOSTILE_HLO)
+        module = rp.load(text_path)
+        binary = tmp_path / "hostile.msgpack"
+        rp.save(module, binary)
+        loaded = rp.load(binary)
+        with pytest.raises(rp.ProgramError, match="unknown custom-call target"):
+            rp.run(loaded, [np.zeros(4, np.float32)], num_replicas=2, backend="threads")
+        for corpus in CORPUS_FILES:
+            try:
+                TARGETS[corpus.suffix](corpus.read_bytes())
+            except rp.ProgramError:
+                pass
+    finally:
+        watching[0] = False
+    named = [(e, a) for e, a in events if MARKER in repr(a)[:100000] and e != "compile"
+             or e == "compile" and MARKER in repr(a[0])[:100000]]
+    assert not named, named[:3]
+    assert not [e for e, _ in events if e in ("pickle.find_class", "os.system", "subprocess.Popen")]
+    assert MARKER not in sys.modules
