@@ -203,10 +203,14 @@ class ReplicaHost:
         if self._wire is not None:
             self._wire.drop_peers()
         self._shm_report = self.shm_sent()
-        self._close_shared_memory(self._token)  # while the fabrics are still there to drop their arenas
+        for fabric in self._fabrics:
+            fabric.outbox = None  # the arena is closed below, whatever still holds a fabric
+        token = self._token
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
             self._token = ""
+        # After the job's objects are let go: the collection there frees what their cycles still map.
+        self._close_shared_memory(token)
         return clean
 
     def _close_shared_memory(self, token: str) -> None:
@@ -216,8 +220,6 @@ class ReplicaHost:
             used = self._outbox.close()
         if self._inbox is not None:
             used = self._inbox.close() or used
-        for fabric in self._fabrics:
-            fabric.outbox = None
         remove_job_segments(token)
         self._outbox = self._inbox = None
         if used:
