@@ -37,6 +37,8 @@ class _Worker:
                 finally:
                     done.set()
                     thread.name = "replica-worker (idle)"
+                    # An idle worker keeps nothing of its last task (the replica, its job's buffers).
+                    task = fn = done = None
             with _lock:
                 if len(_idle) >= MAX_IDLE:
                     return
