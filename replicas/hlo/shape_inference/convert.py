@@ -14,9 +14,6 @@ def _convert(c: Ctx) -> Shape | None:
         return None
     if not r.is_array:
         raise c.fail(f"result must be an array, got {r}")
-    if s.element_type.is_complex and not r.element_type.is_complex:
-        raise c.fail(f"cannot convert complex {s.element_type.value} to real {r.element_type.value} "
-                     "(take real or imag first)")
     return s.with_element_type(r.element_type)
 
 
