@@ -26,7 +26,6 @@ from replicas.ops.elementwise_util import (
     F64,
     SUB_BYTE_WIDE,
     Compute,
-    check_same_shapes,
     finish,
     is_narrow_float,
     operand_types,
@@ -41,8 +40,7 @@ _BLOCK = 1 << 16  # elements per block of a float -> int conversion (fits in L2 
 
 @kernel("convert")
 def make_convert(inst: Instruction, ctx: KernelContext) -> Compute:
-    (src,) = operand_types(inst, ctx, 1)
-    check_same_shapes(inst, ctx.operand_shapes(inst))
+    (src,) = operand_types(inst, ctx)
     dst = inst.shape.element_type
     if src is dst:
         return lambda x: x
@@ -134,7 +132,7 @@ def _f64_to_f8(x: np.ndarray, dst: np.dtype) -> np.ndarray:
 
 @kernel("bitcast-convert")
 def make_bitcast_convert(inst: Instruction, ctx: KernelContext) -> Compute:
-    (src,) = operand_types(inst, ctx, 1)
+    (src,) = operand_types(inst, ctx)
     (shape,) = ctx.operand_shapes(inst)
     dst = inst.shape.element_type
     if PrimitiveType.PRED in (src, dst):
@@ -178,8 +176,7 @@ _FLOAT_BITS = {
 
 @kernel("reduce-precision")
 def make_reduce_precision(inst: Instruction, ctx: KernelContext) -> Compute:
-    (t,) = operand_types(inst, ctx, 1)
-    check_same_shapes(inst, ctx.operand_shapes(inst))
+    (t,) = operand_types(inst, ctx)
     if not t.is_floating:
         raise inst.error(f"reduce-precision needs a floating-point operand, got {t.value}")
     if inst.shape.element_type is not t:

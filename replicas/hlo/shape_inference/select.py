@@ -28,4 +28,6 @@ def _clamp(c: Ctx) -> Shape:
             raise c.fail(f"{what} {s} and operand {x} must have the same element type")
         if not s.is_scalar and not same_dims(s, x):
             raise c.fail(f"{what} {s} must be a scalar or have the operand's dimensions {x}")
+    if x.element_type.is_complex:
+        raise c.fail(f"is not defined on {x.element_type.value} (complex numbers have no order)")
     return x
