@@ -45,10 +45,10 @@ def make_dot(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]
     lhs_shape, rhs_shape = ctx.operand_shapes(inst)
     if not (lhs_shape.is_array and rhs_shape.is_array):
         raise inst.error("dot operands must be arrays")
-    lhs_batch = dimension_list(inst, "lhs_batch_dims", lhs_shape.rank)
-    rhs_batch = dimension_list(inst, "rhs_batch_dims", rhs_shape.rank)
-    lhs_contract = dimension_list(inst, "lhs_contracting_dims", lhs_shape.rank)
-    rhs_contract = dimension_list(inst, "rhs_contracting_dims", rhs_shape.rank)
+    lhs_batch = dimension_list(inst, "lhs_batch_dims")
+    rhs_batch = dimension_list(inst, "rhs_batch_dims")
+    lhs_contract = dimension_list(inst, "lhs_contracting_dims")
+    rhs_contract = dimension_list(inst, "rhs_contracting_dims")
     if len(lhs_batch) != len(rhs_batch) or len(lhs_contract) != len(rhs_contract):
         raise inst.error("lhs and rhs must have as many batch and contracting dimensions as each other")
     if set(lhs_batch) & set(lhs_contract) or set(rhs_batch) & set(rhs_contract):
