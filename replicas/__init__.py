@@ -2,8 +2,8 @@
 and feeds, and no silent hangs.
 
     import replicas as rp
-    m = rp.parse_hlo(text)                 # or rp.load(path), or rp.XlaBuilder(...).build(root)
-    out = rp.run(m, args, num_replicas=4)  # one result per replica
+    y = rp.jax.run(f, x, num_replicas=4, in_specs=..., out_specs=...)  # a JAX function: global results
+    out = rp.run("program.hlo", args)      # a path, HLO text, a Module: one result per replica
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import Any
 
 from replicas.collectives.fingerprint import Fingerprint
 from replicas.collectives.kernels import zeros_of
+from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ProgramError, ReplicasError
 from replicas.hlo.ir import Module
 from replicas.limits import check_replicas
@@ -24,18 +25,21 @@ from replicas.runtime.driver import Program, as_arguments, as_program, declared_
 
 
 def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int | None = None, *,
-          timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None, strict: bool = True) -> None:
+          timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None, strict: bool = True,
+          trace: str | None = None, record_every_instruction: bool = False,
+          trace_events: int = DEFAULT_CAPACITY) -> None:
     """`rp.check`: run `module` on threads and raise what goes wrong, as `rp.verify` raises for a bad
     module: DeadlockError, CollectiveMismatchError, ReplicaFailure, ExecutionTimeout, or a
     ProgramError for messages nobody received. Without `args` every parameter is zeros. Returns
-    None when clean."""
+    None when clean. The trace options are `rp.launch`'s."""
     program = as_program(module)
     if num_replicas is None:
         num_replicas = declared_replicas(program)
     num_replicas = check_replicas(num_replicas)
     check_timeout(timeout)
     problem = find_problem(program.module if isinstance(program, Executable) else program, as_arguments(args),
-                           num_replicas, timeout=timeout, infeed=infeed, strict=strict)
+                           num_replicas, timeout=timeout, infeed=infeed, strict=strict, trace=trace,
+                           record_every_instruction=record_every_instruction, trace_events=trace_events)
     if problem is not None:
         raise problem
 

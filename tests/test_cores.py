@@ -25,7 +25,7 @@ def pool_probe():
 
 def test_pool_size_follows_replicas_and_the_environment(monkeypatch):
     monkeypatch.delenv("REPLICAS_BLAS_THREADS", raising=False)
-    assert pool_threads(1) == cores()
+    assert pool_threads(1) == max(1, cores() - 1)
     assert pool_threads(4 * cores()) == 1
     monkeypatch.setenv("REPLICAS_BLAS_THREADS", "3")
     assert pool_threads(64) == 3

@@ -138,7 +138,7 @@ text_ops = st.lists(st.tuples(st.sampled_from(["drop", "dup", "swap", "number", 
                     min_size=1, max_size=5)
 
 
-HLO_BUDGET = Budget("hlo text", 8)
+HLO_BUDGET = Budget("hlo text", 6)
 
 
 @examples(500)
@@ -153,7 +153,7 @@ byte_ops = st.lists(st.tuples(st.sampled_from(["flip", "set", "truncate", "inser
                               st.integers(0, 10**6)), min_size=1, max_size=6)
 
 
-MSGPACK_BUDGET = Budget("msgpack structure", 5)
+MSGPACK_BUDGET = Budget("msgpack structure", 4)
 
 
 @examples(400)
@@ -167,8 +167,8 @@ def test_fuzz_msgpack_structure(seed, ops):
     MSGPACK_BUDGET.run(lambda: run_target(msgpack_target, data, "msgpack module"))
 
 
-BYTES_BUDGET = Budget("msgpack bytes", 4)
-NPZ_BUDGET = Budget("npz bytes", 4)
+BYTES_BUDGET = Budget("msgpack bytes", 3)
+NPZ_BUDGET = Budget("npz bytes", 3)
 
 
 @examples(400)

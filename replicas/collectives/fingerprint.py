@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from replicas.collectives.groups import intern
 from replicas.diagnostics.mismatch import mismatch_report
 from replicas.errors import CollectiveMismatchError
 from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
@@ -55,12 +56,23 @@ class Fingerprint:
         return self.wire[_INSTRUCTION][2]
 
     def as_dict(self) -> dict[str, Any]:
-        return {field: _jsonable(value) for field, value in zip(FIELDS, self.wire)}
+        """The JSON-able form; one shared (read-only by convention) dict per interned wire."""
+        found = _dicts.get(id(self.wire))
+        if found is not None and found[0] is self.wire:
+            return found[1]
+        value = {field: _jsonable(v) for field, v in zip(FIELDS, self.wire)}
+        if len(_dicts) > 4096:
+            _dicts.clear()
+        _dicts[id(self.wire)] = (self.wire, value)
+        return value
 
     def describe(self) -> str:
         """`%ar.2 (all-reduce f32[4])`."""
         operands = _operand_text(self.wire)
         return f"%{self.name} ({self.opcode} {operands})"
+
+
+_dicts: dict[int, tuple[tuple, dict[str, Any]]] = {}
 
 
 def _operand_text(wire: tuple) -> str:
@@ -91,7 +103,8 @@ def make_fingerprint(inst: Instruction, computation: str, operand_shapes: list[A
     channel = inst.attrs.get("channel_id")
     wire = (kind, dtypes, shapes, tuple(groups), reduction, dimensions, tuple(pairs),
             None if channel is None else int(channel), (computation, inst.name, opcode))
-    return Fingerprint(wire)
+    # Every member of a process shares one wire: in-process messages then compare by identity.
+    return Fingerprint(intern(wire))
 
 
 def describe_computation(module: Module, name: str) -> str:

@@ -54,12 +54,25 @@ def intern(value: Any) -> Any:
     return _interned.setdefault(value, value)
 
 
+# Per instruction and per list of groups, what every replica of a process would compute alike:
+# binding N replicas stays O(N) instead of each re-reading all N ids (O(N^2) at 1024: ~10 s).
+_normalized: dict[int, tuple[Instruction, tuple[Group, ...]]] = {}
+_membership: dict[tuple[int, int], tuple[tuple[Group, ...], dict[int, int]]] = {}
+
+
 def normalized_groups(inst: Instruction) -> tuple[Group, ...]:
+    found = _normalized.get(id(inst))
+    if found is not None and found[0] is inst:
+        return found[1]
     raw = inst.attrs.get("replica_groups") or []
     try:
-        return intern(tuple(intern(tuple(int(r) for r in g)) for g in raw))
+        groups = intern(tuple(intern(tuple(int(r) for r in g)) for g in raw))
     except (TypeError, ValueError):
         raise inst.error(f"replica_groups must be a list of lists of ints, got {raw!r}") from None
+    if len(_normalized) > 4096:
+        _normalized.clear()
+    _normalized[id(inst)] = (inst, groups)
+    return groups
 
 
 def plan_groups(inst: Instruction, module: Any, replica_id: int, num_replicas: int) -> GroupPlan:
@@ -75,6 +88,16 @@ def plan_groups(inst: Instruction, module: Any, replica_id: int, num_replicas: i
     if not groups:
         everyone = intern(tuple(range(num_replicas)))
         return GroupPlan(intern((everyone,)), everyone, replica_id)
+    seen = _group_of_replica(inst, groups, num_replicas)
+    group = groups[seen[replica_id]]
+    return GroupPlan(groups, group, group.index(replica_id))
+
+
+def _group_of_replica(inst: Instruction, groups: tuple[Group, ...], num_replicas: int) -> dict[int, int]:
+    """replica -> the index of its group; ProgramError unless the groups partition the replicas."""
+    found = _membership.get((id(groups), num_replicas))
+    if found is not None and found[0] is groups:
+        return found[1]
     seen: dict[int, int] = {}
     for gi, g in enumerate(groups):
         if not g:
@@ -89,8 +112,10 @@ def plan_groups(inst: Instruction, module: Any, replica_id: int, num_replicas: i
     if len(seen) != num_replicas:
         raise inst.error(f"replica_groups {short_text(_text(groups))} leave out replicas "
                          f"{missing_ids(seen, num_replicas)}: groups must cover every replica exactly once")
-    group = groups[seen[replica_id]]
-    return GroupPlan(groups, group, group.index(replica_id))
+    if len(_membership) > 4096:
+        _membership.clear()
+    _membership[(id(groups), num_replicas)] = (groups, seen)
+    return seen
 
 
 def _text(groups: tuple[Group, ...]) -> str:

@@ -31,7 +31,7 @@ class Progress:
     finished: int
     failed: int
     slowest: int | None  # the replica that started the fewest collectives (lowest id on ties)
-    instruction: str | None  # what the slowest replica executes or waits in
+    instruction: str | None  # what the slowest replica executes or waits in: `%ar (all-reduce #7)`
     collective: int  # the slowest replica's collective number (collectives it started)
     collectives_per_second: float  # the slowest replica's collectives over the elapsed time
     waiting_for_host: list[str] = field(default_factory=list)
@@ -47,7 +47,7 @@ class Progress:
         if self.slowest is not None:
             text += f"  slowest: replica {self.slowest}"
             if self.instruction:
-                text += f" in %{self.instruction}"
+                text += f" in {self.instruction}"
             text += f", collective #{self.collective}"
         text += f"  {self.collectives_per_second:.1f} collectives/s"
         if self.waiting_for_host:
@@ -64,7 +64,7 @@ def progress_of(states: list[ReplicaState], elapsed: float) -> Progress:
     slowest = min(active, key=lambda s: (s.collectives_started, s.replica)) if active else None
     instruction = None
     if slowest is not None:
-        instruction = slowest.block.instruction if slowest.block is not None else slowest.instruction
+        instruction = where(slowest.block) if slowest.block is not None else slowest.instruction
     collective = slowest.collectives_started if slowest is not None else \
         min((s.collectives_started for s in states), default=0)
     rate = collective / elapsed if elapsed > 0 else 0.0

@@ -41,7 +41,8 @@ class FlightRecorder:
         return self._epoch_us + (time.perf_counter_ns() - self._t0) / 1000
 
     def events(self, last: int | None = None) -> list[dict[str, Any]]:
-        events = list(self._events)
+        # Copies: a report keeps what was true when it was taken, while an aborted wait then ends its event.
+        events = [dict(e) for e in self._events]
         if last:
             return events[-last:]
         dropped = self.recorded - len(events)

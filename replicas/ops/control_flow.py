@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from replicas.hlo.ir import Instruction
+from replicas.hlo.ir import Computation, Instruction
 from replicas.ops.registry import Kernel, KernelContext, kernel
 
 
@@ -32,14 +32,55 @@ def make_call(inst: Instruction, ctx: KernelContext) -> Kernel:
 @kernel("while")
 def make_while(inst: Instruction, ctx: KernelContext) -> Callable[[Any], Any]:
     condition = ctx.computation(inst.attrs["condition"])
-    body = ctx.computation(inst.attrs["body"])
+    cond_ir = ctx.computation_ir(inst.attrs["condition"])
+    body_name = inst.attrs["body"]
+    body = ctx.computation(body_name)
+    # The loop owns its state: the body may update state arrays in place (a scan's accumulator)
+    # instead of copying them every iteration. Elements the condition reads are never given away.
+    donation = _state_donation(inst, cond_ir)
+    if donation and hasattr(ctx, "computation"):
+        body = ctx.computation(body_name, donation)
+    updated = sorted(i for _, i in getattr(body, "updated_in_place", ()) if i is not None)
+    if not updated:
+        def while_(state: Any) -> Any:
+            while condition(state):
+                state = body(state)
+            return state
 
-    def while_(state: Any) -> Any:
+        return while_
+
+    def owned_while(state: Any) -> Any:
+        state = _owning(state, updated, entry=True)
         while condition(state):
-            state = body(state)
+            state = _owning(body(state), updated, entry=False)
         return state
 
-    return while_
+    return owned_while
+
+
+def _state_donation(inst: Instruction, cond_ir: Computation) -> frozenset:
+    """(0, i) for every array element i of the loop state the condition does not read."""
+    if not inst.shape.is_tuple:
+        return frozenset()
+    param = cond_ir.parameters[0].name
+    readers = [i for i in cond_ir.instructions if param in i.operands]
+    if any(i.opcode != "get-tuple-element" for i in readers):
+        return frozenset()
+    read = {i.attrs.get("index") for i in readers}
+    return frozenset((0, k) for k, s in enumerate(inst.shape.tuple_shapes) if s.is_array and k not in read)
+
+
+def _owning(state: tuple, updated: list[int], *, entry: bool) -> tuple:
+    """`state` with its elements `updated` owned by the loop: copied on entry (the caller's arrays),
+    and later when one is a view or shares its buffer with another element."""
+    values = list(state)
+    for i in updated:
+        x = values[i]
+        if entry or x.base is not None or any(
+                y is x or (type(y) is np.ndarray and y.base is not None and np.may_share_memory(x, y))
+                for j, y in enumerate(values) if j != i):
+            values[i] = np.array(x, copy=True)
+    return tuple(values)
 
 
 @kernel("conditional")

@@ -80,6 +80,12 @@ def make_dynamic_update_slice(inst: Instruction, ctx: KernelContext) -> Callable
         result[_clamped_slices(read_starts(indices), u.shape, x.shape)] = u
         return result
 
+    def in_place(x: np.ndarray, u: np.ndarray, *indices: np.ndarray) -> np.ndarray:
+        """The same, writing into `x`: the interpreter calls it when nothing else can see `x`."""
+        x[_clamped_slices(read_starts(indices), u.shape, x.shape)] = u
+        return x
+
+    dynamic_update_slice.in_place = in_place  # type: ignore[attr-defined]
     return dynamic_update_slice
 
 

@@ -134,6 +134,23 @@ def runs_bounded_alone(executable: Executable) -> bool:
     return found
 
 
+_BLAS_OPCODES = frozenset({"dot", "convolution", "cholesky", "triangular-solve", "custom-call", "fft"})
+_USES_BLAS: dict[bytes, bool] = {}
+
+
+def uses_blas(executable: Executable) -> bool:
+    """True when the program has ops that call BLAS/LAPACK (whose thread pools are worth sizing)."""
+    key = executable.fingerprint
+    found = _USES_BLAS.get(key) if key else None
+    if found is None:
+        found = any(inst.opcode in _BLAS_OPCODES for _, inst in executable.module.instructions())
+        if key:
+            if len(_USES_BLAS) > 1024:
+                _USES_BLAS.clear()
+            _USES_BLAS[key] = found
+    return found
+
+
 def module_fingerprint(module: Module) -> bytes:
     """A digest of everything in `module` that decides what it computes (names, opcodes, shapes,
     operands, attributes, literals' bytes), fast enough to take on every run."""

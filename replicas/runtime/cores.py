@@ -3,7 +3,7 @@ sized (with threadpoolctl) so that the replicas of one node never run more threa
 
 Every BLAS call of a replica may use the whole pool; N replicas calling at once use N pools. So a
 process hosting replicas of a job with N replicas on this node limits its pools to
-max(1, cores // N) threads (the pools are per process, not per thread). `REPLICAS_BLAS_THREADS`
+max(1, (cores - 1) // N) threads (the pools are per process, not per thread). `REPLICAS_BLAS_THREADS`
 overrides it: an integer (threads per pool), or "off" to leave the pools alone.
 """
 
@@ -37,7 +37,10 @@ def pool_threads(replicas_on_node: int) -> int | None:
             return max(1, int(setting))
         except ValueError:
             raise ValueError(f"{ENV}={setting!r}: expected an integer, 'auto' or 'off'") from None
-    return max(1, cores() // max(1, replicas_on_node))
+    # One core is left to what runs beside the replicas (the driver's monitor, the transports, other
+    # processes): OpenBLAS workers spin while they wait, and a pool that finds its cores taken
+    # stalls every call (a 1-replica GPT step ran 9x slower with 2 threads than with 1 on 2 cores).
+    return max(1, (cores() - 1) // max(1, replicas_on_node))
 
 
 def share_cores(replicas_on_node: int) -> Any:

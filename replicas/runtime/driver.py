@@ -19,6 +19,7 @@ from replicas.hlo.ir import Module
 from replicas.runtime.arguments import check_launch_options
 from replicas.runtime.compile import Executable
 from replicas.runtime.job import Job, prepare
+from replicas.runtime.values import as_value
 
 BACKENDS = ("ray", "threads")
 DEFAULT_TIMEOUT = 60.0
@@ -37,18 +38,16 @@ def as_program(program: Program) -> Module | Executable:
 
         module = load(program)
     elif isinstance(program, str):
-        from replicas.hlo.text import parse_hlo
-
-        module = parse_hlo(program)
+        module = _parse(program)
     elif isinstance(program, (bytes, bytearray, memoryview)):
         module = _from_bytes(bytes(program))
     elif hasattr(program, "lower") and callable(program):
         raise ProgramError("rp.run got a JAX function: JAX needs its arguments to lower it; run it with "
                            "rp.jax.run(f, *args, num_replicas=N), which also splits and joins the shards")
     elif hasattr(program, "as_text") and hasattr(program, "compile"):  # jax.stages.Lowered
-        module = _from_jax_text(program.compile().as_text())
+        module = _parse(program.compile().as_text())  # per device: its arguments are shards
     elif hasattr(program, "as_text") and hasattr(program, "input_shardings"):  # jax.stages.Compiled
-        module = _from_jax_text(program.as_text())
+        module = _parse(program.as_text())
     else:
         raise ProgramError(f"module must be a program (a Module, a path, HLO text or bytes, JAX's lowered "
                            f"form), got {type(program).__name__}")
@@ -70,13 +69,10 @@ def _from_bytes(data: bytes) -> Module:
         text = data.decode()
     except UnicodeDecodeError:
         raise ProgramError("bytes that are neither a .msgpack module nor HLO text (UTF-8)") from None
-    from replicas.hlo.text import parse_hlo
-
-    return parse_hlo(text)
+    return _parse(text)
 
 
-def _from_jax_text(text: str) -> Module:
-    """JAX's compiled per-device text: its arguments are each partition's shards (rp.jax.run splits them)."""
+def _parse(text: str) -> Module:
     from replicas.hlo.text import parse_hlo
 
     return parse_hlo(text)
@@ -86,19 +82,6 @@ def declared_replicas(module: Module | Executable) -> int:
     """The replica count a module declares: replica_count x num_partitions (1 when it declares none)."""
     m = module.module if isinstance(module, Executable) else module
     return int(m.attrs.get("replica_count") or 1) * m.num_partitions
-
-
-def as_value(value: Any) -> Any:
-    """numpy arrays for array-likes (JAX arrays, ...); lists and tuples keep their structure."""
-    if isinstance(value, np.ndarray):
-        return value
-    if isinstance(value, list):
-        return [as_value(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(as_value(v) for v in value)
-    if hasattr(value, "__array__") and not isinstance(value, np.generic):
-        return np.asarray(value)
-    return value
 
 
 def as_arguments(args: Any) -> Any:
@@ -165,7 +148,7 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
     job = Job(engine, executable, timeout=timeout, host_may_send=True, trace=trace, progress=progress)
     for r, values in enumerate(infeed or []):
         for v in values:
-            job.infeed(r, as_value(v))
+            job.infeed(r, v)
     return job
 
 

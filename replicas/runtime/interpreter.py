@@ -27,12 +27,16 @@ class BoundComputation:
     """A schedule whose steps carry their kernels: `bound(*args) -> value`."""
 
     __slots__ = ("name", "schedule", "_steps", "_num_slots", "_params", "_root", "_interp", "_run", "_code",
-                 "_line_to_inst")
+                 "_line_to_inst", "donated", "updated_in_place")
 
-    def __init__(self, schedule: Schedule, interp: Interpreter) -> None:
+    def __init__(self, schedule: Schedule, interp: Interpreter, donated: Donation = frozenset()) -> None:
         self.name = schedule.computation
         self.schedule = schedule
         self._interp = interp
+        # Arguments the caller gives away, which this computation may overwrite: (parameter, None) for
+        # an array, (parameter, i) for element i of a tuple. See `_ownership`.
+        self.donated = donated
+        self.updated_in_place: frozenset[tuple[int, int | None]] = frozenset()
         self._num_slots = schedule.num_slots
         self._params = schedule.parameter_slots
         self._root = schedule.root_slot
@@ -141,11 +145,16 @@ def _straight_line(bound: BoundComputation) -> tuple[Callable[..., Any], dict[in
         return (isinstance(fn, np.ufunc) and fn.nout == 1 and inst.shape.is_array
                 and inst.shape.numel >= DONATE_MIN_ELEMENTS)
 
+    in_place, callee_donations = _ownership(bound, operand_vars, readers, root_var, arg_names)
     name_of = {slot: arg_names[i] for i, slot in enumerate(params)}
     env: dict[str, Any] = {"_interp": bound._interp}
     lines = [f"def run({', '.join(arg_names)}):"]
     line_to_inst: dict[int, Instruction] = {}
     for k, (fn, _, result_slot, release, inst) in enumerate(steps):
+        if k in in_place:
+            fn = fn.in_place
+        elif k in callee_donations:
+            fn = bound._interp.computation(_callee(inst), callee_donations[k])
         env[f"k{k}"] = fn
         env[f"i{k}"] = inst
         names = operand_vars[k]
@@ -179,6 +188,72 @@ def kernel_failure(replica: int, inst: Instruction, error: BaseException) -> Rep
                           replica, f"{type(error).__name__}: {error}", instruction=where)
 
 
+Donation = frozenset  # of (parameter number, tuple index or None): see BoundComputation.donated
+_CALLERS = {"fusion": "calls", "call": "to_apply"}
+
+
+def _callee(inst: Instruction) -> str:
+    return inst.attrs[_CALLERS[inst.opcode]]
+
+
+def _ownership(bound: BoundComputation, operand_vars: list[list[str]], readers: dict[str, int], root_var: str,
+               arg_names: list[str]) -> tuple[set[int], dict[int, Donation]]:
+    """Which steps may overwrite an operand instead of copying it: (steps running their kernel's
+    `in_place` form, {fusion/call step: the arguments it gives its callee}).
+
+    A value is owned when nothing else can see its buffer: a donated argument, the element of a
+    donated tuple read by its only get-tuple-element, or a dynamic-update-slice result (a copy, or
+    an owned buffer updated). An owned value whose only reader is a step may be given away to it:
+    a dynamic-update-slice then writes into it, a fusion or call passes it on as donated."""
+    steps = bound._steps
+    owned: set[str] = set()
+    elements: dict[str, int] = {}  # owned get-tuple-element var -> its tuple index
+    for param, index in bound.donated:
+        if index is None:
+            owned.add(arg_names[param])
+    tuple_params = {param for param, index in bound.donated if index is not None}
+    for param in tuple_params:
+        name = arg_names[param]
+        allowed = {index for p, index in bound.donated if p == param}
+        reads = [k for k, names in enumerate(operand_vars) if name in names]
+        if any(steps[k][4].opcode != "get-tuple-element" for k in reads):
+            continue  # the tuple itself escapes: none of its elements can be given away
+        taken = [steps[k][4].attrs.get("index") for k in reads]
+        for k, index in zip(reads, taken):
+            if index in allowed and taken.count(index) == 1 and steps[k][4].shape.is_array:
+                owned.add(f"v{k}")
+                elements[f"v{k}"] = index
+    in_place: set[int] = set()
+    callee_donations: dict[int, Donation] = {}
+    updated: set[tuple[int, int | None]] = set()
+
+    def given(name: str) -> bool:
+        return name in owned and readers.get(name) == 1 and name != root_var
+
+    for k, names in enumerate(operand_vars):
+        fn, inst = steps[k][0], steps[k][4]
+        if inst.opcode == "dynamic-update-slice":
+            if names and given(names[0]) and hasattr(fn, "in_place"):
+                in_place.add(k)
+                updated.add(_origin(names[0], arg_names, elements))
+            owned.add(f"v{k}")
+        elif inst.opcode in _CALLERS and not inst.shape.is_tuple:
+            gifts = frozenset((j, None) for j, n in enumerate(names) if given(n))
+            if gifts:
+                callee_donations[k] = gifts
+                updated.update(_origin(names[j], arg_names, elements) for j, _ in gifts)
+    bound.updated_in_place = frozenset(o for o in updated if o is not None)
+    return in_place, callee_donations
+
+
+def _origin(name: str, arg_names: list[str], elements: dict[str, int]) -> tuple[int, int | None] | None:
+    if name in elements:
+        return (0, elements[name])
+    if name in arg_names:
+        return (arg_names.index(name), None)
+    return None
+
+
 def _is_replicas_error(e: BaseException) -> bool:
     from replicas.errors import ReplicasError
 
@@ -206,7 +281,7 @@ class Interpreter:
         self.current: Instruction | None = None
         self.attach(fabric)
         self._binding: Computation | None = None
-        self._bound: dict[str, BoundComputation] = {}
+        self._bound: dict[tuple[str, Donation], BoundComputation] = {}
         self._entry = self.computation(self.module.entry)
 
     def attach(self, fabric: Any) -> None:
@@ -218,16 +293,20 @@ class Interpreter:
         self.current = None
 
     # -- KernelContext ---------------------------------------------------------------------------
-    def computation(self, name: str) -> BoundComputation:
-        bound = self._bound.get(name)
+    def computation(self, name: str, donated: Donation = frozenset()) -> BoundComputation:
+        """The named computation, bound; with `donated`, the variant that may overwrite those arguments."""
+        key = (name, donated)
+        bound = self._bound.get(key)
         if bound is None:
             try:
                 schedule = self.executable.schedules[name]
             except KeyError:
                 raise ProgramError(f"module {self.module.name} has no computation {name!r}") from None
-            bound = BoundComputation(schedule, self)
-            self._bound[name] = bound  # before bind(): a computation may be referenced twice
+            bound = BoundComputation(schedule, self, donated)
+            self._bound[key] = bound  # before bind(): a computation may be referenced twice
+            binding = self._binding
             bound.bind()
+            self._binding = binding
         return bound
 
     def computation_ir(self, name: str) -> Computation:

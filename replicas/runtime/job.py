@@ -22,6 +22,7 @@ from replicas.runtime import keys
 from replicas.runtime.arguments import check_args_container, check_module_argument
 from replicas.runtime.compile import Executable, compile_module
 from replicas.runtime.interpreter import check_arguments
+from replicas.runtime.values import as_value
 
 EVENTS_IN_REPORT = 20
 
@@ -71,7 +72,7 @@ class Job:
         self._check_replica(replica)
         seq = self._infeed_seq[replica]
         self._infeed_seq[replica] = seq + 1
-        self._backend.deliver_from_host(replica, keys.infeed(seq), value)
+        self._backend.deliver_from_host(replica, keys.infeed(seq), as_value(value))
 
     def outfeed(self, replica: int, timeout: float | None = None) -> Any:
         """The next value `replica` wrote to its outfeed; waits up to `timeout` seconds."""
@@ -92,7 +93,7 @@ class Job:
         self._check_replica(replica)
         seq = self._host_seq.get((replica, channel_id), 0)
         self._host_seq[(replica, channel_id)] = seq + 1
-        self._backend.deliver_from_host(replica, keys.host_transfer(channel_id, seq), value)
+        self._backend.deliver_from_host(replica, keys.host_transfer(channel_id, seq), as_value(value))
 
     def recv(self, replica: int, channel_id: int, timeout: float | None = None) -> Any:
         """Device -> host: the next value a Send with is_host_transfer=true on `channel_id` sent."""

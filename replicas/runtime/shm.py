@@ -31,7 +31,6 @@ warns about segments another process attached to).
 
 from __future__ import annotations
 
-import glob
 import mmap
 import os
 import threading
@@ -60,7 +59,16 @@ def segment_name(token: str, owner: int) -> str:
 
 def job_segments(token: str) -> list[str]:
     """Paths of the segments of the job `token` on this node."""
-    return glob.glob(os.path.join(SHM_DIR, f"{PREFIX}{token}-*")) if token else []
+    if not token:
+        return []
+    # Not glob: fnmatch caches every pattern it compiles (32768 of them), so a pattern per job
+    # grows every actor and the driver for as long as they run jobs.
+    prefix = f"{PREFIX}{token}-"
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    return [os.path.join(SHM_DIR, name) for name in names if name.startswith(prefix)]
 
 
 def remove_job_segments(token: str) -> int:

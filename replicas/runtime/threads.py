@@ -12,7 +12,7 @@ from typing import Any
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicasError
 from replicas.records import HOST, ReplicaState
-from replicas.runtime.compile import Executable, runs_bounded_alone
+from replicas.runtime.compile import Executable, runs_bounded_alone, uses_blas
 from replicas.runtime.cores import release, share_cores
 from replicas.runtime.fabric import MailboxFabric
 from replicas.runtime.mailbox import Mailbox
@@ -47,7 +47,8 @@ class ThreadBackend:
             recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
             fabric = ThreadFabric(r, self._mailboxes, strict=strict, recorder=recorder, placement=placement)
             self._replicas.append(ReplicaRunner(executable, fabric, recorder))
-        self._cores = share_cores(n)  # n replicas in this process: BLAS pools of cores // n threads
+        # n replicas in this process: BLAS pools of (cores - 1) // n threads while the job runs.
+        self._cores = share_cores(n) if uses_blas(executable) else None
         if n == 1 and runs_bounded_alone(executable):  # no thread hand-off for a program that cannot wait
             self._replicas[0].run_here(args[0])
             return

@@ -1,0 +1,161 @@
+"""256 and 1024 replicas on both backends: numpy's results bit for bit, and a planted deadlock
+reported (not waited for). Marked slow; each job is cancelled if this process and its replica
+actors together pass a memory cap, so a regression fails instead of taking the machine down."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import replicas as rp
+
+pytestmark = pytest.mark.slow
+
+MEMORY_CAP_MIB = 4096
+
+PROGRAM = """\
+HloModule scale, replica_count={n}
+
+add {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}}
+
+ENTRY main {{
+  x = f32[16] parameter(0)
+  sum = f32[16] all-reduce(x), replica_groups={{}}, to_apply=add
+  pairs = f32[16] all-reduce(x), replica_groups={groups}, to_apply=add
+  gathered = f32[{g}] all-gather(x), replica_groups={{}}, dimensions={{0}}
+  ROOT out = (f32[16], f32[16], f32[{g}]) tuple(sum, pairs, gathered)
+}}
+"""
+
+# The last replica's loop runs no iteration: every other replica waits in the all-reduce forever.
+DEADLOCK = """\
+HloModule planted, replica_count={n}
+
+add {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}}
+
+cond {{
+  st = (s32[], s32[], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(st), index=0
+  k = s32[] get-tuple-element(st), index=1
+  ROOT more = pred[] compare(i, k), direction=LT
+}}
+
+body {{
+  st = (s32[], s32[], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(st), index=0
+  k = s32[] get-tuple-element(st), index=1
+  x = f32[4] get-tuple-element(st), index=2
+  y = f32[4] all-reduce(x), replica_groups={{}}, to_apply=add
+  one = s32[] constant(1)
+  i2 = s32[] add(i, one)
+  ROOT next = (s32[], s32[], f32[4]) tuple(i2, k, y)
+}}
+
+ENTRY main {{
+  x = f32[4] parameter(0)
+  id = u32[] replica-id()
+  last = u32[] constant({last})
+  is_last = pred[] compare(id, last), direction=EQ
+  three = s32[] constant(3)
+  zero = s32[] constant(0)
+  k = s32[] select(is_last, zero, three)
+  init = (s32[], s32[], f32[4]) tuple(zero, k, x)
+  loop = (s32[], s32[], f32[4]) while(init), condition=cond, body=body
+  ROOT y = f32[4] get-tuple-element(loop), index=2
+}}
+"""
+
+
+def _rss_mib(pid: int | str) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class MemoryCap:
+    """Cancels `job` once this process plus `pids()` (its replica actors) pass the cap."""
+
+    def __init__(self, job: rp.Job, pids: list[int]) -> None:
+        self.job, self.pids, self.peak = job, pids, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            self.peak = max(self.peak, _rss_mib("self") + sum(_rss_mib(p) for p in self.pids))
+            if self.peak > MEMORY_CAP_MIB:
+                self.job.cancel()
+                return
+
+    def __enter__(self) -> MemoryCap:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        assert self.peak <= MEMORY_CAP_MIB, f"{self.peak:.0f} MiB: over the {MEMORY_CAP_MIB} MiB cap"
+
+
+def actor_pids(job: rp.Job) -> list[int]:
+    backend = job._backend  # noqa: SLF001 - the test watches the actors' memory
+    actors = getattr(backend, "_actors", None)
+    if not actors:
+        return []
+    import ray
+
+    return ray.get([a.__ray_call__.remote(lambda host: os.getpid()) for a in actors])
+
+
+def run_capped(module: rp.Module, args: list, n: int, backend: str) -> list:
+    job = rp.launch(module, args, n, backend=backend, timeout=50)
+    job._host_may_send = False  # noqa: SLF001 - as rp.run: nothing comes from the host
+    with job, MemoryCap(job, actor_pids(job)):
+        return job.result()
+
+
+@pytest.fixture(params=["threads", pytest.param("ray", marks=pytest.mark.ray)])
+def backend(request: pytest.FixtureRequest) -> str:
+    if request.param == "ray":
+        request.getfixturevalue("ray_session")
+    return request.param
+
+
+@pytest.mark.parametrize("n", [256, 1024])
+def test_many_replicas_give_numpy_results_bitwise(n, backend):
+    groups = "{" + ",".join(f"{{{r},{r + 1}}}" for r in range(0, n, 2)) + "}"
+    m = rp.parse_hlo(PROGRAM.format(n=n, g=16 * n, groups=groups))
+    xs = [np.arange(16, dtype=np.float32) + r for r in range(n)]  # integer-valued: sums are exact
+    out = run_capped(m, [[x] for x in xs], n, backend)
+    total = np.sum(xs, axis=0, dtype=np.float64).astype(np.float32)
+    gathered = np.concatenate(xs)
+    for r, (s, pair, g) in enumerate(out):
+        assert s.tobytes() == total.tobytes(), f"replica {r}"
+        assert pair.tobytes() == (xs[r & ~1] + xs[r | 1]).tobytes(), f"replica {r}"
+        assert g.tobytes() == gathered.tobytes(), f"replica {r}"
+
+
+def test_a_deadlock_among_1024_replicas_is_reported(backend):
+    n = 1024
+    m = rp.parse_hlo(DEADLOCK.format(n=n, last=n - 1))
+    with pytest.raises(rp.DeadlockError) as info:
+        run_capped(m, [np.ones(4, np.float32)], n, backend)
+    text = str(info.value)
+    assert f"replica {n - 1} finished without any collective and never reached all-reduce #0" in text
+    assert len(info.value.report.blocked) == n - 1

@@ -1,0 +1,131 @@
+"""The deadlock detector under stress: every replica sleeps random times in custom calls between
+collectives while other threads load the CPU. Correct programs never get a false DeadlockError;
+a planted deadlock (one replica skips the last all-reduce) is always found, well before the
+job's timeout, on both backends. Seeded (REPLICAS_STRESS_SEED), slow-marked, bounded in time.
+
+How long detection takes is measured by bench/stress.py, not asserted here."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import replicas as rp
+from replicas.ops.custom_call import unregister_custom_call
+
+pytestmark = pytest.mark.slow
+
+SEED = int(os.environ.get("REPLICAS_STRESS_SEED", "20261123"))
+
+PROGRAM = """\
+HloModule stress, replica_count={n}
+
+add {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}}
+
+done {{
+  p = f32[8] parameter(0)
+  ROOT q = f32[8] copy(p)
+}}
+
+again {{
+  p = f32[8] parameter(0)
+  ROOT q = f32[8] all-reduce(p), replica_groups={{}}, to_apply=add
+}}
+
+ENTRY main {{
+  x = f32[8] parameter(0)
+  id = u32[] replica-id()
+  j1 = f32[8] custom-call(x, id), custom_call_target="jitter"
+  a1 = f32[8] all-reduce(j1), replica_groups={{}}, to_apply=add
+  j2 = f32[8] custom-call(a1, id), custom_call_target="jitter"
+  a2 = f32[{g}] all-gather(j2), replica_groups={{}}, dimensions={{0}}
+  s2 = f32[8] slice(a2), slice={{[0:8]}}
+  j3 = f32[8] custom-call(s2, id), custom_call_target="jitter"
+  victim = u32[] constant({victim})
+  skip = pred[] compare(id, victim), direction=EQ
+  ROOT out = f32[8] conditional(skip, j3, j3), true_computation=done, false_computation=again
+}}
+"""
+
+
+def jitter_call(seed: int, scale: float):
+    """A custom call that sleeps a random time (seeded per process and replica) and passes x on."""
+    import time
+
+    state: dict[int, np.random.Generator] = {}
+
+    def jitter(x, rid):
+        rng = state.setdefault(int(rid), np.random.default_rng([seed, int(rid)]))
+        time.sleep(float(rng.random()) ** 3 * scale)  # mostly short, sometimes long
+        return x
+
+    return jitter
+
+
+def module(n: int, victim: int | None) -> rp.Module:
+    """`victim` skips the last all-reduce (a planted deadlock); None: nobody does."""
+    return rp.parse_hlo(PROGRAM.format(n=n, g=8 * n, victim=n if victim is None else victim))
+
+
+class CpuLoad:
+    """Threads doing numpy work (the GIL released) for the duration of a block."""
+
+    def __init__(self, threads: int = 2) -> None:
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._burn, daemon=True) for _ in range(threads)]
+
+    def _burn(self) -> None:
+        a = np.random.default_rng(0).normal(size=(200, 200))
+        while not self._stop.is_set():
+            a = np.tanh(a @ a.T / 200)
+
+    def __enter__(self) -> CpuLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(10)
+
+
+def _runs(backend: str, n: int, correct: int, planted: int, scale: float, timeout: float) -> None:
+    rng = np.random.default_rng(SEED)
+    x = np.ones(8, np.float32)
+    with CpuLoad():
+        for k in range(correct + planted):
+            victim = None if k < correct else int(rng.integers(n))
+            rp.register_custom_call("jitter", jitter_call(SEED + k, scale))
+            try:
+                if victim is None:
+                    results = rp.run(module(n, None), [x], num_replicas=n, backend=backend, timeout=timeout)
+                    np.testing.assert_array_equal(results[0], x * n * n)
+                else:
+                    with pytest.raises(rp.DeadlockError) as info:
+                        rp.run(module(n, victim), [x], num_replicas=n, backend=backend, timeout=timeout)
+                    assert victim not in info.value.report.blocked
+                    assert sorted(info.value.report.blocked) == sorted(set(range(n)) - {victim})
+            finally:
+                unregister_custom_call("jitter")
+
+
+def test_no_false_deadlocks_and_every_planted_one_found_on_threads():
+    _runs("threads", n=4, correct=120, planted=30, scale=0.02, timeout=30)
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.ray
+def test_no_false_deadlocks_and_every_planted_one_found_on_ray():
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the jitter call runs in the actors
+    _runs("ray", n=3, correct=10, planted=5, scale=0.05, timeout=30)
