@@ -141,7 +141,7 @@ text_ops = st.lists(st.tuples(st.sampled_from(["drop", "dup", "swap", "number", 
 HLO_BUDGET = Budget("hlo text", 6)
 
 
-@examples(500)
+@examples(1200)
 @given(seed=st.sampled_from(range(len(HLO_SEEDS))), ops=text_ops)
 def test_fuzz_hlo_text(seed, ops):
     HLO_BUDGET.run(lambda: run_target(parse_target, mutate_text(HLO_SEEDS[seed], ops), "HLO text"))
@@ -156,7 +156,7 @@ byte_ops = st.lists(st.tuples(st.sampled_from(["flip", "set", "truncate", "inser
 MSGPACK_BUDGET = Budget("msgpack structure", 4)
 
 
-@examples(400)
+@examples(800)
 @given(seed=st.sampled_from(range(len(HLO_SEEDS))), ops=object_ops)
 def test_fuzz_msgpack_structure(seed, ops):
     body = mutate_object(body_of(_SEED_MSGPACK[seed]), ops)
@@ -171,13 +171,13 @@ BYTES_BUDGET = Budget("msgpack bytes", 3)
 NPZ_BUDGET = Budget("npz bytes", 3)
 
 
-@examples(400)
+@examples(800)
 @given(seed=st.sampled_from(range(len(HLO_SEEDS))), ops=byte_ops)
 def test_fuzz_msgpack_bytes(seed, ops):
     BYTES_BUDGET.run(lambda: run_target(msgpack_target, flip_bytes(_SEED_MSGPACK[seed], ops), "msgpack bytes"))
 
 
-@examples(250)
+@examples(500)
 @given(seed=st.sampled_from(range(len(_SEED_NPZ))), ops=byte_ops)
 def test_fuzz_npz_bytes(seed, ops):
     NPZ_BUDGET.run(lambda: run_target(npz_target, flip_bytes(_SEED_NPZ[seed], ops), ".npz bytes"))
@@ -198,7 +198,7 @@ _counts = st.one_of(st.integers(-3, 5), st.just(2**70), st.none(), st.floats(), 
 ARGS_BUDGET = Budget("rp.run arguments", 3)
 
 
-@examples(400)
+@examples(600)
 @given(args=st.one_of(_values, st.lists(_values, max_size=4)), n=_counts)
 def test_fuzz_run_arguments(args, n):
     ARGS_BUDGET.run(lambda: run_target(lambda a: prepare(_ARGS_MODULE, a, n), args, "rp.run arguments"))

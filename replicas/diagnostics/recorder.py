@@ -42,10 +42,13 @@ class FlightRecorder:
 
     def events(self, last: int | None = None) -> list[dict[str, Any]]:
         # Copies: a report keeps what was true when it was taken, while an aborted wait then ends its event.
-        events = [dict(e) for e in self._events]
+        # list() takes the ring in one step (the replica may be appending meanwhile); `recorded` is read
+        # first, so a ring that is not full never looks truncated.
+        recorded = self.recorded
+        events = [dict(e) for e in list(self._events)]
         if last:
             return events[-last:]
-        dropped = self.recorded - len(events)
+        dropped = recorded - len(events)
         if dropped > 0:
             events.insert(0, truncated(self.replica, dropped, self.capacity))
         return events

@@ -1,0 +1,101 @@
+"""The pool of idle replica actors of this process's Ray session, reused by the next job.
+
+Starting an actor starts a Python process (the slow part of a job's start). A finished job hands
+its actors back; one that died, never started, would not stop within the deadline, or hosted a
+replica that ran out of memory is killed instead and the next job starts a fresh one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_actor_class = None
+
+
+def _remote_host_class() -> Any:
+    global _actor_class
+    if _actor_class is None:
+        import ray
+
+        from replicas.runtime.ray_backend import ReplicaHost
+
+        _actor_class = ray.remote(ReplicaHost)
+    return _actor_class
+
+
+class ActorPool:
+    """Idle replica actors of this process's Ray session, by their options, for the next job.
+
+    Starting an actor starts a Python process (the slow part of a job's start); a finished job
+    hands its actors back, and one whose replicas would not stop is killed instead."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple, list[Any]] = {}
+        self._session: Any = None
+
+    def _check_session(self) -> None:
+        import ray
+
+        session = ray.get_runtime_context().get_job_id()
+        if session != self._session:
+            self._idle.clear()
+            self._session = session
+
+    def acquire(self, options: dict[str, Any]) -> Any:
+        self._check_session()
+        key = _options_key(options)
+        idle = self._idle.get(key)
+        if idle:
+            return idle.pop()
+        return _remote_host_class().options(**options).remote()
+
+    def release(self, actors_with_options: list[tuple[Any, dict[str, Any]]], stop_timeout: float = 2.0) -> None:
+        import ray
+
+        self._check_session()
+        resets = [a.reset.remote(stop_timeout) for a, _ in actors_with_options]
+        # One deadline for all: a stuck actor costs the job's end at most this, however many there are.
+        ready, _ = ray.wait(resets, num_returns=len(resets), timeout=stop_timeout + 5) if resets else ([], [])
+        ready_set = set(ready)
+        stale = []
+        for (actor, options), ref in zip(actors_with_options, resets):
+            try:
+                clean = ref in ready_set and ray.get(ref, timeout=0) is True
+            except Exception:  # noqa: BLE001 - dead or stuck: never reuse it
+                clean = False
+            if clean:
+                self._idle.setdefault(_options_key(options), []).append(actor)
+            else:
+                stale.append(actor)
+        self.discard(stale)
+
+    def discard(self, actors: list[Any]) -> None:
+        """Kill actors that died, never started, or would not stop (never reused)."""
+        import ray
+
+        for actor in actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    def stats(self) -> dict[str, int]:
+        return {"idle": sum(len(v) for v in self._idle.values())}
+
+    def clear(self) -> None:
+        import ray
+
+        for actors in self._idle.values():
+            for a in actors:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        self._idle.clear()
+
+
+def _options_key(options: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v) for k, v in options.items()))
+
+
+POOL = ActorPool()
