@@ -9,19 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-_actor_class = None
-
-
-def _remote_host_class() -> Any:
-    global _actor_class
-    if _actor_class is None:
-        import ray
-
-        from replicas.runtime.ray_backend import ReplicaHost
-
-        _actor_class = ray.remote(ReplicaHost)
-    return _actor_class
-
 
 class ActorPool:
     """Idle replica actors of this process's Ray session, by their options, for the next job.
@@ -29,7 +16,9 @@ class ActorPool:
     Starting an actor starts a Python process (the slow part of a job's start); a finished job
     hands its actors back, and one whose replicas would not stop is killed instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, host_class: type) -> None:
+        self._host_class = host_class  # the actor's class; made a Ray actor class on first use
+        self._remote_class: Any = None
         self._idle: dict[tuple, list[Any]] = {}
         self._session: Any = None
 
@@ -47,7 +36,11 @@ class ActorPool:
         idle = self._idle.get(key)
         if idle:
             return idle.pop()
-        return _remote_host_class().options(**options).remote()
+        if self._remote_class is None:
+            import ray
+
+            self._remote_class = ray.remote(self._host_class)
+        return self._remote_class.options(**options).remote()
 
     def release(self, actors_with_options: list[tuple[Any, dict[str, Any]]], stop_timeout: float = 2.0) -> None:
         import ray
@@ -98,4 +91,3 @@ def _options_key(options: dict[str, Any]) -> tuple:
     return tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v) for k, v in options.items()))
 
 
-POOL = ActorPool()
