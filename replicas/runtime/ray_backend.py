@@ -42,8 +42,6 @@ def ensure_ray(address: str | None = None) -> None:
             return
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-        # The raylet's and core workers' own C++ logs (warnings on a normal run) stay in their log files.
-        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
         # Messages up to 2 MiB travel inline with their task instead of through the object store:
         # measured 127 -> 65 ms for a 1 MiB all-reduce on 4 replicas (bench/README.md).
         os.environ.setdefault("RAY_max_direct_call_object_size", str(2 << 20))
