@@ -7,6 +7,7 @@ replica that ran out of memory is killed instead and the next job starts a fresh
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -16,9 +17,8 @@ class ActorPool:
     Starting an actor starts a Python process (the slow part of a job's start); a finished job
     hands its actors back, and one whose replicas would not stop is killed instead."""
 
-    def __init__(self, host_class: type) -> None:
-        self._host_class = host_class  # the actor's class; made a Ray actor class on first use
-        self._remote_class: Any = None
+    def __init__(self, actor_class: Callable[[], Any]) -> None:
+        self._actor_class = actor_class  # -> the Ray actor class to start (ray.remote(ReplicaHost))
         self._idle: dict[tuple, list[Any]] = {}
         self._session: Any = None
 
@@ -36,11 +36,7 @@ class ActorPool:
         idle = self._idle.get(key)
         if idle:
             return idle.pop()
-        if self._remote_class is None:
-            import ray
-
-            self._remote_class = ray.remote(self._host_class)
-        return self._remote_class.options(**options).remote()
+        return self._actor_class().options(**options).remote()
 
     def release(self, actors_with_options: list[tuple[Any, dict[str, Any]]], stop_timeout: float = 2.0) -> None:
         import ray
@@ -89,5 +85,3 @@ class ActorPool:
 
 def _options_key(options: dict[str, Any]) -> tuple:
     return tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v) for k, v in options.items()))
-
-

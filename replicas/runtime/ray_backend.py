@@ -315,8 +315,19 @@ def _picklable(e: BaseException) -> bool:
         return False
 
 
-# Idle actors of this process's Ray session, reused by the next job.
-POOL = ActorPool(ReplicaHost)
+_actor_class = None
+
+
+def _remote_host_class() -> Any:
+    global _actor_class
+    if _actor_class is None:
+        import ray
+
+        _actor_class = ray.remote(ReplicaHost)
+    return _actor_class
+
+
+POOL = ActorPool(_remote_host_class)
 
 
 class RayBackend:
