@@ -4,7 +4,8 @@
 
 XLA_FLAGS=--xla_force_host_platform_device_count=N is set here before jax is imported (so this
 runs as its own process). Each op runs K times in a lax.fori_loop inside one jitted program and is
-timed by differencing (T(K2) - T(K1)) / (K2 - K1), like the replicas program. Where the op's result
+timed by differencing (T(K2) - T(K1)) / (K2 - K1), like the replicas program (the median of
+several such differences; "samples" in the JSON has each). Where the op's result
 has another shape than its operand, the next operand is derived from the result by one slice or
 update (an extra copy of at most the buffer, noted in bench/README.md) so XLA cannot hoist it.
 """
@@ -23,6 +24,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--ops", default="all-reduce")
     parser.add_argument("--sizes", default="4096")
+    parser.add_argument("--repeat", type=int, default=3)
     a = parser.parse_args()
     n = a.replicas
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}")
@@ -37,7 +39,7 @@ def main() -> None:
         print(json.dumps({"skipped": "not installed"}))
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from common import iterations_for
+    from common import iterations_for, per_iteration
 
     mesh = Mesh(np.array(jax.devices()[:n]), ("r",))
     perm = [(r, (r + 1) % n) for r in range(n)]
@@ -64,7 +66,8 @@ def main() -> None:
         sharded = jax.shard_map(local, mesh=mesh, in_specs=(P("r"), P("r")), out_specs=P("r"), check_vma=False)
         return jax.jit(sharded)
 
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, float]] = {}  # op -> size -> median seconds
+    samples: dict[str, dict[str, list[float]]] = {}  # op -> size -> each differenced measurement
     for op in a.ops.split(","):
         fn = program(op)
         results[op] = {}
@@ -80,10 +83,10 @@ def main() -> None:
                 return time.perf_counter() - t0
 
             run(1)  # compiles once per shape (k is data, not a constant)
-            t1 = min(run(k1) for _ in range(2))
-            t2 = min(run(k2) for _ in range(2))
-            results[op][str(nbytes)] = max(t2 - t1, 0.0) / (k2 - k1)
-    print(json.dumps({"devices": n, "jax": jax.__version__, "results": results}), flush=True)
+            timing = per_iteration(run, k1, k2, a.repeat)
+            results[op][str(nbytes)] = timing.median
+            samples.setdefault(op, {})[str(nbytes)] = timing.samples
+    print(json.dumps({"devices": n, "jax": jax.__version__, "results": results, "samples": samples}), flush=True)
 
 
 if __name__ == "__main__":

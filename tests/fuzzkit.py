@@ -15,73 +15,32 @@ from typing import Any
 
 import msgpack
 import numpy as np
+from test_hlo_text_fuzz import SEEDS as TEXT_SEEDS
 
 from replicas.errors import ProgramError
 
 ALLOCATION_BUDGET = 64 << 20  # bytes any one hostile input may make us allocate (the inputs are tiny)
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 
-HLO_SEEDS = [
-    """HloModule fuzz, replica_count=4, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
+# The syntax seeds of test_hlo_text_fuzz, and one of collectives and data movement that verifies.
+HLO_SEEDS = [*TEXT_SEEDS, """HloModule collectives, replica_count=4
 
 %sum (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)
   %b = f32[] parameter(1)
-  ROOT %add = f32[] add(f32[] %a, f32[] %b), metadata={op_name="x{,}" stack_frame_id=1}
+  ROOT %add = f32[] add(%a, %b)
 }
 
 ENTRY %main (p: f32[8]) -> f32[8] {
   %p = f32[8]{0} parameter(0)
-  %ar = f32[8]{0} all-reduce(f32[8]{0} %p), channel_id=1, replica_groups=[2,2]<=[2,2]T(1,0), to_apply=%sum
+  %ar = f32[8]{0} all-reduce(%p), replica_groups=[2,2]<=[4], to_apply=%sum
   %ag = f32[16]{0} all-gather(%p), replica_groups={{0,1},{2,3}}, dimensions={0}
-  %cp = f32[8]{0} collective-permute(%ar), source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
-  %c = f32[2,2]{1,0} constant({ { 1, -inf }, { nan, 4.5 } })
-  %t = (f32[8]{0}, f32[2,2]{1,0}) tuple(%cp, /*index=1*/%c)
-  ROOT %g = f32[8]{0} get-tuple-element(%t), index=0
+  %r = f32[2,4]{1,0} reshape(%ar)
+  %b = f32[3,2,4]{2,1,0} broadcast(%r), dimensions={1,2}
+  %io = s32[6]{0} iota(), iota_dimension=0
+  ROOT %cp = f32[8]{0} collective-permute(%ar), source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
 }
-""",
-    """HloModule loops
-
-cond {
-  prev = (s32[], f32[3,4]{1,0}) parameter(0)
-  i = s32[] get-tuple-element(prev), index=0
-  n = s32[] constant(5)
-  ROOT lt = pred[] compare(i, n), direction=LT
-}
-
-body {
-  prev = (s32[], f32[3,4]{1,0}) parameter(0)
-  i = s32[] get-tuple-element(prev), index=0
-  one = s32[] constant(1)
-  next = s32[] add(i, one)
-  x = f32[3,4]{1,0} get-tuple-element(prev), index=1
-  ROOT out = (s32[], f32[3,4]{1,0}) tuple(next, x)
-}
-
-ENTRY main {
-  x = f32[3,4]{1,0} parameter(0)
-  zero = s32[] constant(0)
-  init = (s32[], f32[3,4]{1,0}) tuple(zero, x)
-  w = (s32[], f32[3,4]{1,0}) while(init), condition=cond, body=body
-  s = f32[2,2]{1,0} slice(x), slice={[0:2], [0:4:2]}
-  r = f32[4,3]{1,0} reshape(x)
-  b = f32[2,3,4]{2,1,0} broadcast(x), dimensions={1,2}
-  io = s32[6]{0} iota(), iota_dimension=0
-  ROOT g = f32[3,4]{1,0} get-tuple-element(w), index=1
-}
-""",
-    """HloModule sendrecv, num_partitions=2
-
-ENTRY %e () -> (f32[], token[]) {
-  %tok = token[] after-all()
-  %recv = (f32[], u32[], token[]) recv(token[] %tok), channel_id=5
-  ROOT %done = (f32[], token[]) recv-done(%recv), channel_id=5
-  %k = u8[3]{0} constant({0, 7, 255})
-  %z = c64[] constant((1, -2))
-  %cc = f32[] custom-call(), custom_call_target="foo\\n", backend_config={"a":{"b":1}}
-}
-""",
-]
+"""]
 
 _TOKEN = re.compile(r'\s+|"(?:[^"\\]|\\.)*"|[A-Za-z_%][\w.\-]*|-?[0-9]+(?:\.[0-9]+)?|.', re.S)
 NUMBERS = ["0", "-1", "-2147483649", "2147483648", "18446744073709551616", "999999999999", "1" + "0" * 40,

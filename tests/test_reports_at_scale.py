@@ -97,3 +97,33 @@ def test_a_mismatch_at_1024_replicas_shows_the_diff_and_both_sides() -> None:
     with pytest.raises(CollectiveMismatchError) as checked:
         rp.check(MISMATCH, X, timeout=300)
     assert str(checked.value).splitlines()[-2:] == text.splitlines()[-2:]
+
+
+def recv_ring(n: int) -> str:
+    """Every replica receives from its predecessor before it sends: a 256-replica wait-for cycle."""
+    pairs = "{" + ",".join(f"{{{i},{(i + 1) % n}}}" for i in range(n)) + "}"
+    route = f'frontend_attributes={{_xla_send_recv_source_target_pairs="{pairs}"}}'
+    return f"""HloModule ring, replica_count={n}
+
+ENTRY main {{
+  x = f32[] parameter(0)
+  tok = token[] after-all()
+  recv = (f32[], u32[], token[]) recv(tok), channel_id=1, {route}
+  got = (f32[], token[]) recv-done(recv), channel_id=1
+  send = (f32[], u32[], token[]) send(x, tok), channel_id=1, {route}
+  sent = token[] send-done(send), channel_id=1
+  ROOT v = f32[] get-tuple-element(got), index=0
+}}
+"""
+
+
+@pytest.mark.slow
+def test_a_256_replica_cycle_reads_as_one_pattern() -> None:
+    with pytest.raises(DeadlockError) as info:
+        rp.run(recv_ring(256), [np.float32(1)], backend="threads", timeout=300)
+    text = str(info.value)
+    assert len(text.splitlines()) < 40, text
+    assert "replica 0 waits in %got (recv-done, channel 1) for data from replica 255" in text
+    assert "(and 255 more like it)" in text
+    assert "cycle: 0 -> 255 -> 254" in text and "(256 replicas)" in text
+    assert info.value.report.cycles[0][:3] == [0, 255, 254] and len(info.value.report.edges) == 256

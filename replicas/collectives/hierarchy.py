@@ -99,7 +99,9 @@ def layout_of(group: Group, placement: Sequence[int]) -> Layout:
     layout = Layout(group, tuple(tuple(p) for p in processes), tuple(leaders), tuple(process_of_index),
                     tuple(rank_of_index))
     with _layouts_lock:
-        if len(_layouts) > 4096:  # a long-lived actor running many programs: start over
+        # Each job brings a new placement, so a pooled actor adds entries job after job: start over
+        # at a size that keeps that growth small (bench/soak.py).
+        if len(_layouts) > 512:
             _layouts.clear()
         _layouts[key] = (group, placement, layout)  # the references keep the ids valid
     return layout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,7 @@ def _where(s: ReplicaState) -> str:
     return where(b) + (f" in {b.computation}" if b.computation else "")
 
 
+_REPLICA_NUMBER = re.compile(r"(replicas? )\d+")
 EVENTS_SHOWN = 5  # per replica in str(report); to_dict() has every event the report keeps
 GROUPS_SHOWN = 16  # replica groups in str(report)
 EDGE_LINES_SHOWN = 12  # wait-for lines in str(report)
@@ -187,9 +189,23 @@ class Report:
 
 
 def _capped(lines: list[str], limit: int, what: str) -> list[str]:
+    lines = _alike_collapsed(lines)
     if len(lines) <= limit:
         return lines
     return lines[:limit - 1] + [f"... {len(lines) - limit + 1} more {what}"]
+
+
+def _alike_collapsed(lines: list[str]) -> list[str]:
+    """Lines that differ only in replica numbers (a ring of recvs: `replica 5 waits ... from replica 4`)
+    become their first line and a count, once more than 3 of them would be printed."""
+    groups: dict[str, list[str]] = {}
+    for line in lines:
+        groups.setdefault(_REPLICA_NUMBER.sub(r"\1#", line), []).append(line)
+    out = []
+    for alike in groups.values():
+        out.append(alike[0] if len(alike) <= 3 else f"{alike[0]}  (and {len(alike) - 1} more like it)")
+        out.extend(alike[1:] if len(alike) <= 3 else [])
+    return out
 
 
 def _state_text(s: ReplicaState, waits: str | None) -> str:

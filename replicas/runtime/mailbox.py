@@ -12,6 +12,7 @@ block lists no peers: the monitor derives them from the group (see `replicas.rec
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import threading
 from collections import deque
@@ -155,7 +156,9 @@ class Mailbox:
             elif block is not None and len(block.waits_for) > 1 and block.needs != "group":
                 # A Send-done acked by some of its targets: name only those still missing.
                 block = dataclasses.replace(block, waits_for=tuple(dict.fromkeys(src for src, _ in self._missing)))
-            return dataclasses.replace(s, status=status, block=block)
+            out = copy.copy(s)  # ~4x cheaper than dataclasses.replace: the monitor copies N states per poll
+            out.status, out.block = status, block
+            return out
 
     def set_status(self, status: str, error: str | None = None) -> None:
         with self._cond:
