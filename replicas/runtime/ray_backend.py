@@ -22,7 +22,7 @@ from typing import Any
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
-from replicas.runtime.actor_pool import POOL
+from replicas.runtime.actor_pool import ActorPool
 from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
 from replicas.runtime.faults import actor_failure, is_memory_error, unplaceable
@@ -313,6 +313,21 @@ def _picklable(e: BaseException) -> bool:
         return True
     except Exception:  # noqa: BLE001
         return False
+
+
+_actor_class = None
+
+
+def _remote_host_class() -> Any:
+    global _actor_class
+    if _actor_class is None:
+        import ray
+
+        _actor_class = ray.remote(ReplicaHost)
+    return _actor_class
+
+
+POOL = ActorPool(_remote_host_class)
 
 
 class RayBackend:
