@@ -116,7 +116,8 @@ def memory_mode(n: int, iterations: int, large_iterations: int = 300) -> None:
     def snapshot() -> dict:
         raylet, actors = ray_processes()
         return {"driver_rss_mib": rss_mib(), "raylet_rss_mib": rss_mib(raylet) if raylet else float("nan"),
-                "actors_rss_mib": sum(rss_mib(p) for p in actors), "actors": len(actors)}
+                "actors_rss_mib": sum(rss_mib(p) for p in actors),
+                "actors_anon_mib": sum(rss_mib(p, "RssAnon") for p in actors), "actors": len(actors)}
 
     run_loop(module, x, 100, n, "ray")
     before = snapshot()
@@ -129,7 +130,7 @@ def memory_mode(n: int, iterations: int, large_iterations: int = 300) -> None:
     print(f"{iterations} all-reduces of 4 KiB on {n} replicas in one While loop: {took:.1f} s "
           f"({took / iterations * 1e6:.0f} us each); load average {load_average()}")
     print(f"{'':24}{'before':>12}{'after run 1':>14}{'after run 2':>14}   (each run: {iterations})")
-    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib"):
+    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib", "actors_anon_mib"):
         print(f"{key:24}{before[key]:12.1f}{middle[key]:14.1f}{after[key]:14.1f}")
     print(f"(actor processes alive: {after['actors']}; flat from run 1 to run 2 = no leak)")
     # Large collectives take the same-node shared-memory path (replicas/runtime/shm.py).
@@ -140,7 +141,7 @@ def memory_mode(n: int, iterations: int, large_iterations: int = 300) -> None:
         run_loop(large, y, large_iterations, n, "ray")
         rounds.append(snapshot())
     print(f"then {large_iterations} all-reduces of 4 MiB, twice:")
-    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib"):
+    for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib", "actors_anon_mib"):
         print(f"{key:24}" + "".join(f"{r[key]:14.1f}" for r in rounds))
     print("(raylet RSS includes the object store's touched shared-memory pages; the Ray here has no grpc "
           "module for `ray memory`)")

@@ -378,10 +378,12 @@ def load_average() -> str:
 
 # -- processes and memory ------------------------------------------------------------------------------
 
-def rss_mib(pid: int | str = "self") -> float:
+def rss_mib(pid: int | str = "self", field: str = "VmRSS") -> float:
+    """A process's resident memory (VmRSS; RssAnon: its private heap only, without the shared
+    object-store and /dev/shm pages it has mapped)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 

@@ -56,7 +56,7 @@ def load_args(path: str | None, num_replicas: int, parameters: list[Instruction]
                                                   "writes one)"))
     try:
         data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    except (OSError, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile) as e:  # "zip file version 9"
         raise ProgramError(f"--args {path}: not a readable .npz file: {e}") from None
     with data:
         keys = set(data.files)

@@ -40,31 +40,27 @@ SCALE = float(os.environ.get("REPLICAS_FUZZ_SCALE", "1"))
 RAN: dict[str, int] = {}  # examples run per fuzz test (printed with -s)
 
 
-class Budget:
-    """Examples stop running after `seconds` of a test (the CI budget), unless one failed: then
-    hypothesis may replay and shrink it for as long as it takes."""
+def fuzz(name: str, seconds: float, cap: int, body, **strategies) -> None:
+    """Run `body(**example)` on hypothesis examples for about `seconds` (times REPLICAS_FUZZ_SCALE):
+    how many is sized from how long a first batch of 10 takes, generation included, up to `cap`."""
 
-    def __init__(self, name: str, seconds: float) -> None:
-        self.name, self.seconds, self.end, self.failed = name, seconds * SCALE, None, False
+    def run(n: int) -> None:
+        @settings(max_examples=n, deadline=None, database=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                         HealthCheck.filter_too_much])
+        @given(**strategies)
+        def examples(**example):
+            RAN[name] = RAN.get(name, 0) + 1
+            body(**example)
 
-    def run(self, fn, *args) -> None:
-        now = time.monotonic()
-        if self.end is None:
-            self.end = now + self.seconds
-        if now > self.end and not self.failed:
-            return
-        RAN[self.name] = RAN.get(self.name, 0) + 1
-        try:
-            fn(*args)
-        except BaseException:
-            self.failed = True
-            raise
+        examples()
 
-
-def examples(n: int) -> settings:
-    return settings(max_examples=max(1, int(n * SCALE)), deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.filter_too_much])
+    start = time.monotonic()
+    run(10)
+    each = (time.monotonic() - start) / 10
+    more = min(int(cap * SCALE), int(seconds * SCALE / max(each, 1e-4))) - 10
+    if more > 0:
+        run(more)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -138,13 +134,10 @@ text_ops = st.lists(st.tuples(st.sampled_from(["drop", "dup", "swap", "number", 
                     min_size=1, max_size=5)
 
 
-HLO_BUDGET = Budget("hlo text", 6)
-
-
-@examples(1200)
-@given(seed=st.sampled_from(range(len(HLO_SEEDS))), ops=text_ops)
-def test_fuzz_hlo_text(seed, ops):
-    HLO_BUDGET.run(lambda: run_target(parse_target, mutate_text(HLO_SEEDS[seed], ops), "HLO text"))
+def test_fuzz_hlo_text():
+    fuzz("hlo text", 5, 2000, lambda seed, ops: run_target(parse_target, mutate_text(HLO_SEEDS[seed], ops),
+                                                            "HLO text"),
+         seed=st.sampled_from(range(len(HLO_SEEDS))), ops=text_ops)
 
 
 object_ops = st.lists(st.tuples(st.sampled_from(["replace", "nest", "drop", "grow"]), st.integers(0, 10**6),
@@ -153,34 +146,28 @@ byte_ops = st.lists(st.tuples(st.sampled_from(["flip", "set", "truncate", "inser
                               st.integers(0, 10**6)), min_size=1, max_size=6)
 
 
-MSGPACK_BUDGET = Budget("msgpack structure", 4)
-
-
-@examples(800)
-@given(seed=st.sampled_from(range(len(HLO_SEEDS))), ops=object_ops)
-def test_fuzz_msgpack_structure(seed, ops):
+def _structure(seed: int, ops: list) -> None:
     body = mutate_object(body_of(_SEED_MSGPACK[seed]), ops)
     try:
         data = with_body(body)
     except (OverflowError, ValueError, TypeError):  # msgpack cannot even write it
         return
-    MSGPACK_BUDGET.run(lambda: run_target(msgpack_target, data, "msgpack module"))
+    run_target(msgpack_target, data, "msgpack module")
 
 
-BYTES_BUDGET = Budget("msgpack bytes", 3)
-NPZ_BUDGET = Budget("npz bytes", 3)
+def test_fuzz_msgpack_structure():
+    fuzz("msgpack structure", 3, 1500, _structure, seed=st.sampled_from(range(len(HLO_SEEDS))), ops=object_ops)
 
 
-@examples(800)
-@given(seed=st.sampled_from(range(len(HLO_SEEDS))), ops=byte_ops)
-def test_fuzz_msgpack_bytes(seed, ops):
-    BYTES_BUDGET.run(lambda: run_target(msgpack_target, flip_bytes(_SEED_MSGPACK[seed], ops), "msgpack bytes"))
+def test_fuzz_msgpack_bytes():
+    fuzz("msgpack bytes", 2, 1500, lambda seed, ops: run_target(msgpack_target, flip_bytes(_SEED_MSGPACK[seed], ops),
+                                                                 "msgpack bytes"),
+         seed=st.sampled_from(range(len(HLO_SEEDS))), ops=byte_ops)
 
 
-@examples(500)
-@given(seed=st.sampled_from(range(len(_SEED_NPZ))), ops=byte_ops)
-def test_fuzz_npz_bytes(seed, ops):
-    NPZ_BUDGET.run(lambda: run_target(npz_target, flip_bytes(_SEED_NPZ[seed], ops), ".npz bytes"))
+def test_fuzz_npz_bytes():
+    fuzz("npz bytes", 2, 1000, lambda seed, ops: run_target(npz_target, flip_bytes(_SEED_NPZ[seed], ops), ".npz bytes"),
+         seed=st.sampled_from(range(len(_SEED_NPZ))), ops=byte_ops)
 
 
 _dtypes = st.sampled_from([np.float32, np.float64, np.int32, np.int64, np.bool_, np.uint8, np.complex64, object])
@@ -195,13 +182,10 @@ _values = st.recursive(st.one_of(_scalars, _arrays),
 _counts = st.one_of(st.integers(-3, 5), st.just(2**70), st.none(), st.floats(), st.text(max_size=3))
 
 
-ARGS_BUDGET = Budget("rp.run arguments", 3)
-
-
-@examples(600)
-@given(args=st.one_of(_values, st.lists(_values, max_size=4)), n=_counts)
-def test_fuzz_run_arguments(args, n):
-    ARGS_BUDGET.run(lambda: run_target(lambda a: prepare(_ARGS_MODULE, a, n), args, "rp.run arguments"))
+def test_fuzz_run_arguments():
+    fuzz("rp.run arguments", 2, 1000,
+         lambda args, n: run_target(lambda a: prepare(_ARGS_MODULE, a, n), args, "rp.run arguments"),
+         args=st.one_of(_values, st.lists(_values, max_size=4)), n=_counts)
 
 
 # -- nothing named by a file is evaluated, unpickled or imported --------------------------------------------

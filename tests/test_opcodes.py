@@ -53,3 +53,13 @@ def test_shape_rule_lives_in_the_module_of_its_family():
 
     for name, rule in RULES.items():
         assert rule.__module__ == f"replicas.hlo.shape_inference.{OPCODES[name].family}", name
+
+
+def test_builder_modules_are_named_for_families():
+    import pkgutil
+
+    import replicas.hlo.builder as builder
+
+    families = {op.family for op in OPCODES.values()}
+    modules = {m.name for m in pkgutil.iter_modules(builder.__path__)} - {"core"}
+    assert modules <= families, modules - families

@@ -56,6 +56,7 @@ def test_the_demo_runs(tmp_path: Path) -> None:
     out = subprocess.run(argv, cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "replica 3: all-reduce = [6.0, 10.0," in out.stdout
+    assert out.stderr == "", out.stderr  # a quiet local Ray: no raylet or log-level lines
 
 
 @pytest.fixture(scope="module")

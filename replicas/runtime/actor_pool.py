@@ -7,20 +7,8 @@ replica that ran out of memory is killed instead and the next job starts a fresh
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
-
-_actor_class = None
-
-
-def _remote_host_class() -> Any:
-    global _actor_class
-    if _actor_class is None:
-        import ray
-
-        from replicas.runtime.ray_backend import ReplicaHost
-
-        _actor_class = ray.remote(ReplicaHost)
-    return _actor_class
 
 
 class ActorPool:
@@ -29,7 +17,8 @@ class ActorPool:
     Starting an actor starts a Python process (the slow part of a job's start); a finished job
     hands its actors back, and one whose replicas would not stop is killed instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, actor_class: Callable[[], Any]) -> None:
+        self._actor_class = actor_class  # -> the Ray actor class to start (ray.remote(ReplicaHost))
         self._idle: dict[tuple, list[Any]] = {}
         self._session: Any = None
 
@@ -47,7 +36,7 @@ class ActorPool:
         idle = self._idle.get(key)
         if idle:
             return idle.pop()
-        return _remote_host_class().options(**options).remote()
+        return self._actor_class().options(**options).remote()
 
     def release(self, actors_with_options: list[tuple[Any, dict[str, Any]]], stop_timeout: float = 2.0) -> None:
         import ray
@@ -96,6 +85,3 @@ class ActorPool:
 
 def _options_key(options: dict[str, Any]) -> tuple:
     return tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v) for k, v in options.items()))
-
-
-POOL = ActorPool()

@@ -25,6 +25,7 @@ import numpy as np
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.hlo.opcodes import SIDE_EFFECT_OPCODES
+from replicas.hlo.verify import verify
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Executable:
     def from_bytes(data: bytes) -> Executable:
         from replicas.hlo.serialize import module_from_bytes
 
-        return compile_module(module_from_bytes(data), verified=True)
+        return compile_module(module_from_bytes(data))
 
     def bytes(self) -> bytes:
         """`to_bytes()`, serialized once per executable (it travels to every actor on every run)."""
@@ -89,8 +90,9 @@ _COMPILED_SIZE = 16
 _COMPILED_LOCK = threading.Lock()
 
 
-def compile_module(module: Module, *, verified: bool = False, num_replicas: int | None = None) -> Executable:
-    """The module verified (unless `verified`) and scheduled: once per module content."""
+def compile_module(module: Module, *, num_replicas: int | None = None) -> Executable:
+    """The module verified and scheduled, once per module content: nothing reaches a kernel
+    unverified, so kernels trust the IR (they check only what depends on runtime values)."""
     key = module_fingerprint(module)
     with _COMPILED_LOCK:
         entry = _COMPILED.get(key)
@@ -98,18 +100,12 @@ def compile_module(module: Module, *, verified: bool = False, num_replicas: int 
             _COMPILED.move_to_end(key)
     if entry is not None and (entry[0].module is module or module_fingerprint(entry[0].module) == key):
         executable, verified_for = entry
-        if not verified and num_replicas not in verified_for:
-            from replicas.hlo.verify import verify
-
+        if num_replicas not in verified_for:
             verify(module, num_replicas=num_replicas)
             verified_for.add(num_replicas)
         return executable
-    verified_for: set[int | None] = set()
-    if not verified:
-        from replicas.hlo.verify import verify
-
-        verify(module, num_replicas=num_replicas)
-        verified_for.add(num_replicas)
+    verify(module, num_replicas=num_replicas)
+    verified_for: set[int | None] = {num_replicas}
     schedules = {name: schedule_computation(comp) for name, comp in module.computations.items()}
     executable = Executable(module, schedules, key)
     with _COMPILED_LOCK:

@@ -1,7 +1,10 @@
 """Replicas as Ray actors. Each actor hosts one replica (or several, packed) and its mailbox.
 
-Data moves actor to actor: a fabric `send` is a `deliver` call on the peer's actor, whose numpy
-payload travels through Ray's object store (zero-copy reads on one node). The driver only starts
+Data moves actor to actor, chosen per peer pair by `RayFabric._post`: replicas of one actor share
+its mailboxes; a peer on the same node gets large arrays through this job's shared memory
+(runtime/shm.py: the bytes go into the sender's arena, a descriptor over the socket); small
+messages, and any to other nodes up to 1 MiB, go over the direct sockets (runtime/wire.py); the
+rest is a `deliver` call on the peer's actor through Ray's object store. The driver only starts
 actors, polls their states for the monitor and collects results; it is never in a data path.
 """
 
@@ -19,7 +22,7 @@ from typing import Any
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
-from replicas.runtime.actor_pool import POOL
+from replicas.runtime.actor_pool import ActorPool
 from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
 from replicas.runtime.faults import actor_failure, is_memory_error, unplaceable
@@ -42,8 +45,6 @@ def ensure_ray(address: str | None = None) -> None:
             return
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-        # The raylet's and core workers' own C++ logs (warnings on a normal run) stay in their log files.
-        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
         # Messages up to 2 MiB travel inline with their task instead of through the object store:
         # measured 127 -> 65 ms for a 1 MiB all-reduce on 4 replicas (bench/README.md).
         os.environ.setdefault("RAY_max_direct_call_object_size", str(2 << 20))
@@ -177,7 +178,10 @@ class ReplicaHost:
         self._shm_report = {}
         self._inbox = Inbox(token)
         if len(replica_ids) < num_replicas and shm_available():
-            self._outbox = Outbox(token, replica_ids[0])
+            try:
+                self._outbox = Outbox(token, replica_ids[0])
+            except OSError:  # no room or no rights under /dev/shm: the sockets and the object store remain
+                self._outbox = None
         for r in replica_ids:
             recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
             fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
@@ -197,10 +201,14 @@ class ReplicaHost:
         if self._wire is not None:
             self._wire.drop_peers()
         self._shm_report = self.shm_sent()
-        self._close_shared_memory(self._token)  # while the fabrics are still there to drop their arenas
+        for fabric in self._fabrics:
+            fabric.outbox = None  # the arena is closed below, whatever still holds a fabric
+        token = self._token
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
             self._token = ""
+        # After the job's objects are let go: the collection there frees what their cycles still map.
+        self._close_shared_memory(token)
         return clean
 
     def _close_shared_memory(self, token: str) -> None:
@@ -210,8 +218,6 @@ class ReplicaHost:
             used = self._outbox.close()
         if self._inbox is not None:
             used = self._inbox.close() or used
-        for fabric in self._fabrics:
-            fabric.outbox = None
         remove_job_segments(token)
         self._outbox = self._inbox = None
         if used:
@@ -313,6 +319,21 @@ def _picklable(e: BaseException) -> bool:
         return True
     except Exception:  # noqa: BLE001
         return False
+
+
+_actor_class = None
+
+
+def _remote_host_class() -> Any:
+    global _actor_class
+    if _actor_class is None:
+        import ray
+
+        _actor_class = ray.remote(ReplicaHost)
+    return _actor_class
+
+
+POOL = ActorPool(_remote_host_class)
 
 
 class RayBackend:

@@ -37,6 +37,9 @@ class _Worker:
                 finally:
                     done.set()
                     thread.name = "replica-worker (idle)"
+                # An idle worker holds nothing of its last task (the job's runner, its results and
+                # the shared memory they may pin).
+                task = fn = None
             with _lock:
                 if len(_idle) >= MAX_IDLE:
                     return
