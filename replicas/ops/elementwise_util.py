@@ -23,7 +23,6 @@ from replicas.shapes import PrimitiveType, Shape
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
-BOOL = np.dtype(np.bool_)
 
 Compute = Callable[..., Any]
 
