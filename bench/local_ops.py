@@ -57,7 +57,7 @@ def one_op(
     entry.root = "op"
     module.add(entry)
     module.entry = "main"
-    interpreter = Interpreter(compile_module(module, verified=True))
+    interpreter = Interpreter(compile_module(module))
     return lambda: interpreter.run(operands)
 
 

@@ -9,9 +9,10 @@ Models (our own, small enough for a 2-core machine, big enough that kernels matt
 
 Each model runs as the compiled HLO text JAX gives (`jit(f).lower(...).compile().as_text()`),
 warm (second and later runs), on the threads backend; the anchor is `jax.jit(f)` on the same
-arguments. Reported: median seconds of each and their ratio, with the spread (min-max ratio of the
-rounds), and for gpt_dp the same step with the BLAS pools left alone (REPLICAS_BLAS_THREADS=off)
-to show what sharing the cores does. Goals: median ratio <= 5, none over 20, gpt_dp <= 3.
+arguments, called alternately with it. Reported: median seconds of each and the median of the
+per-round ratios, with their spread (min-max), and for gpt_dp the same step with the BLAS pools
+left alone (REPLICAS_BLAS_THREADS=off) to show what sharing the cores does. Goals: median ratio
+<= 5, none over 20, gpt_dp <= 3.
 
     python bench/models.py [--repeat 5] [--models gpt,cnn] [--ray]
 """
@@ -219,6 +220,19 @@ def timed(fn: Callable[[], Any], repeat: int) -> list[float]:
     return out
 
 
+def interleaved(a: Callable[[], Any], b: Callable[[], Any], repeat: int) -> tuple[list[float], list[float]]:
+    """Seconds of `a` and of `b`, alternating call by call (load changes hit both alike)."""
+    a()
+    b()
+    ta, tb = [], []
+    for _ in range(repeat):
+        for fn, out in ((a, ta), (b, tb)):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return ta, tb
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=5)
@@ -234,11 +248,12 @@ def main() -> None:
         f, args, n, per_replica = models[name]
         module = rp.parse_hlo(f.lower(*args).compile().as_text())
         run_args = per_replica if per_replica is not None else args
-        jax_times = timed(lambda: jax.block_until_ready(f(*args)), ns.repeat)  # noqa: B023
-        rp_times = timed(lambda: rp.run(module, run_args, num_replicas=n, backend="threads"),  # noqa: B023
-                         ns.repeat)
+        jax_times, rp_times = interleaved(
+            lambda: jax.block_until_ready(f(*args)),  # noqa: B023
+            lambda: rp.run(module, run_args, num_replicas=n, backend="threads"),  # noqa: B023
+            ns.repeat)
         per_round = [r / j for r, j in zip(rp_times, jax_times)]
-        ratio = float(np.median(rp_times) / np.median(jax_times))
+        ratio = float(np.median(per_round))
         ratios[name] = ratio
         print(f"{name:8} {n:>8} {np.median(jax_times) * 1e3:10.1f} {np.median(rp_times) * 1e3:12.1f} "
               f"{ratio:6.1f}x  ({min(per_round):.1f}-{max(per_round):.1f})")

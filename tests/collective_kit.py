@@ -69,13 +69,13 @@ def reducer(opcode: str, element_type: str, name: str | None = None) -> Computat
 
 def launch_threads(m: Module, args: Any, n: int, **kwargs: Any) -> Job:
     kwargs.setdefault("timeout", 60)
-    return launch(compile_module(m, verified=True), args, n, backend="threads", **kwargs)
+    return launch(compile_module(m), args, n, backend="threads", **kwargs)
 
 
 def run_threads(m: Module, args: Any, n: int, **kwargs: Any) -> list[Any]:
     """Run to completion; nothing but the preloaded infeed comes from the host."""
     kwargs.setdefault("timeout", 60)
-    return run(compile_module(m, verified=True), args, n, backend="threads", **kwargs)
+    return run(compile_module(m), args, n, backend="threads", **kwargs)
 
 
 def one_op(opcode: str, result: str | Shape, operand_shapes: list[str | Shape], computations: list[Computation] = (),

@@ -53,3 +53,21 @@ def test_shape_rule_lives_in_the_module_of_its_family():
 
     for name, rule in RULES.items():
         assert rule.__module__ == f"replicas.hlo.shape_inference.{OPCODES[name].family}", name
+
+
+def test_builder_modules_are_named_for_families():
+    import pkgutil
+
+    import replicas.hlo.builder as builder
+
+    families = {op.family for op in OPCODES.values()}
+    modules = {m.name for m in pkgutil.iter_modules(builder.__path__)} - {"core"}
+    assert modules <= families, modules - families
+
+
+def test_collectives_keep_their_order_and_name_their_peers():
+    for op in OPCODES.values():
+        if op.collective:
+            assert op.side_effect and op.grouping in ("groups", "pairs"), op.name
+        for start in op.done_of:
+            assert OPCODES[start].side_effect == op.side_effect, op.name  # a pair keeps its order, or neither

@@ -13,7 +13,7 @@ from opkit import run_op
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import make_window
-from replicas.ops.convolution import parse_dim_labels
+from replicas.hlo.shape_inference.convolution import parse_dim_labels
 from replicas.shapes import Shape
 
 
@@ -86,10 +86,10 @@ def run_case(rng, *, n_spatial, batch, in_per_group, out_features, sizes, kernel
 
 def test_parse_dim_labels():
     labels = parse_dim_labels("b01f_01io->b01f")
-    assert labels.lhs_batch == 0 and labels.lhs_feature == 3 and labels.lhs_spatial == [1, 2]
-    assert labels.rhs_input == 2 and labels.rhs_output == 3 and labels.rhs_spatial == [0, 1]
+    assert labels.input_batch == 0 and labels.input_feature == 3 and labels.input_spatial == [1, 2]
+    assert labels.kernel_input_feature == 2 and labels.kernel_output_feature == 3 and labels.kernel_spatial == [0, 1]
     labels = parse_dim_labels("bf012_oi012->bf012")
-    assert labels.lhs_spatial == [2, 3, 4] and labels.rhs_output == 0
+    assert labels.input_spatial == [2, 3, 4] and labels.kernel_output_feature == 0
     with pytest.raises(ProgramError):
         parse_dim_labels("b01f_01io")
     with pytest.raises(ProgramError):
@@ -172,9 +172,9 @@ def test_bad_attributes_raise_program_error():
     window = make_window(2, size=[3, 3])
     with pytest.raises(ProgramError, match="dim_labels"):
         run_op("convolution", "f32[1,2,2,2]", [lhs, rhs], {"window": window, "dim_labels": "b01f_01io"})
-    with pytest.raises(ProgramError, match="result shape"):
+    with pytest.raises(ProgramError, match="does not match the inferred shape"):
         run_op("convolution", "f32[1,3,3,2]", [lhs, rhs], {"window": window, "dim_labels": "b01f_01io->b01f"})
-    with pytest.raises(ProgramError, match="input features"):
+    with pytest.raises(ProgramError, match="input feature size"):
         run_op("convolution", "f32[1,2,2,2]", [lhs, rhs], {"window": window, "dim_labels": "b01f_01io->b01f",
                                                            "feature_group_count": 3})
 

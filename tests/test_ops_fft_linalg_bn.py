@@ -84,7 +84,7 @@ def test_fft_matches_jnp_and_checks_shapes():
     x = np.random.default_rng(0).standard_normal((2, 6, 8)).astype(np.float32)
     got = run_op("fft", "c64[2,6,5]", [x], {"fft_type": "RFFT", "fft_length": [6, 8]})
     np.testing.assert_allclose(got, np.asarray(jnp.fft.rfft2(x)), rtol=1e-4, atol=1e-4)
-    with pytest.raises(ProgramError, match="innermost"):
+    with pytest.raises(ProgramError, match="must equal fft_length"):
         run_op("fft", "c64[2,6,5]", [x], {"fft_type": "RFFT", "fft_length": [6, 9]})
     with pytest.raises(ProgramError, match="fft_type"):
         run_op("fft", "c64[2,6,5]", [x], {"fft_type": "DCT", "fft_length": [6, 8]})
@@ -193,7 +193,7 @@ def test_triangular_solve_matches_jax_and_checks_shapes():
     expected = np.asarray(jax.lax.linalg.triangular_solve(a, b, left_side=True, lower=True))
     got = run_op("triangular-solve", shape_like(b), [a, b], {"left_side": True, "lower": True})
     np.testing.assert_allclose(got, expected, rtol=1e-10)
-    with pytest.raises(ProgramError, match="does not match"):
+    with pytest.raises(ProgramError, match="columns to match"):
         run_op("triangular-solve", shape_like(b), [a, b], {"left_side": False, "lower": True})
 
 
@@ -294,7 +294,7 @@ def test_batch_norm_errors():
     s = np.zeros(3, np.float32)
     with pytest.raises(ProgramError, match="feature_index"):
         run_op("batch-norm-inference", "f32[2,3]", [x, s, s, s, s], {"epsilon": 0.1, "feature_index": 2})
-    with pytest.raises(ProgramError, match="operand 2"):
+    with pytest.raises(ProgramError, match="offset"):
         run_op("batch-norm-training", "(f32[2,3], f32[3], f32[3])", [x, s, np.zeros(2, np.float32)],
                {"epsilon": 0.1, "feature_index": 1})
     with pytest.raises(ProgramError, match="floating"):

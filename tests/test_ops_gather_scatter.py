@@ -161,10 +161,10 @@ def test_gather_errors():
     i = np.zeros((3, 1), np.int32)
     attrs = {"offset_dims": [1], "collapsed_slice_dims": [0], "start_index_map": [0], "slice_sizes": [1, 9],
              "index_vector_dim": 1}
-    with pytest.raises(ProgramError, match="slice_sizes"):
+    with pytest.raises(ProgramError, match="slice size"):
         run_op("gather", "f32[3,9]", [x, i], attrs)
     attrs["slice_sizes"] = [1, 5]
-    with pytest.raises(ProgramError, match="result shape"):
+    with pytest.raises(ProgramError, match="does not match the inferred shape"):
         run_op("gather", "f32[3,4]", [x, i], attrs)
 
 

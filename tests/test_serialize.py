@@ -450,7 +450,7 @@ def test_save_and_load_msgpack(tmp_path):
     path = tmp_path / "prog.msgpack"
     files.save(module, path)
     assert path.read_bytes() == module_to_bytes(module)
-    assert_same_module(module, files.load(str(path)))
+    assert_same_module(module, files.load(str(path), verify=False))  # it exercises the IR, not a program
     files.save(module, path)  # overwriting works and leaves no temporary files behind
     assert [p.name for p in tmp_path.iterdir()] == ["prog.msgpack"]
 

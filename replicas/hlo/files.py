@@ -35,9 +35,10 @@ def _as_path(path: str | os.PathLike[str]) -> Path:
     return Path(path)
 
 
-def load(path: str | os.PathLike[str], *, elided: str = "error") -> Module:
+def load(path: str | os.PathLike[str], *, elided: str = "error", verify: bool = True) -> Module:
     """The module stored at `path` (`.msgpack` binary, or `.hlo` / `.txt` HLO text); `elided` is
-    `parse_hlo`'s choice for constants printed as `{...}`."""
+    `parse_hlo`'s choice for constants printed as `{...}`. With `verify` (the default) the module
+    is checked as a whole, as `parse_hlo` checks text."""
     path = _as_path(path)
     kind = _format_of(path)
     try:
@@ -48,11 +49,14 @@ def load(path: str | os.PathLike[str], *, elided: str = "error") -> Module:
         raise ProgramError(f"{str(path)!r}: cannot read: {e.strerror or e}") from None
     if kind == "msgpack":
         from replicas.hlo.serialize import module_from_bytes
+        from replicas.hlo.verify import verify as verify_module
         from replicas.limits import check_module
 
         try:
             module = module_from_bytes(data)
             check_module(module)
+            if verify:
+                verify_module(module)
             return module
         except ProgramError as e:
             raise _naming_path(e, path) from None
@@ -63,7 +67,7 @@ def load(path: str | os.PathLike[str], *, elided: str = "error") -> Module:
     from replicas.hlo.text import parse_hlo
 
     try:
-        return parse_hlo(text, elided=elided)  # type: ignore[arg-type]
+        return parse_hlo(text, elided=elided, verify=verify)  # type: ignore[arg-type]
     except ProgramError as e:
         raise _naming_path(e, path) from None
 

@@ -15,37 +15,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from typing import NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from replicas.errors import ProgramError
 from replicas.hlo.ir import Instruction
-from replicas.hlo.shape_inference.convolution import parse_dim_labels as parse_conv_dim_labels
+from replicas.hlo.shape_inference.convolution import parse_dim_labels
 from replicas.ops.registry import KernelContext, kernel
-
-
-class DimLabels(NamedTuple):
-    """Positions of each logical dimension in the three operands' layouts."""
-
-    lhs_batch: int
-    lhs_feature: int
-    lhs_spatial: list[int]
-    rhs_input: int
-    rhs_output: int
-    rhs_spatial: list[int]
-    out_batch: int
-    out_feature: int
-    out_spatial: list[int]
-
-
-def parse_dim_labels(text: str) -> DimLabels:
-    """Parse "b01f_01io->b01f" (any order; spatial dims are digits 0..n-1 in each part)."""
-    dn = parse_conv_dim_labels(text)  # the verifier's parser: one grammar for both
-    return DimLabels(dn.input_batch, dn.input_feature, list(dn.input_spatial), dn.kernel_input_feature,
-                     dn.kernel_output_feature, list(dn.kernel_spatial), dn.output_batch, dn.output_feature,
-                     list(dn.output_spatial))
 
 
 def _compute_dtype(dtypes: list[np.dtype]) -> np.dtype:
@@ -65,55 +41,26 @@ def _floating(dtype: np.dtype) -> bool:
     return dtype.kind in "fcV"
 
 
-def _check(inst: Instruction, cond: bool, message: str) -> None:
-    if not cond:
-        raise inst.error(message)
-
-
 @kernel("convolution")
 def make_convolution(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]:
-    _check(inst, len(inst.operands) == 2, f"convolution takes 2 operands, got {len(inst.operands)}")
     lhs_shape, rhs_shape = ctx.operand_shapes(inst)
-    _check(inst, lhs_shape.is_array and rhs_shape.is_array, "convolution operands must be arrays")
-    try:
-        labels = parse_dim_labels(str(inst.attrs.get("dim_labels", "")))
-    except ProgramError as e:
-        raise inst.error(str(e)) from None
-    n_spatial = len(labels.lhs_spatial)
-    _check(inst, lhs_shape.rank == rhs_shape.rank == inst.shape.rank == n_spatial + 2,
-           f"dim_labels {inst.attrs['dim_labels']!r} need rank {n_spatial + 2} operands and result")
+    dn = parse_dim_labels(inst.attrs["dim_labels"])  # the verifier's dimension numbers
+    n_spatial = dn.num_spatial
     window = inst.attrs.get("window") or {}
-    size = list(window.get("size", [rhs_shape.dimensions[d] for d in labels.rhs_spatial]))
-    stride = list(window.get("stride", [1] * n_spatial))
     pad = [tuple(p) for p in window.get("pad", [(0, 0)] * n_spatial)]
+    stride = list(window.get("stride", [1] * n_spatial))
     lhs_dilate = list(window.get("lhs_dilate", [1] * n_spatial))
     rhs_dilate = list(window.get("rhs_dilate", [1] * n_spatial))
     reversal = list(window.get("window_reversal", [False] * n_spatial))
-    for name, value in [("size", size), ("stride", stride), ("pad", pad), ("lhs_dilate", lhs_dilate),
-                        ("rhs_dilate", rhs_dilate), ("window_reversal", reversal)]:
-        _check(inst, len(value) == n_spatial, f"window {name} has {len(value)} entries, expected {n_spatial}")
-    _check(inst, all(s >= 1 for s in stride + lhs_dilate + rhs_dilate),
-           "window strides and dilations must be >= 1")
     groups = int(inst.attrs.get("feature_group_count", 1))
     batch_groups = int(inst.attrs.get("batch_group_count", 1))
-    _check(inst, groups >= 1 and batch_groups >= 1, "group counts must be >= 1")
-    _check(inst, groups == 1 or batch_groups == 1,
-           "feature_group_count and batch_group_count cannot both be > 1")
 
     ld, rd = lhs_shape.dimensions, rhs_shape.dimensions
-    batch, in_features = ld[labels.lhs_batch], ld[labels.lhs_feature]
-    kernel_in, out_features = rd[labels.rhs_input], rd[labels.rhs_output]
-    in_spatial = [ld[d] for d in labels.lhs_spatial]
-    kernel_spatial = [rd[d] for d in labels.rhs_spatial]
-    _check(inst, size == kernel_spatial, f"window size {size} does not match the kernel's spatial "
-                                         f"dimensions {kernel_spatial}")
-    _check(inst, in_features == kernel_in * groups,
-           f"input features {in_features} != kernel input features {kernel_in} * feature_group_count {groups}")
+    batch, in_features = ld[dn.input_batch], ld[dn.input_feature]
+    out_features = rd[dn.kernel_output_feature]
+    in_spatial = [ld[d] for d in dn.input_spatial]
+    kernel_spatial = [rd[d] for d in dn.kernel_spatial]
     total_groups = groups * batch_groups
-    _check(inst, out_features % total_groups == 0,
-           f"kernel output features {out_features} not divisible by the group count {total_groups}")
-    _check(inst, batch % batch_groups == 0,
-           f"batch {batch} not divisible by batch_group_count {batch_groups}")
 
     # Geometry per spatial dim: dilated+padded input extent, dilated kernel extent, output extent.
     padded = []
@@ -126,19 +73,13 @@ def make_convolution(inst: Instruction, ctx: KernelContext) -> Callable[..., np.
         out_spatial.append((extent - span) // s + 1 if extent >= span and k > 0 else 0)
     out_batch = batch // batch_groups
     canonical_out = [out_batch, *out_spatial, out_features]
-    out_dims = [0] * (n_spatial + 2)
-    out_dims[labels.out_batch] = out_batch
-    out_dims[labels.out_feature] = out_features
-    for i, d in enumerate(labels.out_spatial):
-        out_dims[d] = out_spatial[i]
-    _check(inst, tuple(out_dims) == tuple(inst.shape.dimensions),
-           f"result shape {inst.shape} does not match the convolution's dimensions {out_dims}")
+    out_dims = inst.shape.dimensions
 
-    lhs_perm = [labels.lhs_batch, *labels.lhs_spatial, labels.lhs_feature]
-    rhs_perm = [*labels.rhs_spatial, labels.rhs_input, labels.rhs_output]
+    lhs_perm = [dn.input_batch, *dn.input_spatial, dn.input_feature]
+    rhs_perm = [*dn.kernel_spatial, dn.kernel_input_feature, dn.kernel_output_feature]
     # canonical out axis order is (batch, spatial..., feature); output axis d takes canonical axis out_perm[d].
     canonical_of = [0] + [1 + i for i in range(n_spatial)] + [n_spatial + 1]
-    out_positions = [labels.out_batch, *labels.out_spatial, labels.out_feature]
+    out_positions = [dn.output_batch, *dn.output_spatial, dn.output_feature]
     out_perm = [0] * (n_spatial + 2)
     for canon, pos in zip(canonical_of, out_positions):
         out_perm[pos] = canon

@@ -18,29 +18,15 @@ import numpy as np
 
 from replicas.hlo.ir import Instruction
 from replicas.ops.registry import KernelContext, kernel
-from replicas.shapes import PrimitiveType
 
 
-def _dimension(inst: Instruction, rank: int) -> int:
-    dims = inst.attrs.get("dimensions")
-    if dims is None or len(dims) != 1:
-        raise inst.error("needs dimensions=[d]")
-    d = int(dims[0])
-    if not 0 <= d < rank:
-        raise inst.error(f"dimension {d} out of range for rank {rank}")
-    return d
+def _dimension(inst: Instruction) -> int:
+    return int(inst.attrs["dimensions"][0])
 
 
 @kernel("get-dimension-size")
 def make_get_dimension_size(inst: Instruction, ctx: KernelContext) -> Callable[[np.ndarray], np.ndarray]:
-    if len(inst.operands) != 1:
-        raise inst.error(f"get-dimension-size takes 1 operand, got {len(inst.operands)}")
-    (operand,) = ctx.operand_shapes(inst)
-    if not operand.is_array:
-        raise inst.error(f"operand must be an array, got {operand}")
-    d = _dimension(inst, operand.rank)
-    if not inst.shape.is_scalar or inst.shape.element_type is not PrimitiveType.S32:
-        raise inst.error(f"result must be s32[], got {inst.shape}")
+    d = _dimension(inst)
     int32 = np.dtype(np.int32)
 
     def get_dimension_size(x: np.ndarray) -> np.ndarray:
@@ -65,15 +51,8 @@ def _grown_from_base(x: np.ndarray, d: int, size: int) -> np.ndarray | None:
 
 @kernel("set-dimension-size")
 def make_set_dimension_size(inst: Instruction, ctx: KernelContext) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    if len(inst.operands) != 2:
-        raise inst.error(f"set-dimension-size takes 2 operands (operand, size), got {len(inst.operands)}")
-    operand, size_shape = ctx.operand_shapes(inst)
-    if not operand.is_array:
-        raise inst.error(f"operand must be an array, got {operand}")
-    if not size_shape.is_scalar or not size_shape.element_type.is_integral:
-        raise inst.error(f"size must be an integer scalar, got {size_shape}")
-    d = _dimension(inst, operand.rank)
-    bound = operand.dimensions[d]
+    d = _dimension(inst)
+    bound = ctx.operand_shapes(inst)[0].dimensions[d]
     key_prefix = (slice(None),) * d
 
     def set_dimension_size(x: np.ndarray, size_value: np.ndarray) -> np.ndarray:

@@ -22,8 +22,6 @@ from replicas.ops.elementwise_util import (
     SIGNED_OF,
     UNSIGNED_OF,
     Compute,
-    check_same_shapes,
-    expect_result_type,
     finish,
     float_compute,
     operand_types,
@@ -54,10 +52,9 @@ _ARITHMETIC = sorted(set(_PRED) | set(_INT_UFUNCS) | set(_FLOAT_UFUNCS) | set(_I
 
 
 def _binary_type(inst: Instruction, ctx: KernelContext) -> PrimitiveType:
-    lhs, rhs = operand_types(inst, ctx, 2)
+    lhs, rhs = operand_types(inst, ctx)
     if lhs is not rhs:
         raise inst.error(f"{inst.opcode} operands must have one element type, got {lhs.value} and {rhs.value}")
-    check_same_shapes(inst, ctx.operand_shapes(inst))
     return lhs
 
 
@@ -73,13 +70,11 @@ def make_binary(inst: Instruction, ctx: KernelContext) -> Compute:
     if table is not None:
         if op not in table:
             raise inst.error(f"{op} is not defined on {t.value}")
-        expect_result_type(inst, t)
         if t is PrimitiveType.PRED:
             return finish(inst, table[op])
         return finish(inst, float_compute(table[op], t, 2))
     if not t.is_integral or op == "atan2":
         raise inst.error(f"{op} is not defined on {t.value}")
-    expect_result_type(inst, t)
     if op in _INT_UFUNCS:
         return finish(inst, _INT_UFUNCS[op])
     return finish(inst, _INTEGER_KERNELS[op](t.dtype))
@@ -212,7 +207,6 @@ def make_complex(inst: Instruction, ctx: KernelContext) -> Compute:
     t = _binary_type(inst, ctx)
     if t not in (PrimitiveType.F32, PrimitiveType.F64):
         raise inst.error(f"complex takes f32 or f64 operands, got {t.value}")
-    expect_result_type(inst, PrimitiveType.C64 if t is PrimitiveType.F32 else PrimitiveType.C128)
     dtype = inst.shape.dtype
 
     def make(real: np.ndarray, imag: np.ndarray) -> np.ndarray:

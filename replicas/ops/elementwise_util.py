@@ -23,7 +23,6 @@ from replicas.shapes import PrimitiveType, Shape
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
-BOOL = np.dtype(np.bool_)
 
 Compute = Callable[..., Any]
 
@@ -45,30 +44,9 @@ def is_narrow_float(t: PrimitiveType) -> bool:
     return t.is_floating and t.bit_width < 32
 
 
-def operand_types(inst: Instruction, ctx: KernelContext, arity: int | None = None) -> list[PrimitiveType]:
-    """The operands' element types, checking the operand count and that every operand is an array."""
-    shapes = ctx.operand_shapes(inst)
-    if arity is not None and len(shapes) != arity:
-        raise inst.error(f"{inst.opcode} takes {arity} operand{'s' if arity != 1 else ''}, got {len(shapes)}")
-    for s in shapes:
-        if not s.is_array:
-            raise inst.error(f"{inst.opcode} operands must be arrays, got {s}")
-    if not inst.shape.is_array:
-        raise inst.error(f"{inst.opcode} must produce an array, not {inst.shape}")
-    return [s.element_type for s in shapes]
-
-
-def check_same_shapes(inst: Instruction, shapes: list[Shape]) -> None:
-    """Element-wise operands must have the result's dimensions (a scalar operand broadcasts)."""
-    dims = inst.shape.dimensions
-    for s in shapes:
-        if s.dimensions != dims and s.rank != 0:
-            raise inst.error(f"{inst.opcode} operand {s} does not match the result shape {inst.shape}")
-
-
-def expect_result_type(inst: Instruction, expected: PrimitiveType) -> None:
-    if inst.shape.element_type is not expected:
-        raise inst.error(f"{inst.opcode} produces {expected.value}, but the instruction's shape is {inst.shape}")
+def operand_types(inst: Instruction, ctx: KernelContext) -> list[PrimitiveType]:
+    """The operands' element types (the verifier checked their count, kinds and shapes)."""
+    return [s.element_type for s in ctx.operand_shapes(inst)]
 
 
 def finish(inst: Instruction, compute: Compute) -> Compute:

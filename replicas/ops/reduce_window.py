@@ -98,22 +98,14 @@ class WindowGeometry:
 
 
 def window_geometry(inst: Instruction, base_dims: tuple[int, ...]) -> WindowGeometry:
-    window = inst.attrs.get("window")
+    """The window's geometry (the shape rule checked its arity and values)."""
+    window = inst.attrs["window"]
     rank = len(base_dims)
-    if not isinstance(window, dict):
-        raise inst.error("missing window attribute")
-    try:
-        size = tuple(int(v) for v in window.get("size", [1] * rank))
-        stride = tuple(int(v) for v in window.get("stride", [1] * rank))
-        pad = tuple((int(lo), int(hi)) for lo, hi in window.get("pad", [(0, 0)] * rank))
-        lhs = tuple(int(v) for v in window.get("lhs_dilate", [1] * rank))
-        rhs = tuple(int(v) for v in window.get("rhs_dilate", [1] * rank))
-    except (TypeError, ValueError) as e:
-        raise inst.error(f"malformed window attribute {window!r}: {e}") from None
-    if any(len(v) != rank for v in (size, stride, pad, lhs, rhs)):
-        raise inst.error(f"window has {len(size)} dimensions, the operand has rank {rank}")
-    if any(v < 1 for v in size + stride + lhs + rhs):
-        raise inst.error(f"window sizes, strides and dilations must be >= 1: {window!r}")
+    size = tuple(int(v) for v in window.get("size", [1] * rank))
+    stride = tuple(int(v) for v in window.get("stride", [1] * rank))
+    pad = tuple((int(lo), int(hi)) for lo, hi in window.get("pad", [(0, 0)] * rank))
+    lhs = tuple(int(v) for v in window.get("lhs_dilate", [1] * rank))
+    rhs = tuple(int(v) for v in window.get("rhs_dilate", [1] * rank))
     if any(window.get("window_reversal") or []):
         raise inst.error("window reversal is only meaningful for convolution")
     geometry = WindowGeometry(tuple(base_dims), size, stride, pad, lhs, rhs)
@@ -122,37 +114,20 @@ def window_geometry(inst: Instruction, base_dims: tuple[int, ...]) -> WindowGeom
     return geometry
 
 
-def _result_shapes(inst: Instruction, n: int) -> list[Shape]:
-    shape = inst.shape
-    if n == 1 and not shape.is_tuple:
-        return [shape]
-    if not shape.is_tuple or len(shape.tuple_shapes) != n:
-        raise inst.error(f"a reduce-window of {n} inputs must produce a tuple of {n} arrays, not {shape}")
-    return list(shape.tuple_shapes)
+def _result_shapes(inst: Instruction) -> list[Shape]:
+    return list(inst.shape.tuple_shapes) if inst.shape.is_tuple else [inst.shape]
 
 
 @kernel("reduce-window")
 def make_reduce_window(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     shapes = ctx.operand_shapes(inst)
-    if len(shapes) < 2 or len(shapes) % 2 or not all(s.is_array for s in shapes):
-        raise inst.error(f"reduce-window takes N input arrays and N init values, got {len(shapes)} operands")
     n = len(shapes) // 2
-    inputs, inits = shapes[:n], shapes[n:]
+    inputs = shapes[:n]
     base_dims = inputs[0].dimensions
-    if any(s.dimensions != base_dims for s in inputs):
-        raise inst.error("reduce-window inputs must all have the same dimensions")
-    if any(not s.is_scalar for s in inits):
-        raise inst.error("reduce-window init values must be scalars")
     geometry = window_geometry(inst, base_dims)
     out_dims = geometry.output_dims
-    results = _result_shapes(inst, n)
-    for s in results:
-        if s.dimensions != out_dims:
-            raise inst.error(f"result shape {s} does not match the window's output {list(out_dims)}")
-    dtypes = [s.dtype for s in results]
-    name = inst.attrs.get("to_apply")
-    if not name:
-        raise inst.error("reduce-window needs a to_apply computation")
+    dtypes = [s.dtype for s in _result_shapes(inst)]
+    name = inst.attrs["to_apply"]
     offsets = geometry.element_offsets() if math.prod(out_dims) else []
     slices = [geometry.view_slices(o) for o in offsets]
 
@@ -219,23 +194,11 @@ def _select_compare(comp: Computation) -> np.ufunc | None:
 
 @kernel("select-and-scatter")
 def make_select_and_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]:
-    shapes = ctx.operand_shapes(inst)
-    if len(shapes) != 3 or not all(s.is_array for s in shapes):
-        raise inst.error("select-and-scatter takes an operand, a source and an init value")
-    operand_shape, source_shape, init_shape = shapes
-    if not init_shape.is_scalar:
-        raise inst.error("select-and-scatter init value must be a scalar")
-    if inst.shape.dimensions != operand_shape.dimensions:
-        raise inst.error(f"result shape {inst.shape} must match the operand {operand_shape}")
+    operand_shape = ctx.operand_shapes(inst)[0]
     geometry = window_geometry(inst, operand_shape.dimensions)
     if any(d != 1 for d in geometry.lhs_dilate):
         raise inst.error("select-and-scatter does not support base dilation")
     out_dims = geometry.output_dims
-    if source_shape.dimensions != out_dims:
-        raise inst.error(f"source shape {source_shape} must match the window positions {list(out_dims)}")
-    for key in ("select", "scatter"):
-        if not inst.attrs.get(key):
-            raise inst.error(f"select-and-scatter needs a {key} computation")
     dtype = inst.shape.dtype
     dims = operand_shape.dimensions
     numel = operand_shape.numel

@@ -22,12 +22,11 @@ from replicas.hlo.ir import Computation, Instruction
 from replicas.ops.gather import (
     batching_grids,
     c_strides,
-    check_dimension_numbers,
     index_vectors,
     window_offsets,
 )
 from replicas.ops.recognize import binary_reducer
-from replicas.ops.registry import KernelContext, kernel
+from replicas.ops.registry import KernelContext, dimension_list, kernel
 
 _UFUNCS = {
     "add": np.add, "multiply": np.multiply, "maximum": np.maximum, "minimum": np.minimum,
@@ -56,52 +55,24 @@ def _wants_float_accumulate(dtype: np.dtype) -> bool:
 @kernel("scatter")
 def make_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     shapes = ctx.operand_shapes(inst)
-    if len(shapes) < 3 or len(shapes) % 2 == 0:
-        raise inst.error(f"scatter takes N operands, indices and N updates; got {len(shapes)} operands")
     n = (len(shapes) - 1) // 2
     operand_shapes, indices_shape, update_shapes = shapes[:n], shapes[n], shapes[n + 1:]
-    dn = check_dimension_numbers(inst, ["update_window_dims", "inserted_window_dims",
-                                        "scatter_dims_to_operand_dims", "input_batching_dims",
-                                        "scatter_indices_batching_dims"])
-    update_window_dims = dn["update_window_dims"]
-    inserted = set(dn["inserted_window_dims"])
-    to_operand = dn["scatter_dims_to_operand_dims"]
-    input_batching = dn["input_batching_dims"]
-    indices_batching = dn["scatter_indices_batching_dims"]
+    update_window_dims = dimension_list(inst, "update_window_dims")
+    inserted = set(dimension_list(inst, "inserted_window_dims"))
+    to_operand = dimension_list(inst, "scatter_dims_to_operand_dims")
+    input_batching = dimension_list(inst, "input_batching_dims")
+    indices_batching = dimension_list(inst, "scatter_indices_batching_dims")
     index_vector_dim = int(inst.attrs.get("index_vector_dim", indices_shape.rank))
     op_dims = tuple(operand_shapes[0].dimensions)
     upd_dims = tuple(update_shapes[0].dimensions)
     rank = len(op_dims)
-    if any(tuple(s.dimensions) != op_dims for s in operand_shapes):
-        raise inst.error("scatter operands must all have the same dimensions")
-    if any(tuple(s.dimensions) != upd_dims for s in update_shapes):
-        raise inst.error("scatter updates must all have the same dimensions")
-    if not isinstance(index_vector_dim, int) or not 0 <= index_vector_dim <= indices_shape.rank:
-        raise inst.error(f"index_vector_dim {index_vector_dim} out of range for indices of rank "
-                         f"{indices_shape.rank}")
-    index_vector_size = 1 if index_vector_dim == indices_shape.rank else indices_shape.dimensions[index_vector_dim]
-    if len(to_operand) != index_vector_size:
-        raise inst.error(f"scatter_dims_to_operand_dims has {len(to_operand)} entries, the index vector has "
-                         f"{index_vector_size}")
-    if len(input_batching) != len(indices_batching):
-        raise inst.error("input_batching_dims and scatter_indices_batching_dims differ in length")
-    for d in list(inserted) + to_operand + input_batching:
-        if not 0 <= d < rank:
-            raise inst.error(f"operand dimension {d} out of range for rank {rank}")
 
     batch_axes_of_indices = [d for d in range(indices_shape.rank) if d != index_vector_dim]
     batch_shape = tuple(indices_shape.dimensions[d] for d in batch_axes_of_indices)
     n_batch = len(batch_shape)
     update_scatter_dims = [d for d in range(len(upd_dims)) if d not in update_window_dims]
     window_dims = [d for d in range(rank) if d not in inserted and d not in input_batching]
-    if len(window_dims) != len(update_window_dims):
-        raise inst.error(f"update_window_dims {update_window_dims} must name {len(window_dims)} update dimensions")
-    if tuple(upd_dims[d] for d in update_scatter_dims) != batch_shape:
-        raise inst.error(f"updates' scatter dimensions {[upd_dims[d] for d in update_scatter_dims]} do not "
-                         f"match the indices' batch dimensions {list(batch_shape)}")
     window_extent = tuple(upd_dims[d] for d in update_window_dims)
-    if any(w > op_dims[d] for w, d in zip(window_extent, window_dims)):
-        raise inst.error(f"update window {list(window_extent)} larger than the operand {list(op_dims)}")
     # Updates in canonical order (scatter axes..., window axes...): the flat order is the update order.
     canonical_perm = update_scatter_dims + list(update_window_dims)
     identity_perm = canonical_perm == list(range(len(upd_dims)))
@@ -116,9 +87,7 @@ def make_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     n_windows = int(np.prod(batch_shape, dtype=np.int64))
     nothing_to_do = window_numel == 0 or n_windows == 0 or int(np.prod(op_dims, dtype=np.int64)) == 0
 
-    comp_name = inst.attrs.get("to_apply")
-    if not isinstance(comp_name, str):
-        raise inst.error("scatter needs a to_apply computation")
+    comp_name = inst.attrs["to_apply"]
     comp_ir = ctx.computation_ir(comp_name)
     out_dtypes = [s.dtype for s in operand_shapes]
     reducer = binary_reducer(comp_ir) if n == 1 else None

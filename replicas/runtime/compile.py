@@ -25,6 +25,7 @@ import numpy as np
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.hlo.opcodes import SIDE_EFFECT_OPCODES
+from replicas.hlo.verify import verify
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Executable:
     def from_bytes(data: bytes) -> Executable:
         from replicas.hlo.serialize import module_from_bytes
 
-        return compile_module(module_from_bytes(data), verified=True)
+        return compile_module(module_from_bytes(data))
 
     def bytes(self) -> bytes:
         """`to_bytes()`, serialized once per executable (it travels to every actor on every run)."""
@@ -89,8 +90,9 @@ _COMPILED_SIZE = 16
 _COMPILED_LOCK = threading.Lock()
 
 
-def compile_module(module: Module, *, verified: bool = False, num_replicas: int | None = None) -> Executable:
-    """The module verified (unless `verified`) and scheduled: once per module content."""
+def compile_module(module: Module, *, num_replicas: int | None = None) -> Executable:
+    """The module verified and scheduled, once per module content: nothing reaches a kernel
+    unverified, so kernels trust the IR (they check only what depends on runtime values)."""
     key = module_fingerprint(module)
     with _COMPILED_LOCK:
         entry = _COMPILED.get(key)
@@ -98,18 +100,12 @@ def compile_module(module: Module, *, verified: bool = False, num_replicas: int 
             _COMPILED.move_to_end(key)
     if entry is not None and (entry[0].module is module or module_fingerprint(entry[0].module) == key):
         executable, verified_for = entry
-        if not verified and num_replicas not in verified_for:
-            from replicas.hlo.verify import verify
-
+        if num_replicas not in verified_for:
             verify(module, num_replicas=num_replicas)
             verified_for.add(num_replicas)
         return executable
-    verified_for: set[int | None] = set()
-    if not verified:
-        from replicas.hlo.verify import verify
-
-        verify(module, num_replicas=num_replicas)
-        verified_for.add(num_replicas)
+    verify(module, num_replicas=num_replicas)
+    verified_for: set[int | None] = {num_replicas}
     schedules = {name: schedule_computation(comp) for name, comp in module.computations.items()}
     executable = Executable(module, schedules, key)
     with _COMPILED_LOCK:
@@ -119,40 +115,35 @@ def compile_module(module: Module, *, verified: bool = False, num_replicas: int 
     return executable
 
 
-_BOUNDED: dict[bytes, bool] = {}
+# (fingerprint, question) -> answer, for questions asked of a program on every run.
+_ANSWERS: dict[tuple[bytes, str], bool] = {}
+
+
+def _any_opcode(executable: Executable, question: str, test: Any) -> bool:
+    key = (executable.fingerprint, question)
+    found = _ANSWERS.get(key) if executable.fingerprint else None
+    if found is None:
+        found = any(test(inst.opcode) for _, inst in executable.module.instructions())
+        if executable.fingerprint:
+            if len(_ANSWERS) > 2048:
+                _ANSWERS.clear()
+            _ANSWERS[key] = found
+    return found
 
 
 def runs_bounded_alone(executable: Executable) -> bool:
     """True when one replica of the program always finishes on its own, in bounded time: no loop,
     no communication, no feed, no custom call (nothing that can wait or run long). Such a program
     may run in the caller's thread instead of a replica thread of its own."""
-    key = executable.fingerprint
-    found = _BOUNDED.get(key) if key else None
-    if found is None:
-        found = not any(inst.opcode == "while" or inst.opcode in SIDE_EFFECT_OPCODES
-                        for _, inst in executable.module.instructions())
-        if key:
-            if len(_BOUNDED) > 1024:
-                _BOUNDED.clear()
-            _BOUNDED[key] = found
-    return found
+    return not _any_opcode(executable, "waits", lambda op: op == "while" or op in SIDE_EFFECT_OPCODES)
 
 
 _BLAS_OPCODES = frozenset({"dot", "convolution", "cholesky", "triangular-solve", "custom-call", "fft"})
-_USES_BLAS: dict[bytes, bool] = {}
 
 
 def uses_blas(executable: Executable) -> bool:
     """True when the program has ops that call BLAS/LAPACK (whose thread pools are worth sizing)."""
-    key = executable.fingerprint
-    found = _USES_BLAS.get(key) if key else None
-    if found is None:
-        found = any(inst.opcode in _BLAS_OPCODES for _, inst in executable.module.instructions())
-        if key:
-            if len(_USES_BLAS) > 1024:
-                _USES_BLAS.clear()
-            _USES_BLAS[key] = found
-    return found
+    return _any_opcode(executable, "blas", _BLAS_OPCODES.__contains__)
 
 
 def module_fingerprint(module: Module) -> bytes:

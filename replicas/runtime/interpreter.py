@@ -367,10 +367,13 @@ def checkout(executable: Executable, replica_id: int, fabric: Any, num_replicas:
 
 
 def checkin(interp: Interpreter) -> None:
-    """Return an interpreter whose execution has ended (finished or failed) to the pool."""
+    """Return an interpreter whose execution has ended (finished or failed) to the pool, holding
+    nothing of its job (the fabric, and through it the job's mailbox and shared memory, are let go)."""
     fingerprint = interp.executable.fingerprint
     if not fingerprint:
         return
+    interp.fabric.attach(None)
+    interp.mailbox = interp.every_instruction_recorder = interp.current = None
     key = (fingerprint, interp.replica_id, interp.num_replicas)
     with _POOL_LOCK:
         _POOL.setdefault(key, []).append(interp)

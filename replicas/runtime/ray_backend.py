@@ -290,8 +290,14 @@ class ReplicaHost:
     def from_channel(self, replica: int, channel_id: int, timeout: float | None) -> Any:
         return self._mailboxes[replica].get_from_channel(channel_id, timeout)
 
-    def events(self) -> dict[int, list[dict[str, Any]]]:
-        return {r: runner.recorder.events() for r, runner in self._runners.items()}
+    def events(self) -> bytes:
+        """The hosted replicas' flight recorders, pickled here: Ray would send dicts and lists as
+        msgpack, which repeats every shared object (each collective event's group and fingerprint,
+        1024 ids at N=1024: 1.4 GB in the driver for 12k events); one pickle keeps one copy."""
+        import pickle
+
+        return pickle.dumps({r: runner.recorder.events() for r, runner in self._runners.items()},
+                            protocol=pickle.HIGHEST_PROTOCOL)
 
     def drain(self) -> dict[int, tuple[list[Any], dict[int, list[Any]]]]:
         """Take every value the replicas wrote to the host and nobody read yet."""
@@ -507,10 +513,12 @@ class RayBackend:
         return merged
 
     def events(self) -> dict[int, list[dict[str, Any]]]:
+        import pickle
+
         merged: dict[int, list[dict[str, Any]]] = {}
         try:
             for part in self._ray.get([a.events.remote() for a in self._actors], timeout=10):
-                merged.update(part)
+                merged.update(pickle.loads(part))  # noqa: S301 - our own actors' bytes
         except Exception:  # noqa: BLE001 - events are a best-effort addition to a report
             pass
         return merged

@@ -8,7 +8,7 @@
 
 Every op infers its shape when it is added (ProgramError naming the op and the rule otherwise);
 instructions follow docs/ir.md, are named `<opcode>.<n>` (unique in the module) and keep their
-creation order. The methods are grouped by family in the `builder/*.py` mixins.
+creation order. The methods live in one mixin per op family (`builder/<family>.py`, named as in `replicas/ops/`).
 """
 
 from __future__ import annotations
@@ -16,15 +16,39 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from replicas.errors import ProgramError
-from replicas.hlo.builder.collectives import CommOps, format_source_target_pairs
-from replicas.hlo.builder.control_flow import ComputeOps, conv_dimension_numbers, padding_pairs
+from replicas.hlo.builder.batch_norm import BatchNormOps
+from replicas.hlo.builder.channels import ChannelOps
+from replicas.hlo.builder.collectives import CollectiveOps, format_source_target_pairs
+from replicas.hlo.builder.compare import CompareOps
+from replicas.hlo.builder.control_flow import ControlFlowOps
+from replicas.hlo.builder.convert import ConvertOps
+from replicas.hlo.builder.convolution import ConvolutionOps, conv_dimension_numbers, padding_pairs
 from replicas.hlo.builder.core import XlaOp
-from replicas.hlo.builder.elementwise import ElementwiseOps
-from replicas.hlo.builder.shape_ops import DataOps
+from replicas.hlo.builder.custom_call import CustomCallOps
+from replicas.hlo.builder.dot import DotOps
+from replicas.hlo.builder.dynamic_shapes import DynamicShapeOps
+from replicas.hlo.builder.elementwise_binary import ElementwiseBinaryOps
+from replicas.hlo.builder.elementwise_unary import ElementwiseUnaryOps
+from replicas.hlo.builder.fft import FftOps
+from replicas.hlo.builder.gather import GatherOps
+from replicas.hlo.builder.linalg import LinalgOps
+from replicas.hlo.builder.reduce import ReduceOps
+from replicas.hlo.builder.reduce_window import ReduceWindowOps
+from replicas.hlo.builder.rng import RngOps
+from replicas.hlo.builder.scatter import ScatterOps
+from replicas.hlo.builder.select import SelectOps
+from replicas.hlo.builder.shape_ops import ShapeOps
+from replicas.hlo.builder.slicing import SlicingOps
+from replicas.hlo.builder.sort import SortOps
+from replicas.hlo.builder.topk import TopKOps
+from replicas.hlo.builder.tuples import TupleOps
 from replicas.hlo.ir import Computation, Instruction, Module
 
 
-class XlaBuilder(ElementwiseOps, DataOps, ComputeOps, CommOps):
+class XlaBuilder(BatchNormOps, ChannelOps, CollectiveOps, CompareOps, ControlFlowOps, ConvertOps, ConvolutionOps,
+                 CustomCallOps, DotOps, DynamicShapeOps, ElementwiseBinaryOps, ElementwiseUnaryOps,
+                 FftOps, GatherOps, LinalgOps, ReduceOps, ReduceWindowOps, RngOps, ScatterOps, SelectOps,
+                 ShapeOps, SlicingOps, SortOps, TopKOps, TupleOps):
     """Builds one computation (the entry of the Module `build` returns)."""
 
     def __init__(self, name: str, replica_count: int | None = None) -> None:

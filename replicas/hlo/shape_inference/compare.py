@@ -31,6 +31,6 @@ def _compare(c: Ctx) -> Shape:
         if ctype not in allowed:
             raise c.fail(f"comparison type {ctype} does not fit {t.value} operands (expected "
                          f"{' or '.join(allowed)})")
-    if t.is_complex and direction not in ("EQ", "NE") and ctype != "TOTALORDER":
+    if t.is_complex and direction not in ("EQ", "NE"):
         raise c.fail(f"complex operands can only be compared with EQ or NE, got {direction}")
     return lhs.with_element_type(PRED)

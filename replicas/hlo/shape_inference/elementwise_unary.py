@@ -5,11 +5,11 @@ from __future__ import annotations
 from replicas.hlo.shape_inference.base import PRED, Ctx, rule
 from replicas.shapes import PrimitiveType, Shape
 
-_FLOAT_ONLY = ("floor", "ceil", "erf", "round-nearest-afz", "round-nearest-even", "is-finite")
+_FLOAT_ONLY = ("floor", "ceil", "erf", "round-nearest-afz", "round-nearest-even", "is-finite", "cbrt")
 
 
 _FLOAT_OR_COMPLEX = ("cosine", "sine", "exponential", "exponential-minus-one", "log", "log-plus-one",
-                     "logistic", "rsqrt", "sqrt", "cbrt", "tan", "tanh",
+                     "logistic", "rsqrt", "sqrt", "tan", "tanh",
                      # Not XLA HLO opcodes, but kernels exist for them (CHLO-style decompositions).
                      "acos", "acosh", "asin", "asinh", "atan", "atanh", "cosh", "sinh")
 

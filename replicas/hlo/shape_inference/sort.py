@@ -26,4 +26,6 @@ def _sort(c: Ctx) -> Shape:
         raise c.fail(f"dimensions {dims} must hold one dimension of the rank {first.rank} operands")
     types = [t for s in c.operands for t in (s.element_type, s.element_type)]
     check_scalar_computation(c, c.computation("to_apply"), types, [PRED], "comparator")
+    if len(c.operands) == 1 and c.result is not None and c.result.is_tuple:
+        return Shape.tuple(list(c.operands))  # a one-operand sort may also declare a tuple of one
     return tuple_or_single(list(c.operands))
