@@ -72,7 +72,7 @@ def configure(*, max_replicas: int | None = None, max_bytes: int | None = None) 
     changes: dict[str, int] = {}
     for name, value in (("max_replicas", max_replicas), ("max_bytes", max_bytes)):
         if value is not None:
-            if not _is_int(value) or value < 1:
+            if not is_integer(value) or value < 1:
                 raise ProgramError(f"{name} must be a positive integer, got {value!r}")
             changes[name] = int(value)
     _current = replace(_current, **changes)
@@ -84,7 +84,8 @@ def restore(limits: Limits) -> None:
     _current = limits
 
 
-def _is_int(value: Any) -> bool:
+def is_integer(value: Any) -> bool:
+    """A Python or numpy integer, not a bool."""
     import numpy as np
 
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
@@ -92,7 +93,7 @@ def _is_int(value: Any) -> bool:
 
 def check_replicas(value: Any, what: str = "num_replicas") -> int:
     """`value` as a replica count in [1, max_replicas], or ProgramError naming `what`."""
-    if not _is_int(value):
+    if not is_integer(value):
         raise ProgramError(f"{what} must be an integer, got {type(value).__name__} {_short(value)}")
     n = int(value)
     if n < 1:
@@ -167,10 +168,7 @@ def id_ranges(ids: Iterable[int], limit: int = MAX_LISTED_RANGES) -> str:
             ranges[-1] = (ranges[-1][0], i)
         elif not ranges or i != ranges[-1][1]:
             ranges.append((i, i))
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges[:limit])
-    if len(ranges) > limit:
-        text += f" (and {len(ranges) - limit} more ranges)"
-    return text
+    return _ranges_text(ranges, limit)
 
 
 def missing_ids(present: Iterable[int], n: int) -> str:
@@ -183,9 +181,13 @@ def missing_ids(present: Iterable[int], n: int) -> str:
         previous = i
     if previous < n - 1:
         gaps.append((previous + 1, n - 1))
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in gaps[:MAX_LISTED_RANGES])
-    if len(gaps) > MAX_LISTED_RANGES:
-        text += f" (and {len(gaps) - MAX_LISTED_RANGES} more ranges)"
+    return _ranges_text(gaps, MAX_LISTED_RANGES)
+
+
+def _ranges_text(ranges: list[tuple[int, int]], limit: int) -> str:
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges[:limit])
+    if len(ranges) > limit:
+        text += f" (and {len(ranges) - limit} more ranges)"
     return text
 
 
@@ -202,4 +204,4 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 __all__ = ["Limits", "current", "configure", "restore", "check_replicas", "check_shape", "check_module",
-           "shape_bytes", "format_bytes", "id_ranges", "missing_ids", "short_text"]
+           "shape_bytes", "format_bytes", "id_ranges", "missing_ids", "short_text", "is_integer"]

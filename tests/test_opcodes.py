@@ -63,3 +63,11 @@ def test_builder_modules_are_named_for_families():
     families = {op.family for op in OPCODES.values()}
     modules = {m.name for m in pkgutil.iter_modules(builder.__path__)} - {"core"}
     assert modules <= families, modules - families
+
+
+def test_collectives_keep_their_order_and_name_their_peers():
+    for op in OPCODES.values():
+        if op.collective:
+            assert op.side_effect and op.grouping in ("groups", "pairs"), op.name
+        for start in op.done_of:
+            assert OPCODES[start].side_effect == op.side_effect, op.name  # a pair keeps its order, or neither

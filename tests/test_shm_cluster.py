@@ -17,7 +17,6 @@ import textwrap
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PORT = 6790  # its own ports (PORT .. PORT + 299), apart from test_cluster.py's
 
 DRIVER = textwrap.dedent("""
     import json, sys
@@ -46,7 +45,10 @@ DRIVER = textwrap.dedent("""
 
 @pytest.mark.cluster
 def test_same_node_pairs_use_shared_memory_and_cross_node_pairs_do_not(tmp_path):
+    from test_cluster import _free_port_block
     from test_shm import COLLECTIVES, SIZE
+
+    port = _free_port_block()  # other runs on this machine start clusters too
 
     program = tmp_path / "c.hlo"
     program.write_text(COLLECTIVES.format(e=SIZE, g=4 * SIZE, q=SIZE // 4))
@@ -55,7 +57,7 @@ def test_same_node_pairs_use_shared_memory_and_cross_node_pairs_do_not(tmp_path)
                REPLICAS_CLUSTER_DIR=cluster_dir, RAY_AUTH_MODE="disabled")
     env.pop("RAY_ADDRESS", None)  # set by this process's own Ray session
     script = ROOT / "cluster" / "local_cluster.sh"
-    started = subprocess.run(["bash", str(script), "start", str(PORT)], env=env, capture_output=True, text=True,
+    started = subprocess.run(["bash", str(script), "start", str(port)], env=env, capture_output=True, text=True,
                              timeout=180)
     try:
         assert started.returncode == 0, started.stdout + started.stderr
@@ -67,7 +69,7 @@ def test_same_node_pairs_use_shared_memory_and_cross_node_pairs_do_not(tmp_path)
         assert out.returncode == 0, out.stdout + out.stderr[-4000:]
         report = json.loads(out.stdout.strip().splitlines()[-1])
     finally:
-        subprocess.run(["bash", str(script), "stop", str(PORT)], env=env, capture_output=True, timeout=60)
+        subprocess.run(["bash", str(script), "stop", str(port)], env=env, capture_output=True, timeout=60)
         shutil.rmtree(cluster_dir, ignore_errors=True)
     assert report["equal"]
     nodes = report["nodes"]

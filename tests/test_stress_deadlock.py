@@ -119,7 +119,7 @@ def _runs(backend: str, n: int, correct: int, planted: int, scale: float, timeou
 
 
 def test_no_false_deadlocks_and_every_planted_one_found_on_threads():
-    _runs("threads", n=4, correct=100, planted=30, scale=0.02, timeout=30)
+    _runs("threads", n=4, correct=70, planted=20, scale=0.02, timeout=30)
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -128,4 +128,4 @@ def test_no_false_deadlocks_and_every_planted_one_found_on_ray():
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the jitter call runs in the actors
-    _runs("ray", n=3, correct=6, planted=3, scale=0.05, timeout=30)
+    _runs("ray", n=3, correct=4, planted=3, scale=0.05, timeout=120)  # start-up counts: a loaded machine

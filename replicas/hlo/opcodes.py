@@ -119,7 +119,6 @@ for _op in _TABLE:
 
 KNOWN_OPCODES = frozenset(OPCODES)
 SIDE_EFFECT_OPCODES = frozenset(op.name for op in _TABLE if op.side_effect)
-COLLECTIVE_OPCODES = frozenset(op.name for op in _TABLE if op.collective)
 GROUPED_OPCODES = frozenset(op.name for op in _TABLE if op.grouping == "groups")
 PAIRED_OPCODES = frozenset(op.name for op in _TABLE if op.grouping == "pairs")
 DONE_OF = {op.name: op.done_of for op in _TABLE if op.done_of}

@@ -16,13 +16,13 @@ from replicas.ops.elementwise_util import (
     F32,
     INT_OF_WIDTH,
     Compute,
+    elementwise_kernel,
     finish,
     is_narrow_float,
     native_loop,
     operand_types,
-    sub_byte_kernel,
 )
-from replicas.ops.registry import KernelContext, kernel
+from replicas.ops.registry import KernelContext
 
 _DIRECTIONS: dict[str, np.ufunc] = {
     "EQ": np.equal, "NE": np.not_equal, "GE": np.greater_equal, "GT": np.greater,
@@ -40,11 +40,8 @@ def total_order_keys(x: np.ndarray) -> np.ndarray:
     return np.bitwise_xor(bits, flip, out=flip)
 
 
-@kernel("compare")
+@elementwise_kernel("compare")
 def make_compare(inst: Instruction, ctx: KernelContext) -> Compute:
-    sub_byte = sub_byte_kernel(inst, ctx, make_compare)
-    if sub_byte is not None:
-        return sub_byte
     t = operand_types(inst, ctx)[0]
     direction = inst.attrs["comparison_direction"]
     ufunc = _DIRECTIONS[direction]

@@ -22,10 +22,10 @@ from replicas.ops.elementwise_util import (
     SIGNED_OF,
     UNSIGNED_OF,
     Compute,
+    elementwise_kernel,
     finish,
     float_compute,
     operand_types,
-    sub_byte_kernel,
 )
 from replicas.ops.registry import KernelContext, kernel
 from replicas.shapes import PrimitiveType
@@ -58,11 +58,8 @@ def _binary_type(inst: Instruction, ctx: KernelContext) -> PrimitiveType:
     return lhs
 
 
-@kernel(*_ARITHMETIC)
+@elementwise_kernel(*_ARITHMETIC)
 def make_binary(inst: Instruction, ctx: KernelContext) -> Compute:
-    sub_byte = sub_byte_kernel(inst, ctx, make_binary)
-    if sub_byte is not None:
-        return sub_byte
     t = _binary_type(inst, ctx)
     op = inst.opcode
     table = (_PRED if t is PrimitiveType.PRED else _COMPLEX_UFUNCS if t.is_complex

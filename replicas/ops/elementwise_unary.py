@@ -19,12 +19,12 @@ from replicas.ops.elementwise_util import (
     F64,
     UNSIGNED_OF,
     Compute,
+    elementwise_kernel,
     finish,
     float_compute,
     in_f32,
     is_narrow_float,
     operand_types,
-    sub_byte_kernel,
 )
 from replicas.ops.registry import KernelContext, kernel
 from replicas.shapes import PrimitiveType
@@ -156,11 +156,8 @@ def make_erf(inst: Instruction, ctx: KernelContext) -> Compute:
     return finish(inst, lambda x: _erf64(x).astype(dtype))
 
 
-@kernel("abs")
+@elementwise_kernel("abs")
 def make_abs(inst: Instruction, ctx: KernelContext) -> Compute:
-    sub_byte = sub_byte_kernel(inst, ctx, make_abs)
-    if sub_byte is not None:
-        return sub_byte
     t = _unary_type(inst, ctx)
     if t.is_complex:
         return finish(inst, np.abs)
@@ -171,22 +168,16 @@ def make_abs(inst: Instruction, ctx: KernelContext) -> Compute:
     return finish(inst, float_compute(np.abs, t, 1))
 
 
-@kernel("negate")
+@elementwise_kernel("negate")
 def make_negate(inst: Instruction, ctx: KernelContext) -> Compute:
-    sub_byte = sub_byte_kernel(inst, ctx, make_negate)
-    if sub_byte is not None:
-        return sub_byte
     t = _unary_type(inst, ctx)
     if t.is_integral:
         return finish(inst, np.negative)
     return finish(inst, float_compute(np.negative, t, 1))
 
 
-@kernel("sign")
+@elementwise_kernel("sign")
 def make_sign(inst: Instruction, ctx: KernelContext) -> Compute:
-    sub_byte = sub_byte_kernel(inst, ctx, make_sign)
-    if sub_byte is not None:
-        return sub_byte
     t = _unary_type(inst, ctx)
     if t.is_integral:
         return finish(inst, np.sign)
@@ -211,11 +202,8 @@ def make_sign(inst: Instruction, ctx: KernelContext) -> Compute:
     return _float_only(inst, t, float_sign)
 
 
-@kernel("not")
+@elementwise_kernel("not")
 def make_not(inst: Instruction, ctx: KernelContext) -> Compute:
-    sub_byte = sub_byte_kernel(inst, ctx, make_not)
-    if sub_byte is not None:
-        return sub_byte
     t = _unary_type(inst, ctx)
     return finish(inst, np.logical_not if t is PrimitiveType.PRED else np.invert)
 
@@ -233,11 +221,8 @@ def _bit_length(u: np.ndarray, bits: int) -> np.ndarray:
     return np.where(high != 0, _bit_length32(high) + 32, _bit_length32(low))
 
 
-@kernel("count-leading-zeros")
+@elementwise_kernel("count-leading-zeros")
 def make_clz(inst: Instruction, ctx: KernelContext) -> Compute:
-    sub_byte = sub_byte_kernel(inst, ctx, make_clz)
-    if sub_byte is not None:
-        return sub_byte
     t = _unary_type(inst, ctx)
     dtype, unsigned, bits = t.dtype, UNSIGNED_OF[t.dtype], t.bit_width
 
@@ -260,11 +245,8 @@ def _popcount_swar(u: np.ndarray, bits: int) -> np.ndarray:
     return (v * np.uint64(_H01)) >> np.uint64(56)
 
 
-@kernel("popcnt")
+@elementwise_kernel("popcnt")
 def make_popcnt(inst: Instruction, ctx: KernelContext) -> Compute:
-    sub_byte = sub_byte_kernel(inst, ctx, make_popcnt)
-    if sub_byte is not None:
-        return sub_byte
     t = _unary_type(inst, ctx)
     dtype, unsigned, bits = t.dtype, UNSIGNED_OF[t.dtype], t.bit_width
     bitwise_count: Callable[[np.ndarray], np.ndarray] | None = getattr(np, "bitwise_count", None)

@@ -12,18 +12,18 @@ emulate the flush: results differ only where an input or a result is subnormal.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from replicas.hlo.ir import Instruction
-from replicas.ops.registry import KernelContext, KernelFactory
+from replicas.ops.registry import KernelContext, KernelFactory, kernel
 from replicas.shapes import PrimitiveType, Shape
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
-BOOL = np.dtype(np.bool_)
 
 Compute = Callable[..., Any]
 
@@ -125,6 +125,21 @@ def _widen(shape: Shape) -> Shape:
 # Ops that read the bits above the value's width: their operand is masked to its own width first.
 # popcnt only for 2-bit types: XLA:CPU counts the sign-extended byte of a negative s4 (and we match it).
 _MASKED = ("shift-right-logical", "count-leading-zeros")
+
+
+def elementwise_kernel(*opcodes: str) -> Callable[[KernelFactory], KernelFactory]:
+    """Register an element-wise kernel factory for `opcodes`; operands or results of s2/s4/u2/u4
+    run the factory's 8-bit kernel with conversions in and out (`sub_byte_kernel`)."""
+
+    def register(factory: KernelFactory) -> KernelFactory:
+        @functools.wraps(factory)
+        def with_sub_byte(inst: Instruction, ctx: KernelContext) -> Compute:
+            return sub_byte_kernel(inst, ctx, factory) or factory(inst, ctx)
+
+        kernel(*opcodes)(with_sub_byte)
+        return factory
+
+    return register
 
 
 def sub_byte_kernel(inst: Instruction, ctx: KernelContext, factory: KernelFactory) -> Compute | None:

@@ -79,9 +79,6 @@ def make_cholesky(inst: Instruction, ctx: KernelContext) -> Callable[[np.ndarray
     return cholesky
 
 
-_TRANSPOSE_MODES = ("NO_TRANSPOSE", "TRANSPOSE", "ADJOINT")
-
-
 def solve_lower_left(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """x with a @ x = b for lower-triangular `a` (batched (..., m, m) and (..., m, n)), by forward substitution."""
     m = a.shape[-1]

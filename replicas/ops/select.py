@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from replicas.hlo.ir import Instruction
-from replicas.ops.elementwise_util import F32, Compute, finish, is_narrow_float, sub_byte_kernel
+from replicas.ops.elementwise_util import F32, Compute, elementwise_kernel, finish, is_narrow_float
 from replicas.ops.registry import KernelContext, kernel
 from replicas.shapes import PrimitiveType
 
@@ -29,11 +29,8 @@ def make_select(inst: Instruction, ctx: KernelContext) -> Compute:
     return finish(inst, np.where)
 
 
-@kernel("clamp")
+@elementwise_kernel("clamp")
 def make_clamp(inst: Instruction, ctx: KernelContext) -> Compute:
-    sub_byte = sub_byte_kernel(inst, ctx, make_clamp)
-    if sub_byte is not None:
-        return sub_byte
     t = ctx.operand_shapes(inst)[1].element_type
     if t is PrimitiveType.PRED:
         def clamp_pred(lo: np.ndarray, x: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from replicas.errors import ProgramError
-from replicas.limits import check_replicas, short_text
+from replicas.limits import check_replicas, is_integer, short_text
 
 
 def _type(value: Any) -> str:
@@ -43,10 +43,6 @@ def check_args_container(args: Any) -> list[Any] | None:
         return list(args)
     except Exception as e:  # noqa: BLE001 - an iterable that fails while iterated
         raise ProgramError(f"args could not be read as a list: {type(e).__name__}: {e}") from None
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def _is_number(value: Any) -> bool:
@@ -89,7 +85,7 @@ def check_launch_options(*, num_replicas: Any, timeout: Any, infeed: Any, trace:
         raise ProgramError(f"backend must be a string, got {_type(backend)}")
     if address is not None and not isinstance(address, str):
         raise ProgramError(f"address must be a string or None, got {_type(address)}")
-    if replicas_per_actor is not None and (not _is_int(replicas_per_actor) or replicas_per_actor < 0):
+    if replicas_per_actor is not None and (not is_integer(replicas_per_actor) or replicas_per_actor < 0):
         raise ProgramError(f"replicas_per_actor must be a positive integer or None, "
                            f"got {short_text(repr(replicas_per_actor))}")
     if infeed is not None:

@@ -115,40 +115,35 @@ def compile_module(module: Module, *, num_replicas: int | None = None) -> Execut
     return executable
 
 
-_BOUNDED: dict[bytes, bool] = {}
+# (fingerprint, question) -> answer, for questions asked of a program on every run.
+_ANSWERS: dict[tuple[bytes, str], bool] = {}
+
+
+def _any_opcode(executable: Executable, question: str, test: Any) -> bool:
+    key = (executable.fingerprint, question)
+    found = _ANSWERS.get(key) if executable.fingerprint else None
+    if found is None:
+        found = any(test(inst.opcode) for _, inst in executable.module.instructions())
+        if executable.fingerprint:
+            if len(_ANSWERS) > 2048:
+                _ANSWERS.clear()
+            _ANSWERS[key] = found
+    return found
 
 
 def runs_bounded_alone(executable: Executable) -> bool:
     """True when one replica of the program always finishes on its own, in bounded time: no loop,
     no communication, no feed, no custom call (nothing that can wait or run long). Such a program
     may run in the caller's thread instead of a replica thread of its own."""
-    key = executable.fingerprint
-    found = _BOUNDED.get(key) if key else None
-    if found is None:
-        found = not any(inst.opcode == "while" or inst.opcode in SIDE_EFFECT_OPCODES
-                        for _, inst in executable.module.instructions())
-        if key:
-            if len(_BOUNDED) > 1024:
-                _BOUNDED.clear()
-            _BOUNDED[key] = found
-    return found
+    return not _any_opcode(executable, "waits", lambda op: op == "while" or op in SIDE_EFFECT_OPCODES)
 
 
 _BLAS_OPCODES = frozenset({"dot", "convolution", "cholesky", "triangular-solve", "custom-call", "fft"})
-_USES_BLAS: dict[bytes, bool] = {}
 
 
 def uses_blas(executable: Executable) -> bool:
     """True when the program has ops that call BLAS/LAPACK (whose thread pools are worth sizing)."""
-    key = executable.fingerprint
-    found = _USES_BLAS.get(key) if key else None
-    if found is None:
-        found = any(inst.opcode in _BLAS_OPCODES for _, inst in executable.module.instructions())
-        if key:
-            if len(_USES_BLAS) > 1024:
-                _USES_BLAS.clear()
-            _USES_BLAS[key] = found
-    return found
+    return _any_opcode(executable, "blas", _BLAS_OPCODES.__contains__)
 
 
 def module_fingerprint(module: Module) -> bytes:

@@ -11,9 +11,10 @@ from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
 from replicas.diagnostics.mismatch import with_sides
-from replicas.diagnostics.monitor import Monitor, deadlock_error
+from replicas.diagnostics.monitor import Monitor
 from replicas.diagnostics.progress import LiveStatus, Progress, host_waits, progress_of
 from replicas.diagnostics.report import Report
+from replicas.diagnostics.wait_for import deadlock_error
 from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError
 from replicas.hlo.ir import Module
 from replicas.limits import check_module, check_replicas
