@@ -243,6 +243,27 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
     return ex.scatter_local(results)
 
 
+def _addressed(ex: Exchange, parts: list[Any], item: Callable[[Any, int], Any]) -> list[list[Any]]:
+    """All-to-all's routing: `out[k][i]` is `item(parts of member i, group index of local member k)`,
+    what member i addressed to local member k (from this process, or from another process's leader
+    in one round: P * (P - 1) messages)."""
+    topo = ex.topo
+    assert topo is not None
+    layout, local = topo.layout, topo.local
+    out: list[list[Any]] = [[None] * len(topo.group) for _ in local]
+    for k_src, i_src in enumerate(local):
+        for k_dst, i_dst in enumerate(local):
+            out[k_dst][i_src] = item(parts[k_src], i_dst)
+    if len(layout.leaders) > 1:
+        got = leaders_exchange(ex, lambda q: [item(p, j) for p in parts for j in layout.processes[q]])
+        for q, items in got.items():
+            it = iter(items)
+            for i_src in layout.processes[q]:
+                for k_dst in range(len(local)):
+                    out[k_dst][i_src] = next(it)
+    return out
+
+
 def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
     """Array form: split along `dim` into group-size chunks, chunk j to member j, written into
     each receiver's result at the sender's position."""
@@ -254,25 +275,15 @@ def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
     parts = ex.gather_local(values)
     if parts is None:
         return ex.result()
-    layout, local = topo.layout, topo.local
-    chunks = [_chunks(p, n, dim) for p in parts]  # [local member][destination group index]
-    outs = [tuple(np.empty_like(v) for v in p) for p in parts]
-
-    def place(k: int, source: int, chunk: Values) -> None:
-        for o, c in zip(outs[k], chunk):
-            width = c.shape[dim]
-            o[_slot(dim, source * width, (source + 1) * width)] = c
-
-    for k_src, i_src in enumerate(local):
-        for k_dst, i_dst in enumerate(local):
-            place(k_dst, i_src, chunks[k_src][i_dst])
-    got = leaders_exchange(ex, lambda q: [chunks[k][j] for k in range(len(local)) for j in layout.processes[q]]) \
-        if len(layout.leaders) > 1 else {}
-    for q, items in got.items():
-        it = iter(items)
-        for i_src in layout.processes[q]:
-            for k_dst in range(len(local)):
-                place(k_dst, i_src, next(it))
+    received = _addressed(ex, [_chunks(p, n, dim) for p in parts], lambda chunks, j: chunks[j])
+    outs = []
+    for k, chunks_in in enumerate(received):
+        out = tuple(np.empty_like(v) for v in parts[k])
+        for source, chunk in enumerate(chunks_in):
+            for o, c in zip(out, chunk):
+                width = c.shape[dim]
+                o[_slot(dim, source * width, (source + 1) * width)] = c
+        outs.append(out)
     return ex.scatter_local(outs)
 
 
@@ -280,25 +291,12 @@ def all_to_all_tuple(ex: Exchange, values: Values) -> Values:
     """Tuple form: operand j goes to member j; result j is what member j sent here."""
     topo = ex.topo
     assert topo is not None
-    n = len(topo.group)
-    if n == 1:
+    if len(topo.group) == 1:
         return values
     parts = ex.gather_local(values)
     if parts is None:
         return ex.result()
-    layout, local = topo.layout, topo.local
-    results: list[list[Any]] = [[None] * n for _ in local]
-    for k_src, i_src in enumerate(local):
-        for k_dst, i_dst in enumerate(local):
-            results[k_dst][i_src] = parts[k_src][i_dst]
-    got = leaders_exchange(ex, lambda q: [parts[k][j] for k in range(len(local)) for j in layout.processes[q]]) \
-        if len(layout.leaders) > 1 else {}
-    for q, items in got.items():
-        it = iter(items)
-        for i_src in layout.processes[q]:
-            for k_dst in range(len(local)):
-                results[k_dst][i_src] = next(it)
-    return ex.scatter_local([tuple(r) for r in results])
+    return ex.scatter_local([tuple(r) for r in _addressed(ex, parts, lambda operands, j: operands[j])])
 
 
 # -- broadcast, permute ------------------------------------------------------------------------------
