@@ -117,9 +117,6 @@ class Side:
         del y
         return time.perf_counter() - t0
 
-    def close_arena(self) -> None:
-        self.outbox.close()
-        self.inbox.close()
 
 
 def main() -> None:
@@ -131,6 +128,7 @@ def main() -> None:
     import ray
 
     from replicas.runtime.ray_backend import ensure_ray
+    from replicas.runtime.shm import remove_job_segments
 
     ensure_ray()
     print(f"# moving one buffer between two actors of a node, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
@@ -143,26 +141,28 @@ def main() -> None:
     ray.get(b.open_arena.remote(token, 1))
     k = args.messages
     rows = []
-    for s in [parse_size(x) for x in args.sizes.split(",")]:
-        samples: dict[str, list[float]] = {"object-store": [], "channel": [], "channel-kept": [], "arena": []}
-        channel = ray.get(a.make_channel.remote([(b, node)], s))
-        for _ in range(args.repeats):
-            total = 0.0
-            for _ in range(k):
-                put_time, refs = ray.get(a.put.remote(s))
-                total += put_time + ray.get(b.get.remote(refs))
-                del refs
-            samples["object-store"].append(total / k)
-            for name, keep in (("channel", False), ("channel-kept", True)):
-                w, r = a.write.remote(channel, s, k), b.read.remote(channel, k, keep)
-                samples[name].append(max(ray.get([w, r])) / k)
-            total = 0.0
-            for _ in range(k):
-                put_time, ref = ray.get(a.arena_put.remote(s))
-                total += put_time + ray.get(b.arena_get.remote(ref))
-            samples["arena"].append(total / k)
-        rows.append((s, samples))
-    ray.get([a.close_arena.remote(), b.close_arena.remote()])
+    try:
+        for s in [parse_size(x) for x in args.sizes.split(",")]:
+            samples: dict[str, list[float]] = {"object-store": [], "channel": [], "channel-kept": [], "arena": []}
+            channel = ray.get(a.make_channel.remote([(b, node)], s))
+            for _ in range(args.repeats):
+                total = 0.0
+                for _ in range(k):
+                    put_time, refs = ray.get(a.put.remote(s))
+                    total += put_time + ray.get(b.get.remote(refs))
+                    del refs
+                samples["object-store"].append(total / k)
+                for name, keep in (("channel", False), ("channel-kept", True)):
+                    w, r = a.write.remote(channel, s, k), b.read.remote(channel, k, keep)
+                    samples[name].append(max(ray.get([w, r])) / k)
+                total = 0.0
+                for _ in range(k):
+                    put_time, ref = ray.get(a.arena_put.remote(s))
+                    total += put_time + ray.get(b.arena_get.remote(ref))
+                samples["arena"].append(total / k)
+            rows.append((s, samples))
+    finally:  # the arenas go whatever happened (a failed run must not leave them under /dev/shm)
+        remove_job_segments(token)
     print("| size | object store (put + get) | mutable channel (write/read) | channel, value kept (+ copy) "
           "| arena (put + view) |")
     print("|---|---|---|---|---|")
