@@ -37,6 +37,9 @@ from replicas.runtime.compile import compile_module
 from replicas.runtime.job import prepare
 
 SCALE = float(os.environ.get("REPLICAS_FUZZ_SCALE", "1"))
+# The suite's runs are reproducible (the same examples every run, so a red run is a real finding,
+# not luck); REPLICAS_FUZZ_RANDOM=1 explores new examples, and what they find joins the corpus.
+EXPLORE = os.environ.get("REPLICAS_FUZZ_RANDOM") == "1"
 RAN: dict[str, int] = {}  # examples run per fuzz test (printed with -s)
 
 
@@ -47,7 +50,7 @@ def fuzz(name: str, seconds: float, cap: int, body, **strategies) -> None:
     failed = []
 
     def run(n: int) -> None:
-        @settings(max_examples=n, deadline=None, database=None,
+        @settings(max_examples=n, deadline=None, database=None, derandomize=not EXPLORE,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                          HealthCheck.filter_too_much])
         @given(**strategies)
