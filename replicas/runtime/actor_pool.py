@@ -30,12 +30,16 @@ class ActorPool:
             self._idle.clear()
             self._session = session
 
-    def acquire(self, options: dict[str, Any]) -> Any:
+    def acquire(self, options: dict[str, Any]) -> tuple[Any, bool]:
+        """An actor for `options` and whether it came from the pool (an idle actor may have died
+        since it was released: the caller replaces it with `fresh` at first contact)."""
         self._check_session()
-        key = _options_key(options)
-        idle = self._idle.get(key)
+        idle = self._idle.get(_options_key(options))
         if idle:
-            return idle.pop()
+            return idle.pop(), True
+        return self.fresh(options), False
+
+    def fresh(self, options: dict[str, Any]) -> Any:
         return self._actor_class().options(**options).remote()
 
     def release(self, actors_with_options: list[tuple[Any, dict[str, Any]]], stop_timeout: float = 2.0) -> None:

@@ -382,9 +382,11 @@ class RayBackend:
         if why is not None:
             raise ReplicaFailure(why, groups[0][0])
         across_nodes = sum(1 for node in nodes if node.get("Alive")) > 1
+        pooled = []
         for ids, options in zip(groups, self._options):
-            actor = POOL.acquire(options)
+            actor, from_pool = POOL.acquire(options)
             self._actors.append(actor)
+            pooled.append(from_pool)
             for r in ids:
                 self._actor_of[r] = actor
         module_ref = ray.put(executable.bytes())  # serialized once per program; one object for every actor
@@ -393,8 +395,7 @@ class RayBackend:
         calls = registered_custom_calls() or None
         self._token = secrets.token_hex(8)
         try:
-            addresses = self._started([a.wire_address.remote(_AUTHKEY, across_nodes) for a in self._actors],
-                                      deadline, timeout)
+            addresses = self._started(self._first_contact(pooled, across_nodes, deadline), deadline, timeout)
             wire_routes = {r: address for address, ids in zip(addresses, groups) for r in ids}
             self._started([a.setup.remote(self._token, ids, n, module_ref, strict, record_every_instruction, calls,
                                           trace_events)
@@ -412,6 +413,30 @@ class RayBackend:
             if isinstance(e, ReplicasError):
                 raise
             raise _unwrap(e) from None
+
+    def _first_contact(self, pooled: list[bool], across_nodes: bool, deadline: float | None) -> list[Any]:
+        """Each actor's wire address (refs). A pooled actor that died while idle (killed, out of
+        memory) is replaced by a fresh one; a fresh actor that dies is the job's failure (`_started`)."""
+        from ray.exceptions import RayActorError
+
+        refs = [a.wire_address.remote(_AUTHKEY, across_nodes) for a in self._actors]
+        if not any(pooled):
+            return refs
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=left)
+        ready_set = set(ready)
+        for i, ref in enumerate(refs):
+            if not pooled[i] or ref not in ready_set:
+                continue  # still busy or unplaced: `_started` reports it within the timeout
+            try:
+                self._ray.get(ref, timeout=0)
+            except RayActorError:
+                POOL.discard([self._actors[i]])
+                self._actors[i] = POOL.fresh(self._options[i])
+                for r in self._groups[i]:
+                    self._actor_of[r] = self._actors[i]
+                refs[i] = self._actors[i].wire_address.remote(_AUTHKEY, across_nodes)
+        return refs
 
     def _started(self, refs: list[Any], deadline: float | None, timeout: float | None) -> list[Any]:
         """One start-up step (a call per actor), within what is left of the job's timeout."""
