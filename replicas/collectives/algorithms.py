@@ -82,7 +82,6 @@ def recursive_doubling(ex: Exchange, value: Any, merge: Callable[[Any, Any], Any
     log2(P) rounds of one message each, plus one fold-in and one fold-out round for the processes
     beyond the largest power of two."""
     topo = ex.topo
-    assert topo is not None
     leaders, pos = topo.layout.leaders, topo.position
     m = 1 << (len(leaders).bit_length() - 1)
     extra = len(leaders) - m
@@ -108,7 +107,6 @@ def recursive_doubling(ex: Exchange, value: Any, merge: Callable[[Any, Any], Any
 
 def leaders_all_reduce(ex: Exchange, acc: Values, combine: Combine) -> Values:
     topo = ex.topo
-    assert topo is not None
     leaders, pos = topo.layout.leaders, topo.position
     p = len(leaders)
     if p == 1:
@@ -150,7 +148,6 @@ def leaders_all_reduce(ex: Exchange, acc: Values, combine: Combine) -> Values:
 def leaders_gather(ex: Exchange, mine: list[Any]) -> list[Any]:
     """Concatenated lists of every process's items (their order is not significant)."""
     topo = ex.topo
-    assert topo is not None
     p = len(topo.layout.leaders)
     if p == 1:
         return mine
@@ -166,7 +163,6 @@ def leaders_exchange(ex: Exchange, payload_for: Callable[[int], Any]) -> dict[in
     """One round in which each leader sends `payload_for(q)` to the leader of process q; the
     payloads received, by process position. (All-to-all's pairs of processes: P * (P - 1).)"""
     topo = ex.topo
-    assert topo is not None
     leaders, pos = topo.layout.leaders, topo.position
     for q, r in enumerate(leaders):
         if q != pos:
@@ -179,7 +175,6 @@ def leaders_exchange(ex: Exchange, payload_for: Callable[[int], Any]) -> dict[in
 
 def all_reduce(ex: Exchange, values: Values, combine: Combine) -> Values:
     topo = ex.topo
-    assert topo is not None
     if len(topo.group) == 1:
         return values
     parts = ex.gather_local(values)
@@ -193,7 +188,6 @@ def all_reduce(ex: Exchange, values: Values, combine: Combine) -> Values:
 
 def all_gather(ex: Exchange, values: Values, dim: int) -> Values:
     topo = ex.topo
-    assert topo is not None
     n = len(topo.group)
     if n == 1:
         return values
@@ -221,7 +215,6 @@ def _chunks(values: Values, n: int, dim: int) -> list[Values]:
 
 def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> Values:
     topo = ex.topo
-    assert topo is not None
     n = len(topo.group)
     if n == 1:
         return values
@@ -248,7 +241,6 @@ def _addressed(ex: Exchange, parts: list[Any], item: Callable[[Any, int], Any]) 
     what member i addressed to local member k (from this process, or from another process's leader
     in one round: P * (P - 1) messages)."""
     topo = ex.topo
-    assert topo is not None
     layout, local = topo.layout, topo.local
     out: list[list[Any]] = [[None] * len(topo.group) for _ in local]
     for k_src, i_src in enumerate(local):
@@ -268,7 +260,6 @@ def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
     """Array form: split along `dim` into group-size chunks, chunk j to member j, written into
     each receiver's result at the sender's position."""
     topo = ex.topo
-    assert topo is not None
     n = len(topo.group)
     if n == 1:
         return values
@@ -290,7 +281,6 @@ def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
 def all_to_all_tuple(ex: Exchange, values: Values) -> Values:
     """Tuple form: operand j goes to member j; result j is what member j sent here."""
     topo = ex.topo
-    assert topo is not None
     if len(topo.group) == 1:
         return values
     parts = ex.gather_local(values)
@@ -305,7 +295,6 @@ def collective_broadcast(ex: Exchange, value: Any) -> Any:
     """The first member of the group sends its operand to the others. It leads the first process,
     so it sends once per other process; their leaders hand the value on."""
     topo = ex.topo
-    assert topo is not None
     if len(topo.group) == 1:
         return value
     parts = ex.gather_local(value)

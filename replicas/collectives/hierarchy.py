@@ -116,7 +116,7 @@ def topology(group: Group, index: int, placement: Sequence[int]) -> Topology:
 class Exchange:
     """The messages of one collective on one replica."""
 
-    __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "topo")
+    __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "_topo")
 
     def __init__(self, fabric: Fabric, seq: int, fingerprint: Fingerprint, block: BlockInfo,
                  topo: Topology | None) -> None:
@@ -125,7 +125,14 @@ class Exchange:
         self.me = fabric.replica_id
         self.fingerprint = fingerprint
         self.block = block
-        self.topo = topo
+        self._topo = topo
+
+    @property
+    def topo(self) -> Topology:
+        """Where the group's members live (group collectives only; point-to-point ones have none)."""
+        if self._topo is None:
+            raise AssertionError(f"collective #{self.seq} is point-to-point: it has no group topology")
+        return self._topo
 
     def send(self, dst: int, round_: int, payload: Any) -> None:
         self.fabric.send(dst, keys.collective(self.seq, round_), (self.fingerprint.wire, payload))
@@ -151,7 +158,6 @@ class Exchange:
         """On the leader: every local member's payload, in group order. Elsewhere: hand `payload` to
         the leader and return None (the member then waits in `result`)."""
         topo = self.topo
-        assert topo is not None
         if not topo.is_leader:
             self.send(topo.leader, DEPOSIT, payload)
             return None
@@ -170,7 +176,6 @@ class Exchange:
         waking at once and queueing for the GIL (whose waiters each poll every switch interval: a
         cost that grows with the square of the threads waiting, measured 2x at 1024 members)."""
         topo = self.topo
-        assert topo is not None
         if len(topo.local) > 1:
             self.send(topo.layout.group[topo.local[1]], RESULT, (results, shared))
         return shared if results is None else results[0]
@@ -178,7 +183,6 @@ class Exchange:
     def result(self) -> Any:
         """On a non-leader member: its result, from the previous member of the chain (passed on first)."""
         topo = self.topo
-        assert topo is not None
         group, local = topo.layout.group, topo.local
         k = topo.rank
         payload = self.recv([group[local[k - 1]]], RESULT)[0]
