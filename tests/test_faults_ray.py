@@ -16,7 +16,7 @@ import pytest
 import replicas as rp
 from replicas.ops.custom_call import unregister_custom_call
 from replicas.runtime.ray_backend import _AUTHKEY, POOL
-from replicas.runtime.wire import Wire
+from replicas.runtime.wire import Wire, WireError
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.ray]
 
@@ -194,6 +194,25 @@ def test_replicas_that_cannot_be_placed_in_time_end_within_the_timeout():
     assert_next_job_works()
 
 
+def test_a_full_node_ends_the_start_within_the_timeout_naming_the_resource():
+    import ray
+
+    free = ray.available_resources().get("CPU", 0)
+    holder = ray.remote(num_cpus=free)(_Holder).remote()  # takes every free CPU of the session
+    try:
+        assert ray.get(holder.ping.remote(), timeout=60)
+        with pytest.raises(rp.ExecutionTimeout, match=r"did not start within timeout=3 s.*asks for CPU=1 \(0 free"):
+            run_with(healthy, timeout=3, resources=[{"CPU": 1}, {"CPU": 1}])
+    finally:
+        ray.kill(holder, no_restart=True)
+    assert_next_job_works()
+
+
+class _Holder:
+    def ping(self) -> bool:
+        return True
+
+
 def test_strangers_on_an_actor_socket_and_replayed_messages_do_not_disturb_a_job():
     import socket
 
@@ -228,6 +247,41 @@ def test_a_malformed_message_from_a_key_holder_fails_the_job_naming_the_replica(
     assert info.value.replica == 0
     insider.close()
     assert_next_job_works()
+
+
+def _hostile_messages(token):
+    """Messages from a key holder that FED (one all-reduce of f32[4] on 2 replicas) never expects."""
+    from replicas.runtime.shm import Shared, ShmArray, segment_name
+
+    huge = ShmArray(segment_name(token, 1), 0, 0, (1 << 40,), np.dtype(np.float32))
+    return {
+        "over the collective": ((token, 0, 1, ("coll", 0, 0), np.zeros(1 << 18, np.float32)),
+                                r"replica 1 sent 1 MiB .* under \('coll', 0, 0\), where the program expects at most"),
+        "no such channel": ((token, 0, 1, ("chan", 7, 0), X), "program sends nothing on channel 7"),
+        "no such protocol": ((token, 0, 1, ("infeed", 0), X), "names no collective or channel"),
+        "shared memory over the collective": ((token, 0, 1, ("coll", 0, 0), Shared(("fp", huge))),
+                                              "replica 1 sent 4 TiB"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["over the collective", "no such channel", "no such protocol",
+                                  "shared memory over the collective"])
+def test_a_message_over_what_the_program_expects_is_refused_naming_its_sender(kind):
+    job = rp.launch(rp.parse_hlo(FED), [], num_replicas=2, timeout=60)
+    backend = job._backend  # noqa: SLF001
+    address = backend._get([backend._actor_of[0].wire_address.remote(_AUTHKEY)])[0]
+    message, expected = _hostile_messages(backend._token)[kind]
+    insider = Wire(lambda m: None, _AUTHKEY, address["node"])
+    try:
+        insider.send(address, message)
+    except WireError:
+        pass  # the receiver closed the connection before the whole body was written: never blocked
+    with pytest.raises(rp.ReplicaFailure, match=expected) as info:
+        job.result()
+    assert info.value.replica == 0 and f"peer process {os.getpid()}" in str(info.value)
+    insider.close()
+    if kind == "over the collective":
+        assert_next_job_works()
 
 
 def test_exception_in_with_block_ctrl_c_and_two_threads():

@@ -28,11 +28,12 @@ from replicas.records import HOST, ReplicaState
 from replicas.runtime.actor_pool import ActorPool
 from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
-from replicas.runtime.faults import actor_failure, is_memory_error, unplaceable
+from replicas.runtime.faults import actor_failure, is_memory_error, not_started, unplaceable
 from replicas.runtime.mailbox import Mailbox
+from replicas.runtime.message_bounds import MessageBounds
 from replicas.runtime.shm import Inbox, Outbox, Shared, remove_job_segments
 from replicas.runtime.shm import available as shm_available
-from replicas.runtime.wire import WIRE_MAX_BYTES, Wire, WireError, payload_bytes
+from replicas.runtime.wire import WIRE_MAX_BYTES, RefusedMessage, Wire, WireError, payload_bytes
 
 _init_lock = threading.Lock()
 # The key this driver's actors authenticate direct connections with (see wire.py).
@@ -109,6 +110,8 @@ class ReplicaHost:
         self._outbox: Outbox | None = None  # this job's shared-memory arena, when it has peers
         self._inbox: Inbox | None = None
         self._shm_report: dict[int, dict[int, int]] = {}
+        self._bounds: MessageBounds | None = None  # what peers' messages may hold in the current job
+        self._bounds_of: tuple[bytes, int] | None = None  # (program digest, replicas) `_bounds` is for
         # `launch`, `finish` and `retire` of consecutive jobs may run concurrently (a threaded
         # actor): they take turns on this, and `finish` waits on it for its job's launch.
         self._job_turn = threading.Condition(threading.RLock())
@@ -121,10 +124,22 @@ class ReplicaHost:
 
         if self._wire is None:
             self._wire = Wire(self._on_wire, authkey, ray.get_runtime_context().get_node_id(),
-                              on_fault=self._on_wire_fault)
+                              on_fault=self._on_wire_fault, check=self._check_frame)
         if across_nodes:
             self._wire.open_tcp(ray.util.get_node_ip_address())
         return self._wire.address
+
+    def _check_frame(self, head: tuple, size: int) -> None:
+        """Before a peer's message body is read: refuse one for no replica of this actor, or over
+        what its key's collective or channel can hold (runtime/message_bounds.py)."""
+        if len(head) != 4:
+            raise WireError(f"a message head must be (token, dst, src, key), got {len(head)} elements")
+        token, dst, src, key = head
+        if token != self._token:
+            return  # an earlier job's message (bounded by the frame limit): read, then dropped
+        if dst not in self._mailboxes or self._bounds is None:
+            raise WireError(f"replica {src!r} sent a message for replica {dst!r}, which this actor does not run")
+        self._bounds.check_frame(src, key, size)
 
     def _on_wire(self, message: Any) -> None:
         if not (isinstance(message, tuple) and len(message) == 5):
@@ -141,6 +156,7 @@ class ReplicaHost:
                 inbox.release_unread(value)
             raise WireError(f"a message for replica {dst!r}, which this actor does not run")
         if type(value) is Shared and inbox is not None:
+            self._bounds.check_shared(src, key, value)  # before any block is mapped
             value = inbox.decode(value)
         box.deliver(src, key, value)
 
@@ -150,8 +166,8 @@ class ReplicaHost:
         if not self._mailboxes:
             return
         replica = min(self._mailboxes)
-        fault = ReplicaFailure(f"replica {replica} failed: a peer's message was refused: "
-                               f"{type(error).__name__}: {error}", replica, repr(error))
+        detail = str(error) if isinstance(error, RefusedMessage) else f"{type(error).__name__}: {error}"
+        fault = ReplicaFailure(f"replica {replica} failed: {detail}", replica, repr(error))
         self._faults.setdefault(replica, fault)
         for box in self._mailboxes.values():
             box.abort(fault)
@@ -178,6 +194,9 @@ class ReplicaHost:
                 raise ReplicaFailure("this actor no longer holds the program the driver sent it last", replica_ids[0])
             executable = Executable.from_bytes(module_bytes)
             self._executables = {digest: executable}  # keep the last program only
+        if self._bounds_of != (digest, num_replicas):
+            self._bounds = MessageBounds(executable.module, num_replicas)
+            self._bounds_of = (digest, num_replicas)
         self._close_shared_memory(self._token)
         self._token = token
         self._faults = {}
@@ -326,6 +345,12 @@ class ReplicaHost:
     def deliver(self, token: str, dst: int, src: int, key: Hashable, value: Any) -> None:
         box = self._mailboxes.get(dst)
         if token == self._token and box is not None:
+            if src != HOST:  # a peer's message through the object store: judged like the wire's
+                try:
+                    self._bounds.check_payload(src, key, value)
+                except WireError as e:
+                    self._on_wire_fault(RefusedMessage(f"replica {src!r}'s actor (through the object store)", e))
+                    return
             box.deliver(src, key, value)
 
     def states(self) -> list[ReplicaState]:
@@ -655,11 +680,8 @@ class RayBackend:
             waiting = [i for i, ref in enumerate(refs) if ref in set(pending)]
             self._dead.update(waiting)  # still unplaced or stuck: killed, never pooled
             ids = [r for i in waiting for r in self._groups[i]]
-            wanted = _wanted(self._options[waiting[0]])
-            raise ExecutionTimeout(
-                f"replicas {_id_list(ids)} did not start within timeout={timeout} s: their actors could not be "
-                f"placed or started (replica {ids[0]} asks for {wanted or 'no resources'}; available now: "
-                f"{_available(self._ray)})")
+            raise ExecutionTimeout(not_started(ids, _wanted(self._options[waiting[0]]), *_resources(self._ray),
+                                               timeout))
         return self._get(refs)
 
     def _get(self, refs: list[Any], indexes: list[int] | None = None) -> list[Any]:
@@ -845,17 +867,19 @@ def _unwrap(e: BaseException) -> BaseException:
     return ReplicaFailure(f"a replica actor failed: {type(e).__name__}: {e}", None, repr(e))
 
 
-def _id_list(ids: list[int]) -> str:
-    from replicas.limits import id_ranges
-
-    return id_ranges(ids)
-
-
-def _available(ray: Any) -> dict[str, float]:
+def _resources(ray: Any) -> tuple[dict[str, float], dict[str, float], int]:
+    """Free and total resources of the cluster's alive nodes, and how many nodes died (for a message)."""
     try:
-        return {k: v for k, v in ray.available_resources().items() if not k.startswith("node:")}
+        nodes = ray.nodes()
+        free = dict(ray.available_resources())
     except Exception:  # noqa: BLE001 - only for the message
-        return {}
+        return {}, {}, 0
+    total: dict[str, float] = {}
+    for node in nodes:
+        if node.get("Alive"):
+            for k, v in node.get("Resources", {}).items():
+                total[k] = total.get(k, 0) + v
+    return free, total, sum(1 for node in nodes if not node.get("Alive"))
 
 
 def _wanted(options: dict[str, Any]) -> dict[str, float]:
