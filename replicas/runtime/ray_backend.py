@@ -25,6 +25,7 @@ from typing import Any
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
+from replicas.runtime import board as shared_board
 from replicas.runtime.actor_pool import ActorPool
 from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
@@ -109,6 +110,7 @@ class ReplicaHost:
         self._faults: dict[int, ReplicaFailure] = {}  # replica -> a fault found outside its thread
         self._outbox: Outbox | None = None  # this job's shared-memory arena, when it has peers
         self._inbox: Inbox | None = None
+        self._board: shared_board.Board | None = None  # this job's same-node board, when it has peers
         self._shm_report: dict[int, dict[int, int]] = {}
         self._bounds: MessageBounds | None = None  # what peers' messages may hold in the current job
         self._bounds_of: tuple[bytes, int] | None = None  # (program digest, replicas) `_bounds` is for
@@ -210,11 +212,16 @@ class ReplicaHost:
                 self._outbox = Outbox(token, replica_ids[0])
             except OSError:  # no room or no rights under /dev/shm: the sockets and the object store remain
                 self._outbox = None
+        if len(replica_ids) < num_replicas and shared_board.available():
+            try:
+                self._board = shared_board.Board(token, replica_ids)
+            except OSError:  # leaders then exchange messages (every actor of a node fails alike)
+                self._board = None
         for r in replica_ids:
             recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
             fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
                                recorder=recorder)
-            fabric.wire, fabric.token, fabric.outbox = self._wire, token, self._outbox
+            fabric.wire, fabric.token, fabric.outbox, fabric.board = self._wire, token, self._outbox, self._board
             self._fabrics.append(fabric)
             self._runners[r] = ReplicaRunner(executable, fabric, recorder)
 
@@ -230,7 +237,7 @@ class ReplicaHost:
             self._wire.drop_peers()
         self._shm_report = self.shm_sent()
         for fabric in self._fabrics:
-            fabric.outbox = None  # the arena is closed below, whatever still holds a fabric
+            fabric.outbox = fabric.board = None  # closed below, whatever still holds a fabric
         token = self._token
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
@@ -246,8 +253,11 @@ class ReplicaHost:
             used = self._outbox.close()
         if self._inbox is not None:
             used = self._inbox.close() or used
+        if self._board is not None:
+            self._board.close()
+            used = True
         remove_job_segments(token)
-        self._outbox = self._inbox = None
+        self._outbox = self._inbox = self._board = None
         if used:
             # Received arrays left in the finished job's reference cycles (interpreter, kernels,
             # mailboxes) keep their mappings until the cycle collector runs: run it now, so an
@@ -272,6 +282,8 @@ class ReplicaHost:
             fabric.same_node = same_node
             if placement is not None:
                 fabric.placement = placement
+        if self._board is not None and placement is not None:
+            self._board.locate(placement)
 
     def start(self, args: dict[int, list[Any]]) -> None:
         for r, a in args.items():
