@@ -71,8 +71,8 @@ def test_a_warm_run_is_one_call_per_actor(n):
     for got in results:
         np.testing.assert_array_equal(got, want)
     # Several actors: set up (waited for: a peer's first message must find its mailbox), then begin
-    # and report in one call, then a reset nobody waits for (a peer may need an actor until then).
-    assert calls == ({"launch": 1} if n == 1 else {"launch": n, "begin": n, "retire": n})
+    # and report in one call, then a reset (shared memory a peer may read until every replica ended).
+    assert calls == ({"launch": 1} if n == 1 else {"launch": n, "begin": n, "reset": n})
 
 
 def test_a_new_program_travels_to_warm_actors_and_the_old_one_again():

@@ -48,8 +48,8 @@ class ActorPool:
         return all(len(self._idle.get(key, ())) >= count for key, count in wanted.items())
 
     def hand_back(self, actors_with_options: list[tuple[Any, dict[str, Any]]]) -> None:
-        """Pool actors known to be reusable (every replica of their job finished; their `retire`
-        was sent, and their next launch waits for it)."""
+        """Pool actors known to be reusable without a reset call (every replica of their job
+        finished and the actor reset itself)."""
         for actor, options in actors_with_options:
             self._idle.setdefault(_options_key(options), []).append(actor)
 

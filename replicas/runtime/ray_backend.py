@@ -114,7 +114,7 @@ class ReplicaHost:
         self._shm_report: dict[int, dict[int, int]] = {}
         self._bounds: MessageBounds | None = None  # what peers' messages may hold in the current job
         self._bounds_of: tuple[bytes, int] | None = None  # (program digest, replicas) `_bounds` is for
-        # `launch`, `finish` and `retire` of consecutive jobs may run concurrently (a threaded
+        # `launch`, `begin` and `finish` of consecutive jobs may run concurrently (a threaded
         # actor): they take turns on this, and `finish` waits on it for its job's launch.
         self._job_turn = threading.Condition(threading.RLock())
         self._launched: Any = None  # the token of the last launch, or ("failed", token)
@@ -295,7 +295,7 @@ class ReplicaHost:
                finish_within: float | None = None) -> Any:
         """`setup`, `connect` and (with `args`) `begin` in one call. The program travels only when
         this actor does not hold it (`module_bytes` None: the one of `digest`); a previous job
-        still here (its `retire` not run yet) is retired first. A job of several actors begins
+        still here (a `finish` still deciding) is reset first. A job of several actors begins
         in a second call, once every actor is set up: a peer's message must find its mailbox."""
         with self._job_turn:
             try:
@@ -347,12 +347,6 @@ class ReplicaHost:
             if len(self._runners) == self._fabrics[0].num_replicas:
                 self.reset(_STOP_SECONDS)
             return outcome
-
-    def retire(self, token: str) -> None:
-        """`reset` after a job whose replicas all finished (sent without waiting for the reply)."""
-        with self._job_turn:
-            if self._token == token:
-                self.reset(_STOP_SECONDS)
 
     def deliver(self, token: str, dst: int, src: int, key: Hashable, value: Any) -> None:
         box = self._mailboxes.get(dst)
@@ -766,13 +760,9 @@ class RayBackend:
             self._ensure_launched()  # a reset must never overtake the launch
         self._stopped = True
         live = [i for i in range(len(self._actors)) if i not in self._dead]
-        if self._clean:  # every replica finished: nothing to stop, the reset is not waited for
-            if len(self._actors) > 1:  # (an actor that hosted the whole job reset itself)
-                self.calls["retire"] += len(live)
-                for i in live:
-                    self._actors[i].retire.remote(self._token)
+        if self._clean and len(self._actors) == 1:  # it reset itself in `finish`
             POOL.hand_back([(self._actors[i], self._options[i]) for i in live])
-        else:
+        else:  # (several actors: each holds shared memory its peers may still read until all finished)
             self.calls["reset"] += len(live)
             POOL.release([(self._actors[i], self._options[i]) for i in live])
         POOL.discard([self._actors[i] for i in self._dead])
