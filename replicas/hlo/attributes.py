@@ -233,6 +233,46 @@ def parse_frontend_attributes(raw: str) -> dict[str, str]:
     return out
 
 
+def _parse_shaped_literal(raw: str) -> tuple[Shape, Any]:
+    """A custom call's `literal=`: `s32[2]{0} {1, 2}`, `f32[] 0.1`, or a tuple of them in
+    parentheses; (its shape, its value)."""
+    from replicas.hlo.literals import parse_literal
+
+    raw = raw.strip()
+    if raw.startswith("("):
+        if not raw.endswith(")"):
+            raise ValueError("a tuple literal must end with ')'")
+        parts = [_parse_shaped_literal(part) for part in _top_level_parts(raw[1:-1])]
+        return Shape.tuple([shape for shape, _ in parts]), tuple(value for _, value in parts)
+    shape_text, _, body = raw.partition(" ")
+    shape = Shape.parse(shape_text)
+    return shape, parse_literal(body.strip(), shape)
+
+
+def _top_level_parts(text: str) -> list[str]:
+    """`text` split at the commas outside any brackets."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c in "({[":
+            depth += 1
+        elif c in ")}]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p.strip()]
+
+
+def _fmt_shaped_literal(value: tuple[Shape, Any]) -> str:
+    from replicas.hlo.literals import format_literal
+
+    shape, literal = value
+    if shape.is_tuple:
+        return "( " + ", ".join(_fmt_shaped_literal(v) for v in zip(shape.tuple_shapes, literal)) + " )"
+    return f"{shape} {format_literal(literal, shape)}"
+
+
 def _parse_config_string(raw: str) -> str:
     """backend_config / infeed_config: a quoted string, or XLA's unquoted JSON-like {...}."""
     if raw.startswith("{"):
@@ -357,6 +397,7 @@ def _build_specs() -> dict[str, AttrSpec]:
         add(text, ir, parse, str)
     add("epsilon", "epsilon", _parse_float, lambda v: repr(float(v)))
     add("custom_call_target", "custom_call_target", _parse_string, quote)
+    add("literal", "custom_call_literal", _parse_shaped_literal, _fmt_shaped_literal)
     add("backend_config", "backend_config", _parse_config_string, _fmt_config)
     add("infeed_config", "infeed_config", _parse_config_string, _fmt_config)
     add("outfeed_config", "outfeed_config", _parse_config_string, _fmt_config)
