@@ -72,3 +72,51 @@ def test_a_custom_calls_literal_attribute_is_kept_for_it_and_printed_back():
     assert ints.tolist() == [1, 2] and flags.tolist() == [True, False]
     again = rp.parse_hlo(print_module(module))
     assert again.entry_computation.instructions[2].attrs["custom_call_literal"][1][0].tolist() == [1, 2]
+
+
+AFTER_VALUES = """HloModule m
+ENTRY e {
+  p = f32[] parameter(0)
+  neg = f32[] negate(p)
+  t = token[] after-all(neg)
+  q = f32[] add-dependency(p, t)
+  ROOT s = f32[] add(neg, q)
+}
+"""
+
+PERMUTE_FORMS = """HloModule m, replica_count=2
+ENTRY e {
+  a = f32[4] parameter(0)
+  b = f32[4] parameter(1)
+  ROOT r = (f32[4], f32[4]) collective-permute(a, b), source_target_pairs={{0,1},{1,0}}
+}
+"""
+
+SCAN = """HloModule m
+step {
+  c = f32[] parameter(0)
+  x = f32[] parameter(1)
+  s = f32[] add(c, x)
+  ROOT t = (f32[], f32[]) tuple(s, s)
+}
+ENTRY e {
+  xs = f32[4] parameter(0)
+  init = f32[] constant(0)
+  ROOT r = (f32[4], f32[]) scan(xs, init), dimensions={0}, num_carries=1, is_reverse=true,
+    is_associative=true, to_apply=step
+}
+"""
+
+
+def test_after_all_orders_after_values_too():
+    assert float(rp.evaluate(rp.parse_hlo(AFTER_VALUES), [np.float32(3)])) == 0.0
+
+
+def test_forms_xla_parses_but_no_kernel_runs_are_refused_by_name():
+    import pytest
+
+    with pytest.raises(rp.ProgramError, match="combined form"):
+        rp.parse_hlo(PERMUTE_FORMS)
+    with pytest.raises(rp.ProgramError, match="scan is not supported"):
+        rp.parse_hlo(SCAN)
+    assert rp.parse_hlo(SCAN, verify=False).entry_computation.root_instruction.attrs["num_carries"] == 1

@@ -94,6 +94,11 @@ def parse_int_list(raw: str) -> list[int]:
     return _ints(raw[1:-1])
 
 
+def _parse_slice_sizes(raw: str) -> list[int] | list[list[int]]:
+    """gather's {i,j,...}, or an in-place collective-permute's {{i,j},...} (one list per slice)."""
+    return _parse_int_groups(raw) if raw.replace(" ", "").startswith("{{") else parse_int_list(raw)
+
+
 def _parse_int_groups(raw: str) -> list[list[int]]:
     if not _BRACED_GROUPS.fullmatch(raw):
         raise ValueError("expected {{i,j,...},...}")
@@ -355,9 +360,9 @@ class AttrSpec:
 
 _INT_ATTRS = ("channel_id", "index", "iota_dimension", "index_vector_dim", "feature_group_count",
               "batch_group_count", "exponent_bits", "mantissa_bits", "feature_index", "k", "split_dimension",
-              "concat_dimension", "scatter_dimension", "split_count", "delta")
+              "concat_dimension", "scatter_dimension", "split_count", "delta", "num_carries")
 _BOOL_ATTRS = ("use_global_device_ids", "indices_are_sorted", "unique_indices", "is_stable", "is_host_transfer",
-               "left_side", "lower", "unit_diagonal", "largest")
+               "left_side", "lower", "unit_diagonal", "largest", "is_reverse", "is_associative")
 _INT_LIST_ATTRS = ("dimensions", "fft_length", "slice_sizes", "dynamic_slice_sizes", "lhs_batch_dims",
                    "rhs_batch_dims", "lhs_contracting_dims", "rhs_contracting_dims", "offset_dims",
                    "collapsed_slice_dims", "start_index_map", "operand_batching_dims",
@@ -395,6 +400,8 @@ def _build_specs() -> dict[str, AttrSpec]:
         add(name, name, _parse_computation_list, _fmt_computation_list)
     for text, (ir, parse) in _ENUM_ATTRS.items():
         add(text, ir, parse, str)
+    add("slice_sizes", "slice_sizes", _parse_slice_sizes,
+        lambda v: _fmt_groups(v) if v and isinstance(v[0], (list, tuple)) else format_int_list(v))
     add("epsilon", "epsilon", _parse_float, lambda v: repr(float(v)))
     add("custom_call_target", "custom_call_target", _parse_string, quote)
     add("literal", "custom_call_literal", _parse_shaped_literal, _fmt_shaped_literal)
