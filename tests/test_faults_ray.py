@@ -27,6 +27,26 @@ def setup_module(module):
 
     cloudpickle.register_pickle_by_value(module)
 
+@pytest.fixture(autouse=True)
+def no_object_of_the_job_stays_pinned():
+    """After each fault: neither the driver nor an idle pooled actor holds a reference to any object
+    of the job (the object store keeps an object while some process holds a reference)."""
+    import gc
+
+    import ray
+
+    def driver_refs() -> set[str]:
+        return set(ray._private.worker.global_worker.core_worker.get_all_reference_counts())  # noqa: SLF001
+
+    before = driver_refs()
+    yield
+    gc.collect()
+    assert _eventually(lambda: driver_refs() <= before), driver_refs() - before
+    idle = [a for actors in POOL._idle.values() for a in actors]  # noqa: SLF001
+    held = dict(zip(idle, ray.get([a.object_refs.remote() for a in idle], timeout=60)))
+    assert not any(held.values()), held
+
+
 CALL = """\
 HloModule call, replica_count=2
 
@@ -124,6 +144,22 @@ def test_an_actor_that_dies_in_a_custom_call_is_named(action):
     assert info.value.replica == 1
     assert "replica 1" in str(info.value) and "died" in str(info.value)
     assert_next_job_works()
+
+
+def _raise():
+    raise ValueError("the custom call refuses")
+
+
+def test_a_custom_call_that_raises_names_the_replica_instruction_and_cause():
+    big = np.ones(1 << 20, np.float32)  # 4 MiB per replica: the arguments go through the object store
+    rp.register_custom_call("fault", _replica_one(_raise))
+    try:
+        with pytest.raises(rp.ReplicaFailure, match="the custom call refuses") as info:
+            rp.run(rp.parse_hlo(CALL.replace("f32[4]", "f32[1048576]")), [big], num_replicas=2, timeout=60)
+    finally:
+        unregister_custom_call("fault")
+    assert info.value.replica == 1 and info.value.instruction.startswith("%y (custom-call")
+    assert "ValueError" in str(info.value)
 
 
 def _memory():
@@ -344,3 +380,4 @@ def _eventually(predicate, limit: float = 30) -> bool:
             return True
         event.wait(0.05)
     return False
+

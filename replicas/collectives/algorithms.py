@@ -114,7 +114,9 @@ def leaders_all_reduce(ex: Exchange, acc: Values, combine: Combine) -> Values:
     # Reduce-scatter (leader k reduces shard k in process order), then all-gather into one buffer.
     per_operand = [np.array_split(v.reshape(-1), p) for v in acc]
     shards = [tuple(splits[k] for splits in per_operand) for k in range(p)]
-    mine = reduce_in_order(ex.among_leaders(LEADER_ROUND, shards, per_destination=True), combine)
+    # Settled at once: the peers' round-one buffers are free again before round two (a board
+    # writer reuses its buffer of round one in its next collective's round one).
+    mine = ex.settle(reduce_in_order(ex.among_leaders(LEADER_ROUND, shards, per_destination=True), combine))
     reduced = ex.among_leaders(LEADER_ROUND + 1, mine)
     out = []
     for k, v in enumerate(acc):

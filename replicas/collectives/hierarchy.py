@@ -237,7 +237,8 @@ class Exchange:
             if not done():
                 shared_board.futex_wait(address, seen, timeout)
 
-        self.fabric.mailbox.wait_external(None, done, sleep, lambda: shared_board.futex_wake(address))
+        self.fabric.mailbox.wait_external(None, done, sleep, lambda: shared_board.futex_wake(address),
+                                          shared_board.RELEASE_SLICE)
 
     def settle(self, value: Any) -> Any:
         """`value` with every array that is a view of a peer's board buffer copied out, then the

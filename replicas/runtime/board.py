@@ -36,6 +36,7 @@ import mmap
 import os
 import pickle
 import platform
+import struct
 import sys
 import threading
 from collections.abc import Callable
@@ -48,6 +49,10 @@ from replicas.runtime.shm import PREFIX, SHM_DIR
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _SYS_FUTEX = {"x86_64": 202}.get(platform.machine())  # other machines need fences: the sockets remain
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+if _libc is not None:
+    _syscall = _libc.syscall
+    _syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                         ctypes.c_void_p, ctypes.c_int]
 
 
 class _Timespec(ctypes.Structure):
@@ -57,8 +62,7 @@ class _Timespec(ctypes.Structure):
 def futex_wait(address: int, expected: int, timeout: float) -> None:
     """Sleep while the u32 at `address` equals `expected`, at most `timeout` s (the GIL is released)."""
     ts = _Timespec(int(timeout), int(timeout % 1 * 1e9))
-    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAIT, ctypes.c_uint32(expected),
-                  ctypes.byref(ts), None, 0)
+    _syscall(_SYS_FUTEX, address, _FUTEX_WAIT, expected, ctypes.addressof(ts), None, 0)
 
 
 def u32_at(address: int) -> ctypes.c_uint32:
@@ -66,7 +70,7 @@ def u32_at(address: int) -> ctypes.c_uint32:
 
 
 def futex_wake(address: int) -> None:
-    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+    _syscall(_SYS_FUTEX, address, _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
 
 def available() -> bool:
@@ -80,11 +84,17 @@ _VIRTUAL_BUDGET = 1 << 30  # per actor: tmpfs backs only the pages written
 READERS = 8  # reader positions per buffer: the board serves groups of at most 8 processes
 _LINE = 64
 _HEADER = 128  # tag, flags, lengths, READERS release words
-_TAG, _FLAGS, _FP_LEN, _META_LEN, _NBUF = 0, 1, 2, 3, 4
+_TAG, _FLAGS, _FP_LEN, _META_LEN, _NBUF, _WRITER_WAITS = 0, 1, 2, 3, 4, 5
+_FIELDS = struct.Struct("<5I")  # tag, flags, fingerprint length, meta length, number of arrays
 _RELEASE = 8  # first release word (u32 index in the header)
 FABRIC = 1  # flag: the payload was too large, it follows over the fabric
 
-WAIT_SLICE = 0.25  # seconds between checks of an abort while waiting (aborts wake the waiter at once)
+# A reader wakes a writer waiting for its release only when the writer said it waits (a wake-up
+# costs a system call per read otherwise): flag and release word are two stores read in the
+# opposite order on the other side, which x86 may reorder, so a wake-up can be missed; the
+# writer then looks again after this long. Rare (a reader still holds the buffer two rounds
+# later) and bounded.
+RELEASE_SLICE = 0.002
 
 
 def tag_of(seq: int, round_: int) -> int:
@@ -128,9 +138,17 @@ class _Mapping:
         self.bytes = np.frombuffer(self.mm, np.uint8)
         self.view = memoryview(self.mm).toreadonly()
         self.address = self.words.ctypes.data
+        self.regions: dict[int, np.ndarray] = {}  # buffer offset -> its bytes (to tell views of it)
+
+    def region(self, start: int, size: int) -> np.ndarray:
+        found = self.regions.get(start)
+        if found is None:
+            found = self.regions[start] = self.bytes[start:start + size]
+        return found
 
     def close(self) -> None:
         self.words = self.bytes = np.empty(0, np.uint32)
+        self.regions = {}
         try:
             self.view.release()
             self.mm.close()
@@ -141,16 +159,18 @@ class _Mapping:
 class Read:
     """One buffer a reader got views of: released (`release`) once nothing uses them any more."""
 
-    __slots__ = ("mapping", "word", "tag", "region")
+    __slots__ = ("mapping", "head", "position", "tag", "region")
 
-    def __init__(self, mapping: _Mapping, word: int, tag: int, region: np.ndarray) -> None:
-        self.mapping, self.word, self.tag, self.region = mapping, word, tag, region
+    def __init__(self, mapping: _Mapping, head: int, position: int, tag: int, region: np.ndarray) -> None:
+        self.mapping, self.head, self.position, self.tag, self.region = mapping, head, position, tag, region
 
     def release(self) -> None:
         words = self.mapping.words
         if words.size:
-            words[self.word] = self.tag
-            futex_wake(self.mapping.address + 4 * self.word)
+            word = self.head + _RELEASE + self.position
+            words[word] = self.tag
+            if words[self.head + _WRITER_WAITS]:
+                futex_wake(self.mapping.address + 4 * word)
 
 
 class Board:
@@ -230,37 +250,35 @@ class Board:
             prev_tag, prev_readers = previous
             for q in prev_readers:
                 word = head + _RELEASE + q
-                wait(lambda w=word: int(words[w]) == prev_tag, mapping.address + 4 * word)
+                if words[word] != prev_tag:
+                    words[head + _WRITER_WAITS] = 1
+                    wait(lambda w=word: int(words[w]) == prev_tag, mapping.address + 4 * word)
+                    words[head + _WRITER_WAITS] = 0
         buffers: list[pickle.PickleBuffer] = []
         meta = pickle.dumps(payload, protocol=5, buffer_callback=buffers.append)
         raws = [b.raw() for b in buffers]
-        table = _round8(len(fingerprint) + len(meta))
+        fp_len, meta_len = len(fingerprint), len(meta)
+        table = _round8(fp_len + meta_len)
         data = _round8(table + 16 * len(raws))
         offsets = []
         end = data
         for raw in raws:
             offsets.append(end)
             end = (end + raw.nbytes + 63) // 64 * 64
-        out = mapping.bytes
+        mm = mapping.mm
         start = base + _HEADER
+        mm[start:start + fp_len] = fingerprint
         if end > capacity:
-            words[head + _FLAGS] = FABRIC
-            words[head + _FP_LEN] = len(fingerprint)
-            out[start:start + len(fingerprint)] = np.frombuffer(fingerprint, np.uint8)
+            _FIELDS.pack_into(mm, base, 0, FABRIC, fp_len, 0, 0)
         else:
-            words[head + _FLAGS] = 0
-            words[head + _FP_LEN] = len(fingerprint)
-            words[head + _META_LEN] = len(meta)
-            words[head + _NBUF] = len(raws)
-            out[start:start + len(fingerprint)] = np.frombuffer(fingerprint, np.uint8)
-            out[start + len(fingerprint):start + len(fingerprint) + len(meta)] = np.frombuffer(meta, np.uint8)
+            _FIELDS.pack_into(mm, base, 0, 0, fp_len, meta_len, len(raws))
+            mm[start + fp_len:start + fp_len + meta_len] = meta
             if raws:
-                table_words = np.frombuffer(mapping.mm, np.uint64, 2 * len(raws), start + table)
-                table_words[0::2] = offsets
-                table_words[1::2] = [raw.nbytes for raw in raws]
-                del table_words
-            for off, raw in zip(offsets, raws):
-                out[start + off:start + off + raw.nbytes] = np.frombuffer(raw, np.uint8)
+                struct.pack_into(f"<{2 * len(raws)}Q", mm, start + table,
+                                 *[x for off, raw in zip(offsets, raws) for x in (off, raw.nbytes)])
+                out = mapping.bytes
+                for off, raw in zip(offsets, raws):
+                    out[start + off:start + off + raw.nbytes] = np.frombuffer(raw, np.uint8)
         self._pending[(replica, k)] = (tag, readers)
         words[head + _TAG] = tag
         counter = slot // 4
@@ -289,21 +307,17 @@ class Board:
         """(the writer's fingerprint bytes, payload views or None, whether it follows over the fabric,
         the read to release)."""
         mapping, base, capacity = found
-        words = mapping.words
-        head = base // 4
+        _, flags, fp_len, meta_len, nbuf = _FIELDS.unpack_from(mapping.mm, base)
         start = base + _HEADER
-        fp_len = int(words[head + _FP_LEN])
-        fingerprint = bytes(mapping.view[start:start + fp_len])
-        read = Read(mapping, head + _RELEASE + position, tag, mapping.bytes[start:start + capacity])
-        if int(words[head + _FLAGS]) & FABRIC:
+        fingerprint = mapping.mm[start:start + fp_len]
+        read = Read(mapping, base // 4, position, tag, mapping.region(start, capacity))
+        if flags & FABRIC:
             return fingerprint, None, True, read
-        meta_len, nbuf = int(words[head + _META_LEN]), int(words[head + _NBUF])
-        meta = mapping.view[start + fp_len:start + fp_len + meta_len]
+        view = mapping.view
+        meta = view[start + fp_len:start + fp_len + meta_len]
         buffers = []
         if nbuf:
-            table = _round8(fp_len + meta_len)
-            entries = np.frombuffer(mapping.mm, np.uint64, 2 * nbuf, start + table).tolist()
-            view = mapping.view
+            entries = struct.unpack_from(f"<{2 * nbuf}Q", mapping.mm, start + _round8(fp_len + meta_len))
             buffers = [view[start + off:start + off + n] for off, n in zip(entries[0::2], entries[1::2])]
         # Only this job's actors write a board (the segment is the job's, mode 0600): see wire.py.
         return fingerprint, pickle.loads(meta, buffers=buffers), False, read  # noqa: S301

@@ -272,6 +272,13 @@ class ReplicaHost:
     def ping(self) -> bool:
         return True
 
+    def object_refs(self) -> list[str]:
+        """The Ray objects this actor process holds a reference to (for leak checks: an idle pooled
+        actor holds none of a finished job's)."""
+        import ray
+
+        return list(ray._private.worker.global_worker.core_worker.get_all_reference_counts())  # noqa: SLF001
+
     def connect(self, routes: dict[int, Any], wire_routes: dict[int, dict[str, Any]],
                 placement: list[int] | None = None) -> None:
         node = self._wire.address["node"] if self._wire is not None else None
