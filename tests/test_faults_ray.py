@@ -215,6 +215,41 @@ def test_outfeed_values_written_before_a_failure_stay_readable():
         job.outfeed(1)
 
 
+HOST_SEND = """\
+HloModule host_send, replica_count=2
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[4] parameter(0)
+  tok = token[] after-all()
+  s = (f32[4], u32[], token[]) send(x, tok), channel_id=5, is_host_transfer=true
+  d = token[] send-done(s), channel_id=5, is_host_transfer=true
+  in = (f32[4], token[]) infeed(d)
+  y = f32[4] get-tuple-element(in), index=0
+  ROOT z = f32[4] all-reduce(y), replica_groups={}, to_apply=add
+}
+"""
+
+
+def test_host_channel_messages_sent_before_an_actor_died_stay_readable():
+    import ray
+
+    job = rp.launch(rp.parse_hlo(HOST_SEND), [X], num_replicas=2, timeout=60)
+    assert _eventually(lambda: all(_blocked_in(s, "infeed") for s in job.states()))  # both sent, then wait
+    ray.kill(job._backend._actor_of[0], no_restart=True)  # noqa: SLF001 - the fault under test
+    with pytest.raises(rp.ReplicaFailure) as info:
+        job.result()
+    assert info.value.replica == 0
+    np.testing.assert_array_equal(job.recv(1, 5), X)  # the live replica's message, read after the fault
+    with pytest.raises(rp.ReplicaFailure):
+        job.recv(1, 5)  # nothing more: the job's failure
+
+
 def test_resources_no_node_has_fail_at_once_naming_the_resource():
     with pytest.raises(rp.ReplicaFailure, match="no node has no_such_accelerator=1"):
         rp.run(rp.parse_hlo(CALL), [X], num_replicas=2, resources=[{"no_such_accelerator": 1}, {}], timeout=60)
