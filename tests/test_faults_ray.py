@@ -27,6 +27,26 @@ def setup_module(module):
 
     cloudpickle.register_pickle_by_value(module)
 
+@pytest.fixture(autouse=True)
+def no_object_of_the_job_stays_pinned():
+    """After each fault: neither the driver nor an idle pooled actor holds a reference to any object
+    of the job (the object store keeps an object while some process holds a reference)."""
+    import gc
+
+    import ray
+
+    def driver_refs() -> set[str]:
+        return set(ray._private.worker.global_worker.core_worker.get_all_reference_counts())  # noqa: SLF001
+
+    before = driver_refs()
+    yield
+    gc.collect()
+    assert _eventually(lambda: driver_refs() <= before), driver_refs() - before
+    idle = [a for actors in POOL._idle.values() for a in actors]  # noqa: SLF001
+    held = dict(zip(idle, ray.get([a.object_refs.remote() for a in idle], timeout=60)))
+    assert not any(held.values()), held
+
+
 CALL = """\
 HloModule call, replica_count=2
 
@@ -126,6 +146,22 @@ def test_an_actor_that_dies_in_a_custom_call_is_named(action):
     assert_next_job_works()
 
 
+def _raise():
+    raise ValueError("the custom call refuses")
+
+
+def test_a_custom_call_that_raises_names_the_replica_instruction_and_cause():
+    big = np.ones(1 << 20, np.float32)  # 4 MiB per replica: the arguments go through the object store
+    rp.register_custom_call("fault", _replica_one(_raise))
+    try:
+        with pytest.raises(rp.ReplicaFailure, match="the custom call refuses") as info:
+            rp.run(rp.parse_hlo(CALL.replace("f32[4]", "f32[1048576]")), [big], num_replicas=2, timeout=60)
+    finally:
+        unregister_custom_call("fault")
+    assert info.value.replica == 1 and info.value.instruction.startswith("%y (custom-call")
+    assert "ValueError" in str(info.value)
+
+
 def _memory():
     raise MemoryError("pretend the actor ran out")
 
@@ -177,6 +213,41 @@ def test_outfeed_values_written_before_a_failure_stay_readable():
     np.testing.assert_array_equal(job.outfeed(1), X)
     with pytest.raises(rp.ReplicasError, match="no more outfeed"):
         job.outfeed(1)
+
+
+HOST_SEND = """\
+HloModule host_send, replica_count=2
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[4] parameter(0)
+  tok = token[] after-all()
+  s = (f32[4], u32[], token[]) send(x, tok), channel_id=5, is_host_transfer=true
+  d = token[] send-done(s), channel_id=5, is_host_transfer=true
+  in = (f32[4], token[]) infeed(d)
+  y = f32[4] get-tuple-element(in), index=0
+  ROOT z = f32[4] all-reduce(y), replica_groups={}, to_apply=add
+}
+"""
+
+
+def test_host_channel_messages_sent_before_an_actor_died_stay_readable():
+    import ray
+
+    job = rp.launch(rp.parse_hlo(HOST_SEND), [X], num_replicas=2, timeout=60)
+    assert _eventually(lambda: all(_blocked_in(s, "infeed") for s in job.states()))  # both sent, then wait
+    ray.kill(job._backend._actor_of[0], no_restart=True)  # noqa: SLF001 - the fault under test
+    with pytest.raises(rp.ReplicaFailure) as info:
+        job.result()
+    assert info.value.replica == 0
+    np.testing.assert_array_equal(job.recv(1, 5), X)  # the live replica's message, read after the fault
+    with pytest.raises(rp.ReplicaFailure):
+        job.recv(1, 5)  # nothing more: the job's failure
 
 
 def test_resources_no_node_has_fail_at_once_naming_the_resource():
@@ -344,3 +415,4 @@ def _eventually(predicate, limit: float = 30) -> bool:
             return True
         event.wait(0.05)
     return False
+

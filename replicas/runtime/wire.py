@@ -221,13 +221,14 @@ class Wire:
             except (OSError, EOFError):
                 return  # the peer closed, or the wire did
             # Only an authenticated peer (an actor of this driver) gets here: see the module doc.
-            head = pickle.loads(data[:head_size])  # noqa: S301
+            view = memoryview(data)
+            head = pickle.loads(view[:head_size])  # noqa: S301
             if not isinstance(head, tuple):
                 raise WireError(f"a message head must be a tuple, got {type(head).__name__}")
             if self._check is not None:
                 self._check(head, body_size)
             try:
-                body = data[head_size:] if together else _recv_exact(conn, body_size)
+                body = view[head_size:] if together else _recv_exact(conn, body_size)
             except (OSError, EOFError):
                 return
             self._deliver(head + (pickle.loads(body),))  # noqa: S301
