@@ -11,9 +11,16 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 # The kernels' tests compare 64-bit types with XLA; test_hlo_text switches it off for its cases.
 jax.config.update("jax_enable_x64", True)
+
+# A run checks the same examples every time (a failure reproduces; XLA's recorded answers in
+# tests/golden/ match them); REPLICAS_HYPOTHESIS=explore draws new ones.
+settings.register_profile("repeatable", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile("explore" if os.environ.get("REPLICAS_HYPOTHESIS") == "explore" else "repeatable")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
