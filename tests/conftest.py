@@ -2,6 +2,14 @@
 programs are cached across runs, and one Ray session serves the whole run."""
 
 import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
 # Before anything imports jax: the multi-device CPU backend is the oracle for collectives.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -47,9 +55,60 @@ def ray_session():
     ray.shutdown()
 
 
+CLUSTER_SCRIPT = Path(__file__).resolve().parent.parent / "cluster" / "local_cluster.sh"
+CLUSTER_PORT_SPAN = 300  # local_cluster.sh uses PORT .. PORT + 299
+
+
+def free_port_block() -> int:
+    """A base port whose whole block is free on 127.0.0.1 now, so two runs on one machine do not collide."""
+    for _ in range(50):
+        base = random.randrange(20000, 60000 - CLUSTER_PORT_SPAN, 10)
+        try:
+            for port in range(base, base + CLUSTER_PORT_SPAN):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no free block of {CLUSTER_PORT_SPAN} ports on 127.0.0.1")
+
+
+@dataclass(frozen=True)
+class TwoNodeCluster:
+    address: str
+    settings: dict[str, str]  # what `cluster/local_cluster.sh start` was run with
+
+    def env(self) -> dict[str, str]:
+        """This process's environment for a driver that joins the cluster (not this run's own Ray)."""
+        env = dict(os.environ, **self.settings)
+        env.pop("RAY_ADDRESS", None)
+        return env
+
+
+@pytest.fixture(scope="session")
+def two_node_cluster():
+    """The README's `bash cluster/local_cluster.sh start`, run once for every test that needs two
+    nodes (they run last, together), and its `stop` at the end."""
+    # Ray's unix socket paths must stay under 108 bytes: a short directory, not pytest's tmp_path.
+    base = tempfile.mkdtemp(prefix="rpc-", dir="/tmp")
+    settings = {"REPLICAS_CLUSTER_DIR": base, "REPLICAS_CLUSTER_PORT": str(free_port_block()),
+                "PYTHON": sys.executable, "RAY_AUTH_MODE": "disabled"}
+    cluster = TwoNodeCluster("", settings)
+    try:
+        started = subprocess.run(["bash", str(CLUSTER_SCRIPT), "start"], env=cluster.env(), capture_output=True,
+                                 text=True, timeout=180)
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield TwoNodeCluster(started.stdout.strip().splitlines()[-1], settings)
+    finally:
+        subprocess.run(["bash", str(CLUSTER_SCRIPT), "stop"], env=cluster.env(), capture_output=True, timeout=120)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that starts Ray (through the `ray_session` fixture) carries the `ray` marker, so
-    `-m "not ray"` runs the rest without starting Ray."""
+    `-m "not ray"` runs the rest without starting Ray; the tests on the two-node cluster run last,
+    so it lives only while they run."""
     for item in items:
         if "ray_session" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)
+    items.sort(key=lambda item: "two_node_cluster" in getattr(item, "fixturenames", ()))
