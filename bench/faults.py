@@ -7,6 +7,11 @@
 - actor exit / segfault / ray.kill: time from the fault (stamped by the dying custom call, or by the
   driver's kill) to the ReplicaFailure naming the replica.
 - custom call raising: the same, to the ReplicaFailure.
+- a peer message over what the program expects: time from a key holder's send of a 1 MiB piece of
+  a 16-byte all-reduce to the ReplicaFailure naming the sender.
+- a resource no node has: time from `rp.run` to the ReplicaFailure (the anchor: a healthy run).
+- a full node: time from `rp.run(timeout=2)` to the ExecutionTimeout naming the short resource, while
+  a placeholder actor holds every free CPU.
 """
 
 from __future__ import annotations
@@ -116,6 +121,64 @@ def kill_latency() -> float:
     raise AssertionError("no ReplicaFailure")
 
 
+def hostile_message_latency() -> float:
+    from replicas.runtime.ray_backend import _AUTHKEY
+    from replicas.runtime.wire import Wire, WireError
+
+    m = rp.parse_hlo(DEADLOCK.format(n=2, victim=2).replace("x = f32[8] parameter(0)",
+                                                          "x = f32[8] parameter(0)\n  tok = token[] after-all()\n"
+                                                          "  in = (f32[8], token[]) infeed(tok)"))
+    job = rp.launch(m, [X], num_replicas=2, timeout=60)
+    backend = job._backend  # noqa: SLF001 - the fault being timed
+    address = backend._get([backend._actor_of[0].wire_address.remote(_AUTHKEY)])[0]
+    insider = Wire(lambda m: None, _AUTHKEY, address["node"])
+    sent = time.time()
+    try:
+        insider.send(address, (backend._token, 0, 1, ("coll", 0, 0), np.zeros(1 << 18, np.float32)))
+    except WireError:
+        pass
+    try:
+        job.result()
+    except rp.ReplicaFailure as e:
+        assert "replica 1 sent" in str(e), e
+        return time.time() - sent
+    finally:
+        insider.close()
+    raise AssertionError("no ReplicaFailure")
+
+
+def unplaceable_latency() -> float:
+    start = time.monotonic()
+    try:
+        rp.run(rp.parse_hlo(CALL.replace('custom-call(x, id), custom_call_target="fault"', "copy(x)")), [X],
+               num_replicas=2, resources=[{"no_such_accelerator": 1}, {}], timeout=60)
+    except rp.ReplicaFailure:
+        return time.monotonic() - start
+    raise AssertionError("no ReplicaFailure")
+
+
+def full_node_latency(timeout: float = 2.0) -> float:
+    import ray
+
+    holder = ray.remote(num_cpus=ray.available_resources().get("CPU", 0))(_Holder).remote()
+    ray.get(holder.ping.remote())
+    start = time.monotonic()
+    try:
+        rp.run(rp.parse_hlo(CALL.replace('custom-call(x, id), custom_call_target="fault"', "copy(x)")), [X],
+               num_replicas=2, resources=[{"CPU": 1}, {"CPU": 1}], timeout=timeout)
+    except rp.ExecutionTimeout as e:
+        assert "asks for CPU=1" in str(e), e
+        return time.monotonic() - start
+    finally:
+        ray.kill(holder, no_restart=True)
+    raise AssertionError("no ExecutionTimeout")
+
+
+class _Holder:
+    def ping(self) -> bool:
+        return True
+
+
 def deadlock_latency(backend: str, n: int) -> float:
     def timed(victim: int) -> float:
         start = time.monotonic()
@@ -144,6 +207,9 @@ def main() -> None:
         "actor segfault -> ReplicaFailure": lambda: fault_latency("segfault"),
         "custom call raises -> ReplicaFailure": lambda: fault_latency("raise"),
         "ray.kill(actor) -> ReplicaFailure": kill_latency,
+        "peer message over bound -> ReplicaFailure": hostile_message_latency,
+        "resource no node has -> ReplicaFailure": unplaceable_latency,
+        "full node, timeout=2 -> ExecutionTimeout": full_node_latency,
     }
     try:
         for name, fn in rows.items():

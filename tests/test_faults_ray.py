@@ -16,7 +16,7 @@ import pytest
 import replicas as rp
 from replicas.ops.custom_call import unregister_custom_call
 from replicas.runtime.ray_backend import _AUTHKEY, POOL
-from replicas.runtime.wire import Wire
+from replicas.runtime.wire import Wire, WireError
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.ray]
 
@@ -26,6 +26,26 @@ def setup_module(module):
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(module)
+
+@pytest.fixture(autouse=True)
+def no_object_of_the_job_stays_pinned():
+    """After each fault: neither the driver nor an idle pooled actor holds a reference to any object
+    of the job (the object store keeps an object while some process holds a reference)."""
+    import gc
+
+    import ray
+
+    def driver_refs() -> set[str]:
+        return set(ray._private.worker.global_worker.core_worker.get_all_reference_counts())  # noqa: SLF001
+
+    before = driver_refs()
+    yield
+    gc.collect()
+    assert _eventually(lambda: driver_refs() <= before), driver_refs() - before
+    idle = [a for actors in POOL._idle.values() for a in actors]  # noqa: SLF001
+    held = dict(zip(idle, ray.get([a.object_refs.remote() for a in idle], timeout=60)))
+    assert not any(held.values()), held
+
 
 CALL = """\
 HloModule call, replica_count=2
@@ -126,6 +146,22 @@ def test_an_actor_that_dies_in_a_custom_call_is_named(action):
     assert_next_job_works()
 
 
+def _raise():
+    raise ValueError("the custom call refuses")
+
+
+def test_a_custom_call_that_raises_names_the_replica_instruction_and_cause():
+    big = np.ones(1 << 20, np.float32)  # 4 MiB per replica: the arguments go through the object store
+    rp.register_custom_call("fault", _replica_one(_raise))
+    try:
+        with pytest.raises(rp.ReplicaFailure, match="the custom call refuses") as info:
+            rp.run(rp.parse_hlo(CALL.replace("f32[4]", "f32[1048576]")), [big], num_replicas=2, timeout=60)
+    finally:
+        unregister_custom_call("fault")
+    assert info.value.replica == 1 and info.value.instruction.startswith("%y (custom-call")
+    assert "ValueError" in str(info.value)
+
+
 def _memory():
     raise MemoryError("pretend the actor ran out")
 
@@ -179,6 +215,41 @@ def test_outfeed_values_written_before_a_failure_stay_readable():
         job.outfeed(1)
 
 
+HOST_SEND = """\
+HloModule host_send, replica_count=2
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[4] parameter(0)
+  tok = token[] after-all()
+  s = (f32[4], u32[], token[]) send(x, tok), channel_id=5, is_host_transfer=true
+  d = token[] send-done(s), channel_id=5, is_host_transfer=true
+  in = (f32[4], token[]) infeed(d)
+  y = f32[4] get-tuple-element(in), index=0
+  ROOT z = f32[4] all-reduce(y), replica_groups={}, to_apply=add
+}
+"""
+
+
+def test_host_channel_messages_sent_before_an_actor_died_stay_readable():
+    import ray
+
+    job = rp.launch(rp.parse_hlo(HOST_SEND), [X], num_replicas=2, timeout=60)
+    assert _eventually(lambda: all(_blocked_in(s, "infeed") for s in job.states()))  # both sent, then wait
+    ray.kill(job._backend._actor_of[0], no_restart=True)  # noqa: SLF001 - the fault under test
+    with pytest.raises(rp.ReplicaFailure) as info:
+        job.result()
+    assert info.value.replica == 0
+    np.testing.assert_array_equal(job.recv(1, 5), X)  # the live replica's message, read after the fault
+    with pytest.raises(rp.ReplicaFailure):
+        job.recv(1, 5)  # nothing more: the job's failure
+
+
 def test_resources_no_node_has_fail_at_once_naming_the_resource():
     with pytest.raises(rp.ReplicaFailure, match="no node has no_such_accelerator=1"):
         rp.run(rp.parse_hlo(CALL), [X], num_replicas=2, resources=[{"no_such_accelerator": 1}, {}], timeout=60)
@@ -192,6 +263,25 @@ def test_replicas_that_cannot_be_placed_in_time_end_within_the_timeout():
         # Each asks for every CPU of the only node: the second can never start while the first runs.
         run_with(healthy, timeout=3, resources=[{"CPU": cpus}, {"CPU": cpus}])
     assert_next_job_works()
+
+
+def test_a_full_node_ends_the_start_within_the_timeout_naming_the_resource():
+    import ray
+
+    free = ray.available_resources().get("CPU", 0)
+    holder = ray.remote(num_cpus=free)(_Holder).remote()  # takes every free CPU of the session
+    try:
+        assert ray.get(holder.ping.remote(), timeout=60)
+        with pytest.raises(rp.ExecutionTimeout, match=r"did not start within timeout=3 s.*asks for CPU=1 \(0 free"):
+            run_with(healthy, timeout=3, resources=[{"CPU": 1}, {"CPU": 1}])
+    finally:
+        ray.kill(holder, no_restart=True)
+    assert_next_job_works()
+
+
+class _Holder:
+    def ping(self) -> bool:
+        return True
 
 
 def test_strangers_on_an_actor_socket_and_replayed_messages_do_not_disturb_a_job():
@@ -228,6 +318,41 @@ def test_a_malformed_message_from_a_key_holder_fails_the_job_naming_the_replica(
     assert info.value.replica == 0
     insider.close()
     assert_next_job_works()
+
+
+def _hostile_messages(token):
+    """Messages from a key holder that FED (one all-reduce of f32[4] on 2 replicas) never expects."""
+    from replicas.runtime.shm import Shared, ShmArray, segment_name
+
+    huge = ShmArray(segment_name(token, 1), 0, 0, (1 << 40,), np.dtype(np.float32))
+    return {
+        "over the collective": ((token, 0, 1, ("coll", 0, 0), np.zeros(1 << 18, np.float32)),
+                                r"replica 1 sent 1 MiB .* under \('coll', 0, 0\), where the program expects at most"),
+        "no such channel": ((token, 0, 1, ("chan", 7, 0), X), "program sends nothing on channel 7"),
+        "no such protocol": ((token, 0, 1, ("infeed", 0), X), "names no collective or channel"),
+        "shared memory over the collective": ((token, 0, 1, ("coll", 0, 0), Shared(("fp", huge))),
+                                              "replica 1 sent 4 TiB"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["over the collective", "no such channel", "no such protocol",
+                                  "shared memory over the collective"])
+def test_a_message_over_what_the_program_expects_is_refused_naming_its_sender(kind):
+    job = rp.launch(rp.parse_hlo(FED), [], num_replicas=2, timeout=60)
+    backend = job._backend  # noqa: SLF001
+    address = backend._get([backend._actor_of[0].wire_address.remote(_AUTHKEY)])[0]
+    message, expected = _hostile_messages(backend._token)[kind]
+    insider = Wire(lambda m: None, _AUTHKEY, address["node"])
+    try:
+        insider.send(address, message)
+    except WireError:
+        pass  # the receiver closed the connection before the whole body was written: never blocked
+    with pytest.raises(rp.ReplicaFailure, match=expected) as info:
+        job.result()
+    assert info.value.replica == 0 and f"peer process {os.getpid()}" in str(info.value)
+    insider.close()
+    if kind == "over the collective":
+        assert_next_job_works()
 
 
 def test_exception_in_with_block_ctrl_c_and_two_threads():
@@ -290,3 +415,4 @@ def _eventually(predicate, limit: float = 30) -> bool:
             return True
         event.wait(0.05)
     return False
+

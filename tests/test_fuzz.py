@@ -8,6 +8,7 @@ No code path evaluates, unpickles or imports anything a file names: checked with
 
 from __future__ import annotations
 
+import gzip
 import os
 import sys
 import tempfile
@@ -120,22 +121,52 @@ _SEED_NPZ = [npz_bytes({"arg0": np.zeros(4, np.float32), "arg1": np.ones(2, np.i
 
 TARGETS = {".hlo": lambda b: parse_target(b.decode("utf-8", "surrogateescape")), ".msgpack": msgpack_target,
            ".npz": npz_target}
-CORPUS_FILES = sorted(p for p in CORPUS.glob("*") if p.suffix in TARGETS)
+
+
+def kind(path: Path) -> str:
+    """A corpus file's kind: its suffix (before ".gz": large inputs are stored compressed)."""
+    return Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
+
+
+def content(path: Path) -> bytes:
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.suffix == ".gz" else data
+
+
+CORPUS_FILES = sorted(p for p in CORPUS.glob("*") if kind(p) in TARGETS)
 
 
 def test_the_corpus_is_not_empty():
-    assert {p.suffix for p in CORPUS_FILES} == set(TARGETS)
+    assert {kind(p) for p in CORPUS_FILES} == set(TARGETS)
 
 
 @pytest.mark.parametrize("path", CORPUS_FILES, ids=lambda p: p.name)
 def test_corpus_input_raises_only_program_error(path: Path):
-    run_target(TARGETS[path.suffix], path.read_bytes(), str(path.name))
+    run_target(TARGETS[kind(path)], content(path), str(path.name))
+
+
+SMALL_CORPUS_FILES = [p for p in CORPUS_FILES if p.suffix != ".gz"]  # the large ones are replayed once, above
 
 
 def test_the_corpus_through_rp_load():
-    for path in CORPUS_FILES:
-        if path.suffix in (".hlo", ".msgpack"):
+    for path in SMALL_CORPUS_FILES:
+        if kind(path) in (".hlo", ".msgpack"):
             run_target(rp.load, path, path.name)
+
+
+def test_decoding_a_module_holds_at_most_its_expansion_and_a_larger_input_is_refused_up_front(tmp_path):
+    from replicas.limits import configure, restore
+
+    empty_maps = with_body({"computations": [{}] * 100_000})  # the worst case: one byte per 64-byte dict
+    run_target(msgpack_target, empty_maps, "a run of empty maps")  # within DECODE_EXPANSION per byte
+    previous = configure(max_bytes=len(empty_maps) * 10)
+    try:
+        path = tmp_path / "maps.msgpack"
+        path.write_bytes(empty_maps)
+        with pytest.raises(rp.ProgramError, match="may take up to .* to decode, more than the ceiling"):
+            rp.load(path)
+    finally:
+        restore(previous)
 
 
 # -- fuzzing -------------------------------------------------------------------------------------------
@@ -232,9 +263,9 @@ def test_nothing_a_file_names_is_evaluated_unpickled_or_imported(tmp_path):
         loaded = rp.load(binary)
         with pytest.raises(rp.ProgramError, match="unknown custom-call target"):
             rp.run(loaded, [np.zeros(4, np.float32)], num_replicas=2, backend="threads")
-        for corpus in CORPUS_FILES:
+        for corpus in SMALL_CORPUS_FILES:
             try:
-                TARGETS[corpus.suffix](corpus.read_bytes())
+                TARGETS[kind(corpus)](corpus.read_bytes())
             except rp.ProgramError:
                 pass
     finally:

@@ -192,7 +192,7 @@ def _launch_stuck() -> rp.Job:
 def _past_the_collective(job: rp.Job) -> None:
     for r in range(2):
         job.outfeed(r, timeout=60)
-    assert len(job_segments(job._backend._token)) == 2  # one arena per actor, in use
+    assert len(job_segments(job._backend._token)) == 4  # an arena and a board per actor, in use
 
 
 @pytest.mark.usefixtures("ray_session")

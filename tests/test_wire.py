@@ -104,15 +104,12 @@ def test_a_half_open_connection_is_dropped_after_the_handshake_deadline(pair, mo
 
 
 def test_replayed_bytes_of_an_earlier_connection_are_refused(pair):
-    import pickle
-
     inbox, receiver, _ = pair
     # A keyed client's whole session: its answer to the challenge, then one framed message.
     first = _raw(receiver.address["unix"])
     hello = first.recv(36)
     session = wire_module._digest(KEY, b"c", hello[4:]) + os.urandom(32)
-    data = pickle.dumps(("genuine",))
-    session += struct.pack("<Q", len(data)) + data
+    session += b"".join(wire_module.encode(("genuine",)))
     first.sendall(session)
     assert inbox.wait_for(lambda: inbox.messages == [("genuine",)])
     first.close()
@@ -142,7 +139,7 @@ def test_a_frame_over_the_limit_is_a_fault_not_an_allocation(pair):
     inbox, receiver, _ = pair
     client = _raw(receiver.address["unix"])
     wire_module._client_handshake(client, KEY)
-    client.sendall(struct.pack("<Q", 1 << 60))
+    client.sendall(struct.pack("<QQ", 10, 1 << 60))
     assert inbox.wait_for(lambda: len(inbox.faults) == 1)
     assert str(MAX_FRAME_BYTES) in str(inbox.faults[0])
     assert _closed_by_peer(client)
@@ -153,7 +150,7 @@ def test_bytes_that_do_not_unpickle_are_a_fault(pair):
     inbox, receiver, _ = pair
     client = _raw(receiver.address["unix"])
     wire_module._client_handshake(client, KEY)
-    client.sendall(struct.pack("<Q", 7) + b"garbage")
+    client.sendall(struct.pack("<QQ", 7, 0) + b"garbage")
     assert inbox.wait_for(lambda: len(inbox.faults) == 1)
     client.close()
 
@@ -188,3 +185,24 @@ def test_tcp_listens_only_where_asked_and_authenticates_too():
     finally:
         a.close()
         b.close()
+
+
+def test_a_body_over_what_its_head_allows_is_refused_before_it_is_read():
+    inbox = Inbox()
+
+    def check(head, size):
+        if size > 100:
+            raise WireError(f"{size} bytes under {head[0]!r}, where at most 100 are expected")
+
+    receiver = Wire(inbox.deliver, KEY, "node", on_fault=inbox.fault, check=check)
+    client = _raw(receiver.address["unix"])
+    wire_module._client_handshake(client, KEY)
+    header, data = wire_module.encode(("small-key", np.zeros(1 << 16, np.uint8)))
+    head_size, body_size = struct.unpack("<QQ", header)
+    client.sendall(header + data[:head_size])  # the head only: the body is never sent
+    assert inbox.wait_for(lambda: len(inbox.faults) == 1)
+    fault = str(inbox.faults[0])
+    assert f"{body_size} bytes under 'small-key'" in fault and f"peer process {os.getpid()}" in fault
+    assert _closed_by_peer(client) and not inbox.messages
+    client.close()
+    receiver.close()

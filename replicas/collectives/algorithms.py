@@ -73,10 +73,6 @@ def _slot(dim: int, start: int, stop: int) -> tuple[slice, ...]:
 
 # -- among leaders -----------------------------------------------------------------------------------
 
-def _other_leaders(topo: Topology) -> list[int]:
-    return [r for k, r in enumerate(topo.layout.leaders) if k != topo.position]
-
-
 def recursive_doubling(ex: Exchange, value: Any, merge: Callable[[Any, Any], Any]) -> Any:
     """Every leader ends with merge over all leaders' values (lower process position first), in
     log2(P) rounds of one message each, plus one fold-in and one fold-out round for the processes
@@ -107,32 +103,21 @@ def recursive_doubling(ex: Exchange, value: Any, merge: Callable[[Any, Any], Any
 
 def leaders_all_reduce(ex: Exchange, acc: Values, combine: Combine) -> Values:
     topo = ex.topo
-    leaders, pos = topo.layout.leaders, topo.position
+    leaders = topo.layout.leaders
     p = len(leaders)
     if p == 1:
         return acc
     if p > DIRECT_MAX_PROCESSES:
         return recursive_doubling(ex, acc, combine)
-    others = _other_leaders(topo)
     if nbytes(acc) < SMALL_BYTES:
-        for r in others:
-            ex.send(r, LEADER_ROUND, acc)
-        parts = ex.recv(others, LEADER_ROUND)
-        parts.insert(pos, acc)
-        return reduce_in_order(parts, combine)
+        return reduce_in_order(ex.among_leaders(LEADER_ROUND, acc), combine)
     # Reduce-scatter (leader k reduces shard k in process order), then all-gather into one buffer.
     per_operand = [np.array_split(v.reshape(-1), p) for v in acc]
     shards = [tuple(splits[k] for splits in per_operand) for k in range(p)]
-    for k, r in enumerate(leaders):
-        if k != pos:
-            ex.send(r, LEADER_ROUND, shards[k])
-    parts = ex.recv(others, LEADER_ROUND)
-    parts.insert(pos, shards[pos])
-    mine = reduce_in_order(parts, combine)
-    for r in others:
-        ex.send(r, LEADER_ROUND + 1, mine)
-    reduced = ex.recv(others, LEADER_ROUND + 1)
-    reduced.insert(pos, mine)
+    # Settled at once: the peers' round-one buffers are free again before round two (a board
+    # writer reuses its buffer of round one in its next collective's round one).
+    mine = ex.settle(reduce_in_order(ex.among_leaders(LEADER_ROUND, shards, per_destination=True), combine))
+    reduced = ex.among_leaders(LEADER_ROUND + 1, mine)
     out = []
     for k, v in enumerate(acc):
         buffer = np.empty(v.shape, dtype=mine[k].dtype)
@@ -153,22 +138,18 @@ def leaders_gather(ex: Exchange, mine: list[Any]) -> list[Any]:
         return mine
     if p > DIRECT_MAX_PROCESSES:
         return recursive_doubling(ex, mine, lambda a, b: a + b)
-    others = _other_leaders(topo)
-    for r in others:
-        ex.send(r, LEADER_ROUND, mine)
-    return [item for part in [mine, *ex.recv(others, LEADER_ROUND)] for item in part]
+    return [item for part in ex.among_leaders(LEADER_ROUND, mine) for item in part]
 
 
 def leaders_exchange(ex: Exchange, payload_for: Callable[[int], Any]) -> dict[int, Any]:
     """One round in which each leader sends `payload_for(q)` to the leader of process q; the
     payloads received, by process position. (All-to-all's pairs of processes: P * (P - 1).)"""
     topo = ex.topo
-    leaders, pos = topo.layout.leaders, topo.position
-    for q, r in enumerate(leaders):
-        if q != pos:
-            ex.send(r, LEADER_ROUND, payload_for(q))
-    positions = [q for q in range(len(leaders)) if q != pos]
-    return dict(zip(positions, ex.recv([leaders[q] for q in positions], LEADER_ROUND)))
+    pos = topo.position
+    p = len(topo.layout.leaders)
+    got = ex.among_leaders(LEADER_ROUND, [None if q == pos else payload_for(q) for q in range(p)],
+                           per_destination=True)
+    return {q: got[q] for q in range(p) if q != pos}
 
 
 # -- all-reduce ------------------------------------------------------------------------------------

@@ -19,14 +19,18 @@ the receiver reports the mismatch instead of waiting forever.
 
 from __future__ import annotations
 
+import pickle
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from replicas.collectives.fingerprint import Fingerprint, diff, mismatch_error
 from replicas.collectives.groups import Group
 from replicas.records import BlockInfo
+from replicas.runtime import board as shared_board
 from replicas.runtime import keys
 
 if TYPE_CHECKING:
@@ -116,7 +120,7 @@ def topology(group: Group, index: int, placement: Sequence[int]) -> Topology:
 class Exchange:
     """The messages of one collective on one replica."""
 
-    __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "_topo")
+    __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "_topo", "_reads")
 
     def __init__(self, fabric: Fabric, seq: int, fingerprint: Fingerprint, block: BlockInfo,
                  topo: Topology | None) -> None:
@@ -126,6 +130,7 @@ class Exchange:
         self.fingerprint = fingerprint
         self.block = block
         self._topo = topo
+        self._reads: list[shared_board.Read] = []
 
     @property
     def topo(self) -> Topology:
@@ -143,15 +148,122 @@ class Exchange:
             return []
         key = keys.collective(self.seq, round_)
         values = self.fabric.recv_all([(s, key) for s in sources], self.block)
-        own = self.fingerprint.wire
         payloads = []
         for src, (theirs, payload) in zip(sources, values):
-            if theirs is not own and theirs != own:
-                differences = diff(own, theirs, strict=self.fabric.strict)
-                if differences:
-                    raise mismatch_error(self.seq, self.me, self.fingerprint, src, theirs, differences)
+            self._check(src, theirs)
             payloads.append(payload)
         return payloads
+
+    def _check(self, src: int, theirs: tuple) -> None:
+        own = self.fingerprint.wire
+        if theirs is not own and theirs != own:
+            differences = diff(own, theirs, strict=self.fabric.strict)
+            if differences:
+                raise mismatch_error(self.seq, self.me, self.fingerprint, src, theirs, differences)
+
+    # -- the leaders' level -------------------------------------------------------------------------
+    def among_leaders(self, round_: int, payload: Any, per_destination: bool = False) -> list[Any]:
+        """One round among the group's process leaders: each sends `payload` (or, `per_destination`,
+        `payload[q]` to the leader of process q) to every other; what each sent here, by process
+        position (this leader's own at its position). Through the same-node board when every
+        leader shares this node (see `runtime/board.py`), else as fabric messages."""
+        topo = self.topo
+        leaders, pos = topo.layout.leaders, topo.position
+        others = [q for q in range(len(leaders)) if q != pos]
+        out: list[Any] = [None] * len(leaders)
+        out[pos] = payload[pos] if per_destination else payload
+        board = self.fabric.board
+        if board is not None and len(leaders) <= shared_board.READERS:
+            same_node = self.fabric.same_node
+            if all(leaders[q] in same_node for q in others):
+                return self._on_board(board, round_, payload, per_destination, others, out)
+        for q in others:
+            self.send(leaders[q], round_, payload[q] if per_destination else payload)
+        for q, value in zip(others, self.recv([leaders[q] for q in others], round_)):
+            out[q] = value
+        return out
+
+    def _on_board(self, board: shared_board.Board, round_: int, payload: Any, per_destination: bool,
+                  others: list[int], out: list[Any]) -> list[Any]:
+        leaders, pos = self.topo.layout.leaders, self.topo.position
+        tag = shared_board.tag_of(self.seq, round_)
+        fingerprint = board.fingerprint_bytes(self.fingerprint.wire)
+        if board.publish(self.me, tag, fingerprint, payload, tuple(others), self._wait_released):
+            sent = self.fabric.shm_sent  # what went through shared memory, by destination (for tests)
+            for q in others:
+                sent[leaders[q]] = sent.get(leaders[q], 0) + 1
+        else:
+            for q in others:  # too large for the board: announced there, the bytes go over the fabric
+                self.send(leaders[q], round_, payload[q] if per_destination else payload)
+        for q in others:
+            writer = leaders[q]
+            theirs, value, via_fabric, read = board.open(self._wait_published(board, writer, tag), tag, pos)
+            self._reads.append(read)
+            if theirs != fingerprint:
+                self._check(writer, pickle.loads(theirs))  # noqa: S301 - this job's actors only
+            if via_fabric:
+                value = self.recv([writer], round_)[0]
+            elif per_destination:
+                value = value[pos]
+            out[q] = value
+        return out
+
+    def _wait_published(self, board: shared_board.Board, writer: int, tag: int) -> Any:
+        found = board.find(writer, tag)
+        if found is not None:
+            return found
+        mapping, word = board.counter(writer)
+        address = mapping.address + 4 * word
+        words = mapping.words
+
+        def ready() -> bool:
+            return board.find(writer, tag) is not None
+
+        def sleep(timeout: float) -> None:
+            seen = int(words[word])
+            if not ready():
+                shared_board.futex_wait(address, seen, timeout)
+
+        self.fabric.mailbox.wait_external(self.block, ready, sleep, lambda: shared_board.futex_wake(address))
+        return board.find(writer, tag)
+
+    def _wait_released(self, done: Callable[[], bool], address: int) -> None:
+        """A writer waiting for the readers of its buffer's previous round: they have all they need
+        to finish that round, so it is running, not blocked."""
+        word = shared_board.u32_at(address)
+
+        def sleep(timeout: float) -> None:
+            seen = word.value
+            if not done():
+                shared_board.futex_wait(address, seen, timeout)
+
+        self.fabric.mailbox.wait_external(None, done, sleep, lambda: shared_board.futex_wake(address),
+                                          shared_board.RELEASE_SLICE)
+
+    def settle(self, value: Any) -> Any:
+        """`value` with every array that is a view of a peer's board buffer copied out, then the
+        buffers released to their writers (the collective is done with them)."""
+        reads = self._reads
+        if not reads:
+            return value
+
+        def own(v: Any) -> Any:
+            if isinstance(v, np.ndarray) and any(np.may_share_memory(v, r.region) for r in reads):
+                return v.copy()
+            if isinstance(v, tuple):
+                return tuple(own(x) for x in v)
+            if isinstance(v, list):
+                return [own(x) for x in v]
+            return v
+
+        value = own(value)
+        self.release()
+        return value
+
+    def release(self) -> None:
+        reads, self._reads = self._reads, []
+        for read in reads:
+            read.release()
 
     # -- the in-process level ---------------------------------------------------------------------
     def gather_local(self, payload: Any) -> list[Any] | None:
@@ -176,6 +288,12 @@ class Exchange:
         waking at once and queueing for the GIL (whose waiters each poll every switch interval: a
         cost that grows with the square of the threads waiting, measured 2x at 1024 members)."""
         topo = self.topo
+        if self._reads:
+            results, shared = self.settle((results, shared))
+            if len(topo.local) > 1:  # one copy shared by several members: nobody may change it
+                for v in shared if isinstance(shared, tuple) else (shared,):
+                    if isinstance(v, np.ndarray):
+                        v.setflags(write=False)
         if len(topo.local) > 1:
             self.send(topo.layout.group[topo.local[1]], RESULT, (results, shared))
         return shared if results is None else results[0]

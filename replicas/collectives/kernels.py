@@ -76,18 +76,21 @@ class Collective:
     def run(self, algorithm: Callable[..., Any], *args: Any) -> Any:
         ex = self.exchange()
         recorder = self.fabric.recorder
-        if recorder is None:
-            return algorithm(ex, *args)
-        # The group is the interned tuple itself: a copy per event would cost O(N) per member.
-        event = recorder.begin("collective", self.inst.name, self.inst.opcode, seq=ex.seq, group=self.group,
-                               fingerprint=self.fingerprint_dict)
         try:
-            result = algorithm(ex, *args)
-        except BaseException as e:
-            recorder.end(event, error=f"{type(e).__name__}: {e}")
-            raise
-        recorder.end(event)
-        return result
+            if recorder is None:
+                return algorithm(ex, *args)
+            # The group is the interned tuple itself: a copy per event would cost O(N) per member.
+            event = recorder.begin("collective", self.inst.name, self.inst.opcode, seq=ex.seq, group=self.group,
+                                   fingerprint=self.fingerprint_dict)
+            try:
+                result = algorithm(ex, *args)
+            except BaseException as e:
+                recorder.end(event, error=f"{type(e).__name__}: {e}")
+                raise
+            recorder.end(event)
+            return result
+        finally:
+            ex.release()  # board buffers this replica read (normally released with its results)
 
 
 def _bind(inst: Instruction, ctx: KernelContext, *, pairs: tuple | None = None

@@ -23,6 +23,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from replicas import limits
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.layout import from_bytes, to_bytes
@@ -34,6 +35,10 @@ _HEADER = struct.Struct("<8sH")
 
 MAX_DEPTH = 64  # nesting of containers, tuple shapes and ext payloads together
 MAX_BYTES = 1 << 31  # largest input accepted
+# Decoding holds at most about this many bytes of Python objects per input byte: the worst is a
+# run of empty maps (one byte each, a 64-byte dict and an 8-byte slot each); an input whose worst
+# case is over the per-value ceiling (replicas.limits, max_bytes) is refused before decoding.
+DECODE_EXPANSION = 80
 
 EXT_TUPLE = 1
 EXT_NDARRAY = 2
@@ -276,6 +281,12 @@ def _unpack(data: bytes | bytearray | memoryview, what: str) -> Any:
     size = len(data)
     if size > MAX_BYTES:
         raise ProgramError(f"{what} data of {size} bytes exceeds the limit of {MAX_BYTES}")
+    ceiling = limits.current().max_bytes
+    if size * DECODE_EXPANSION > ceiling:
+        raise ProgramError(f"{what} data of {limits.format_bytes(size)} may take up to "
+                           f"{limits.format_bytes(size * DECODE_EXPANSION)} to decode, more than the ceiling of "
+                           f"{limits.format_bytes(ceiling)} (replicas.limits.configure(max_bytes=...) or "
+                           "REPLICAS_MAX_BYTES)")
     limit = max(size, 1)
     unpacker = msgpack.Unpacker(
         None, raw=False, use_list=True, strict_map_key=True, max_buffer_size=limit, max_str_len=limit,

@@ -34,12 +34,16 @@ from replicas.shapes import PrimitiveType, Shape
 TO_LOCAL = frozenset({"SPMDFullToShardShape", "xla.sdy.GlobalToLocalShape"})
 TO_GLOBAL = frozenset({"SPMDShardToFullShape", "xla.sdy.LocalToGlobalShape"})
 SDY_PREFIX = "xla.sdy."
+_MARKERS = TO_LOCAL | TO_GLOBAL
 
 
 def has_spmd_markers(module: Module) -> bool:
     """Whether `module` is a lowered SPMD program (it enters or leaves a manual shard_map body)."""
-    return any(_target(inst) in TO_LOCAL | TO_GLOBAL or _target(inst).startswith(SDY_PREFIX)
-               for _, inst in module.instructions())
+    return any(inst.opcode == "custom-call" and _is_marker(_target(inst)) for _, inst in module.instructions())
+
+
+def _is_marker(target: str) -> bool:
+    return target in _MARKERS or target.startswith(SDY_PREFIX)
 
 
 def _target(inst: Instruction) -> str:

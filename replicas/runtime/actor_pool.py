@@ -39,6 +39,20 @@ class ActorPool:
             return idle.pop(), True
         return self.fresh(options), False
 
+    def can_serve(self, options_of_actors: list[dict[str, Any]]) -> bool:
+        """True when the pool holds an idle actor for each of these options."""
+        from collections import Counter
+
+        self._check_session()
+        wanted = Counter(_options_key(o) for o in options_of_actors)
+        return all(len(self._idle.get(key, ())) >= count for key, count in wanted.items())
+
+    def hand_back(self, actors_with_options: list[tuple[Any, dict[str, Any]]]) -> None:
+        """Pool actors known to be reusable without a reset call (every replica of their job
+        finished and the actor reset itself)."""
+        for actor, options in actors_with_options:
+            self._idle.setdefault(_options_key(options), []).append(actor)
+
     def fresh(self, options: dict[str, Any]) -> Any:
         return self._actor_class().options(**options).remote()
 

@@ -117,6 +117,17 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
     progress: while `result()` waits, a live status line on stderr when it is a terminal
         (`job.progress()` gives the same as data at any time).
     """
+    return _launch(module, args, num_replicas, timeout=timeout, address=address, infeed=infeed, trace=trace,
+                   strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
+                   record_every_instruction=record_every_instruction, trace_events=trace_events,
+                   progress=progress, run_to_end=False)
+
+
+def _launch(module: Program, args: Sequence[Any] | None, num_replicas: int | None, *, timeout: float | None,
+            address: str | None, infeed: Sequence[Sequence[Any]] | None, trace: str | None, strict: bool,
+            backend: str, replicas_per_actor: int | None, resources: Sequence[dict[str, float]] | None,
+            record_every_instruction: bool, trace_events: int, progress: bool, run_to_end: bool) -> Job:
+    """`launch`; `run_to_end`: the caller only waits for the result (see `RayBackend`)."""
     program = as_program(module)
     if num_replicas is None:
         num_replicas = declared_replicas(program)
@@ -144,7 +155,7 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
                             record_every_instruction=record_every_instruction,
                             replicas_per_actor=replicas_per_actor or 0,
                             resources=list(resources) if resources is not None else None, timeout=timeout,
-                            trace_events=trace_events)
+                            trace_events=trace_events, run_to_end=run_to_end and not infeed)
     job = Job(engine, executable, timeout=timeout, host_may_send=True, trace=trace, progress=progress)
     for r, values in enumerate(infeed or []):
         for v in values:
@@ -165,9 +176,10 @@ def run(module: Program, args: Sequence[Any] | None = None, num_replicas: int | 
     seconds, a disagreement between the members of a collective raises CollectiveMismatchError,
     and `timeout` seconds of work raise ExecutionTimeout naming what each replica was doing.
     """
-    job = launch(module, args, num_replicas, timeout=timeout, address=address, infeed=infeed, trace=trace,
-                 strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
-                 record_every_instruction=record_every_instruction, trace_events=trace_events, progress=progress)
+    job = _launch(module, args, num_replicas, timeout=timeout, address=address, infeed=infeed, trace=trace,
+                  strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
+                  record_every_instruction=record_every_instruction, trace_events=trace_events, progress=progress,
+                  run_to_end=True)
     job.close_host_input()  # run() feeds nothing beyond the preloaded infeed
     with job:
         return job.result()

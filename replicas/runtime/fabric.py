@@ -21,6 +21,7 @@ from replicas.runtime.mailbox import Mailbox
 
 if TYPE_CHECKING:
     from replicas.diagnostics.recorder import FlightRecorder
+    from replicas.runtime.board import Board
 
 
 class Fabric(Protocol):
@@ -52,6 +53,11 @@ class Fabric(Protocol):
 
 class MailboxFabric:
     """`Fabric` over the replica's mailbox. Subclasses implement `_post(dst, key, value)`."""
+
+    # The same-node board its actor shares with the job's other actors on this node, and the
+    # replicas hosted on this node (`RayFabric` sets them; elsewhere collectives use messages).
+    board: Board | None = None
+    same_node: frozenset[int] = frozenset()
 
     def __init__(self, replica_id: int, num_replicas: int, mailbox: Mailbox | None = None, *,
                  strict: bool = True, recorder: FlightRecorder | None = None,

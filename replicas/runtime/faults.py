@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from replicas.errors import ReplicaFailure
+from replicas.limits import id_ranges
 from replicas.records import ReplicaState
 
 
@@ -83,8 +84,26 @@ def unplaceable(requests: list[tuple[list[int], dict[str, float]]], nodes: list[
     return None
 
 
+def not_started(replicas: list[int], wanted: dict[str, float], free: dict[str, float], total: dict[str, float],
+                dead_nodes: int, timeout: float | None) -> str:
+    """Why the actors of `replicas` did not start within the timeout: which resource they ask for is
+    short now (`free` and `total` over the cluster's alive nodes), or none, and how many nodes died."""
+    short = [f"{k}={v:g} ({free.get(k, 0):g} free of {total.get(k, 0):g}: the rest is held by other actors "
+             f"or jobs)" for k, v in sorted(wanted.items()) if free.get(k, 0) < v]
+    if short:
+        why = f"{'replica ' + str(replicas[0]) if len(replicas) == 1 else 'each actor'} asks for " + ", ".join(short)
+    elif wanted:
+        why = (f"they ask for {', '.join(f'{k}={v:g}' for k, v in sorted(wanted.items()))}, free now on the cluster "
+               "but perhaps not together on one node, or their processes were slow to start")
+    else:
+        why = "they ask for no resources: their processes were slow to start"
+    lost = f"; {dead_nodes} node{'s' if dead_nodes > 1 else ''} of the cluster died" if dead_nodes else ""
+    return (f"replicas {id_ranges(replicas)} did not start within timeout={timeout} s: their actors could not be "
+            f"placed or started ({why}{lost})")
+
+
 def _ids(replicas: list[int]) -> str:
     return str(replicas[0]) if len(replicas) == 1 else f"{replicas[0]}-{replicas[-1]}"
 
 
-__all__ = ["is_memory_error", "doing", "actor_failure", "unplaceable"]
+__all__ = ["is_memory_error", "doing", "actor_failure", "unplaceable", "not_started"]

@@ -16,7 +16,7 @@ import copy
 import dataclasses
 import threading
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from replicas.records import BlockInfo, ReplicaState
@@ -34,6 +34,9 @@ class Mailbox:
         self._to_host: dict[int, deque[Any]] = {}  # channel id -> values sent to the host
         # What the blocked replica still waits for: a delivery wakes it only when this empties.
         self._missing: set[tuple[int, Hashable]] = set()
+        # While the replica waits outside the mailbox (the same-node board): is what it waits for
+        # there, and how to interrupt its wait.
+        self._external: tuple[Callable[[], bool], Callable[[], None]] | None = None
 
     # -- delivery (any thread) -------------------------------------------------------------------
     def deliver(self, src: int, key: Hashable, value: Any) -> None:
@@ -60,6 +63,39 @@ class Mailbox:
             if self._abort is None:
                 self._abort = exc
             self._cond.notify_all()
+            external = self._external
+        if external is not None:
+            external[1]()
+
+    def wait_external(self, block: BlockInfo | None, ready: Callable[[], bool], sleep: Callable[[float], None],
+                      wake: Callable[[], None], slice_: float = _POLL) -> None:
+        """Wait until `ready()` outside the mailbox (on shared memory): `sleep(t)` waits at most t s
+        for a change, `wake()` interrupts it (on abort). With a `block`, the replica is published as
+        blocked meanwhile, and as running as soon as `ready()` holds (nothing in flight is missed:
+        what it waits for is there, it has not woken yet)."""
+        if ready():
+            return
+        state = self.state
+        with self._cond:
+            if self._abort is not None:
+                raise self._abort
+            self._external = (ready, wake)
+            if block is not None:
+                state.block = block
+                state.status = "blocked"
+        try:
+            while not ready():
+                if self._abort is not None:
+                    raise self._abort
+                sleep(slice_)
+        finally:
+            with self._cond:
+                self._external = None
+                if block is not None:
+                    state.block = None
+                    if state.status == "blocked":
+                        state.status = "running"
+                state.progress += 1
 
     @property
     def aborted(self) -> BaseException | None:
@@ -150,7 +186,8 @@ class Mailbox:
         with self._cond:
             s = self.state
             status, block = s.status, s.block
-            if status == "blocked" and not self._missing:
+            external = self._external
+            if status == "blocked" and (not self._missing if external is None else external[0]()):
                 # Everything arrived; the waiting thread has not woken yet to take it: it is running.
                 status, block = "running", None
             elif block is not None and len(block.waits_for) > 1 and block.needs != "group":

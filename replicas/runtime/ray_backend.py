@@ -10,26 +10,31 @@ actors, polls their states for the monitor and collects results; it is never in 
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import hashlib
 import logging
 import os
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Hashable
 from typing import Any
 
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
+from replicas.runtime import board as shared_board
 from replicas.runtime.actor_pool import ActorPool
 from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
-from replicas.runtime.faults import actor_failure, is_memory_error, unplaceable
+from replicas.runtime.faults import actor_failure, is_memory_error, not_started, unplaceable
 from replicas.runtime.mailbox import Mailbox
+from replicas.runtime.message_bounds import MessageBounds
 from replicas.runtime.shm import Inbox, Outbox, Shared, remove_job_segments
 from replicas.runtime.shm import available as shm_available
-from replicas.runtime.wire import WIRE_MAX_BYTES, Wire, WireError, payload_bytes
+from replicas.runtime.wire import WIRE_MAX_BYTES, RefusedMessage, Wire, WireError, payload_bytes
 
 _init_lock = threading.Lock()
 # The key this driver's actors authenticate direct connections with (see wire.py).
@@ -105,7 +110,14 @@ class ReplicaHost:
         self._faults: dict[int, ReplicaFailure] = {}  # replica -> a fault found outside its thread
         self._outbox: Outbox | None = None  # this job's shared-memory arena, when it has peers
         self._inbox: Inbox | None = None
+        self._board: shared_board.Board | None = None  # this job's same-node board, when it has peers
         self._shm_report: dict[int, dict[int, int]] = {}
+        self._bounds: MessageBounds | None = None  # what peers' messages may hold in the current job
+        self._bounds_of: tuple[bytes, int] | None = None  # (program digest, replicas) `_bounds` is for
+        # `launch`, `begin` and `finish` of consecutive jobs may run concurrently (a threaded
+        # actor): they take turns on this, and `finish` waits on it for its job's launch.
+        self._job_turn = threading.Condition(threading.RLock())
+        self._launched: Any = None  # the token of the last launch, or ("failed", token)
 
     def wire_address(self, authkey: bytes, across_nodes: bool = False) -> dict[str, Any]:
         """Open (once per actor) the direct message sockets; their address for the peers. A TCP
@@ -114,10 +126,22 @@ class ReplicaHost:
 
         if self._wire is None:
             self._wire = Wire(self._on_wire, authkey, ray.get_runtime_context().get_node_id(),
-                              on_fault=self._on_wire_fault)
+                              on_fault=self._on_wire_fault, check=self._check_frame)
         if across_nodes:
             self._wire.open_tcp(ray.util.get_node_ip_address())
         return self._wire.address
+
+    def _check_frame(self, head: tuple, size: int) -> None:
+        """Before a peer's message body is read: refuse one for no replica of this actor, or over
+        what its key's collective or channel can hold (runtime/message_bounds.py)."""
+        if len(head) != 4:
+            raise WireError(f"a message head must be (token, dst, src, key), got {len(head)} elements")
+        token, dst, src, key = head
+        if token != self._token:
+            return  # an earlier job's message (bounded by the frame limit): read, then dropped
+        if dst not in self._mailboxes or self._bounds is None:
+            raise WireError(f"replica {src!r} sent a message for replica {dst!r}, which this actor does not run")
+        self._bounds.check_frame(src, key, size)
 
     def _on_wire(self, message: Any) -> None:
         if not (isinstance(message, tuple) and len(message) == 5):
@@ -134,6 +158,7 @@ class ReplicaHost:
                 inbox.release_unread(value)
             raise WireError(f"a message for replica {dst!r}, which this actor does not run")
         if type(value) is Shared and inbox is not None:
+            self._bounds.check_shared(src, key, value)  # before any block is mapped
             value = inbox.decode(value)
         box.deliver(src, key, value)
 
@@ -143,15 +168,15 @@ class ReplicaHost:
         if not self._mailboxes:
             return
         replica = min(self._mailboxes)
-        fault = ReplicaFailure(f"replica {replica} failed: a peer's message was refused: "
-                               f"{type(error).__name__}: {error}", replica, repr(error))
+        detail = str(error) if isinstance(error, RefusedMessage) else f"{type(error).__name__}: {error}"
+        fault = ReplicaFailure(f"replica {replica} failed: {detail}", replica, repr(error))
         self._faults.setdefault(replica, fault)
         for box in self._mailboxes.values():
             box.abort(fault)
 
     def setup(self, token: str, replica_ids: list[int], num_replicas: int, module_bytes: bytes, strict: bool,
               record_every_instruction: bool, custom_calls: dict[str, Any] | None = None,
-              trace_events: int = DEFAULT_CAPACITY) -> None:
+              trace_events: int = DEFAULT_CAPACITY, digest: bytes | None = None) -> None:
         import hashlib
 
         from replicas.ops.custom_call import register_custom_call
@@ -164,11 +189,16 @@ class ReplicaHost:
 
         # Every replica of the job is taken to be on this node (the safe side on one node).
         size_replica_process(num_replicas)
-        digest = hashlib.sha256(module_bytes).digest()
+        digest = digest or hashlib.sha256(module_bytes).digest()
         executable = self._executables.get(digest)
         if executable is None:
+            if module_bytes is None:
+                raise ReplicaFailure("this actor no longer holds the program the driver sent it last", replica_ids[0])
             executable = Executable.from_bytes(module_bytes)
             self._executables = {digest: executable}  # keep the last program only
+        if self._bounds_of != (digest, num_replicas):
+            self._bounds = MessageBounds(executable.module, num_replicas)
+            self._bounds_of = (digest, num_replicas)
         self._close_shared_memory(self._token)
         self._token = token
         self._faults = {}
@@ -182,11 +212,16 @@ class ReplicaHost:
                 self._outbox = Outbox(token, replica_ids[0])
             except OSError:  # no room or no rights under /dev/shm: the sockets and the object store remain
                 self._outbox = None
+        if len(replica_ids) < num_replicas and shared_board.available():
+            try:
+                self._board = shared_board.Board(token, replica_ids)
+            except OSError:  # leaders then exchange messages (every actor of a node fails alike)
+                self._board = None
         for r in replica_ids:
             recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
             fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
                                recorder=recorder)
-            fabric.wire, fabric.token, fabric.outbox = self._wire, token, self._outbox
+            fabric.wire, fabric.token, fabric.outbox, fabric.board = self._wire, token, self._outbox, self._board
             self._fabrics.append(fabric)
             self._runners[r] = ReplicaRunner(executable, fabric, recorder)
 
@@ -202,7 +237,7 @@ class ReplicaHost:
             self._wire.drop_peers()
         self._shm_report = self.shm_sent()
         for fabric in self._fabrics:
-            fabric.outbox = None  # the arena is closed below, whatever still holds a fabric
+            fabric.outbox = fabric.board = None  # closed below, whatever still holds a fabric
         token = self._token
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
@@ -218,8 +253,11 @@ class ReplicaHost:
             used = self._outbox.close()
         if self._inbox is not None:
             used = self._inbox.close() or used
+        if self._board is not None:
+            self._board.close()
+            used = True
         remove_job_segments(token)
-        self._outbox = self._inbox = None
+        self._outbox = self._inbox = self._board = None
         if used:
             # Received arrays left in the finished job's reference cycles (interpreter, kernels,
             # mailboxes) keep their mappings until the cycle collector runs: run it now, so an
@@ -234,6 +272,13 @@ class ReplicaHost:
     def ping(self) -> bool:
         return True
 
+    def object_refs(self) -> list[str]:
+        """The Ray objects this actor process holds a reference to (for leak checks: an idle pooled
+        actor holds none of a finished job's)."""
+        import ray
+
+        return list(ray._private.worker.global_worker.core_worker.get_all_reference_counts())  # noqa: SLF001
+
     def connect(self, routes: dict[int, Any], wire_routes: dict[int, dict[str, Any]],
                 placement: list[int] | None = None) -> None:
         node = self._wire.address["node"] if self._wire is not None else None
@@ -244,14 +289,81 @@ class ReplicaHost:
             fabric.same_node = same_node
             if placement is not None:
                 fabric.placement = placement
+        if self._board is not None and placement is not None:
+            self._board.locate(placement)
 
     def start(self, args: dict[int, list[Any]]) -> None:
         for r, a in args.items():
             self._runners[r].start(a)
 
+    def launch(self, token: str, replica_ids: list[int], num_replicas: int, digest: bytes,
+               module_bytes: bytes | None, options: dict[str, Any], routes: dict[int, Any],
+               wire_routes: dict[int, dict[str, Any]], placement: list[int], args: dict[int, list[Any]] | None,
+               finish_within: float | None = None) -> Any:
+        """`setup`, `connect` and (with `args`) `begin` in one call. The program travels only when
+        this actor does not hold it (`module_bytes` None: the one of `digest`); a previous job
+        still here (a `finish` still deciding) is reset first. A job of several actors begins
+        in a second call, once every actor is set up: a peer's message must find its mailbox."""
+        with self._job_turn:
+            try:
+                if self._token:
+                    self.reset(_STOP_SECONDS)
+                self.setup(token, replica_ids, num_replicas, module_bytes, digest=digest, **options)
+                self.connect(routes, wire_routes, placement)
+            except BaseException:
+                self._launched = ("failed", token)
+                self._job_turn.notify_all()
+                raise
+        return None if args is None else self.begin(token, args, finish_within)
+
+    def begin(self, token: str, args: dict[int, list[Any]], finish_within: float | None = None) -> Any:
+        """Start the replicas of job `token` (set up by `launch`); with `finish_within`, then `finish`
+        (the whole of a short job in one reply)."""
+        with self._job_turn:
+            try:
+                if self._token != token:
+                    raise ReplicaFailure(f"actor of replica {min(args)} is not set up for this job", min(args))
+                self.start(args)
+                self._launched = token
+            except BaseException:
+                self._launched = ("failed", token)
+                raise
+            finally:
+                self._job_turn.notify_all()
+        return None if finish_within is None else self.finish(token, finish_within)
+
+    def finish(self, token: str, timeout: float) -> tuple[dict[int, Any], bytes, dict[int, Any]] | None:
+        """When every hosted replica of job `token` finished within `timeout` s: (results, events,
+        host values nobody read) in one reply, and an actor that hosts the whole job is reset (no
+        peer can need it any more). None when one failed, was cancelled or is still running: the
+        driver's monitor takes over (states, results, reset as for any job)."""
+        deadline = time.monotonic() + timeout
+        with self._job_turn:
+            if not self._job_turn.wait_for(lambda: self._launched in (token, ("failed", token)), timeout):
+                return None
+            if self._launched != token:
+                return None
+            runners = list(self._runners.values())
+        for runner in runners:
+            if not runner.join(max(0.0, deadline - time.monotonic())) or runner.error is not None:
+                return None
+        with self._job_turn:
+            if self._token != token or self._faults:
+                return None
+            outcome = self.results(), self.events(), self.drain()
+            if len(self._runners) == self._fabrics[0].num_replicas:
+                self.reset(_STOP_SECONDS)
+            return outcome
+
     def deliver(self, token: str, dst: int, src: int, key: Hashable, value: Any) -> None:
         box = self._mailboxes.get(dst)
         if token == self._token and box is not None:
+            if src != HOST:  # a peer's message through the object store: judged like the wire's
+                try:
+                    self._bounds.check_payload(src, key, value)
+                except WireError as e:
+                    self._on_wire_fault(RefusedMessage(f"replica {src!r}'s actor (through the object store)", e))
+                    return
             box.deliver(src, key, value)
 
     def states(self) -> list[ReplicaState]:
@@ -321,6 +433,7 @@ def _picklable(e: BaseException) -> bool:
         return False
 
 
+_STOP_SECONDS = 2.0  # how long a reset waits for a job's replicas to stop (as `ActorPool.release`)
 _actor_class = None
 
 
@@ -346,7 +459,10 @@ class RayBackend:
     def __init__(self, executable: Executable, args: list[list[Any]], *, address: str | None = None,
                  strict: bool = True, record_every_instruction: bool = False, replicas_per_actor: int = 0,
                  resources: list[dict[str, float]] | None = None, num_cpus: float = 0,
-                 timeout: float | None = None, trace_events: int = DEFAULT_CAPACITY) -> None:
+                 timeout: float | None = None, trace_events: int = DEFAULT_CAPACITY, run_to_end: bool = False
+                 ) -> None:
+        """`run_to_end`: nothing but `completed` is called first (no host feeds): a warm job
+        launches and reports its end in one call per actor."""
         import ray
 
         ensure_ray(address)
@@ -377,11 +493,14 @@ class RayBackend:
                 if merged:
                     options["resources"] = merged
             self._options.append(options)
-        nodes = ray.nodes()
-        why = unplaceable([(ids, _wanted(o)) for ids, o in zip(groups, self._options)], nodes)
-        if why is not None:
-            raise ReplicaFailure(why, groups[0][0])
-        across_nodes = sum(1 for node in nodes if node.get("Alive")) > 1
+        # Every actor from the pool: they were placed already, so the cluster is not asked (a GCS round trip).
+        warm = POOL.can_serve(self._options)
+        nodes = None
+        if not warm:
+            nodes = ray.nodes()
+            why = unplaceable([(ids, _wanted(o)) for ids, o in zip(groups, self._options)], nodes)
+            if why is not None:
+                raise ReplicaFailure(why, groups[0][0])
         pooled = []
         for ids, options in zip(groups, self._options):
             actor, from_pool = POOL.acquire(options)
@@ -389,30 +508,158 @@ class RayBackend:
             pooled.append(from_pool)
             for r in ids:
                 self._actor_of[r] = actor
-        module_ref = ray.put(executable.bytes())  # serialized once per program; one object for every actor
         from replicas.ops.custom_call import registered_custom_calls
 
-        calls = registered_custom_calls() or None
+        self._executable = executable
+        self._digest = executable.fingerprint or hashlib.sha256(executable.bytes()).digest()
+        self._launch_options = dict(strict=strict, record_every_instruction=record_every_instruction,
+                                    custom_calls=registered_custom_calls() or None, trace_events=trace_events)
+        self._args = args
+        self._deadline, self._timeout = deadline, timeout
+        self._launch_refs: list[Any] | None = None  # launch calls not yet seen to succeed
+        self._launch_error: BaseException | None = None
+        self._relaunched = False
+        self._finish_refs: list[Any] | None = None
+        self._finished: dict[int, tuple[dict[int, Any], bytes, dict[int, Any]]] = {}  # actor -> its `finish`
+        self._clean = False  # every replica finished, seen by `completed`: the actors need no waited reset
+        self.calls: Counter[str] = Counter()  # actor calls this job made, by method (see tests)
         self._token = secrets.token_hex(8)
         try:
-            addresses = self._started(self._first_contact(pooled, across_nodes, deadline), deadline, timeout)
-            wire_routes = {r: address for address, ids in zip(addresses, groups) for r in ids}
-            self._started([a.setup.remote(self._token, ids, n, module_ref, strict, record_every_instruction, calls,
-                                          trace_events)
-                           for a, ids in zip(self._actors, groups)], deadline, timeout)
-            placement = [0] * n  # replica -> the index of its actor: collectives meet in-actor first
-            for index, ids in enumerate(groups):
-                for r in ids:
-                    placement[r] = index
-            self._started([a.connect.remote(self._actor_of, wire_routes, placement) for a in self._actors],
-                          deadline, timeout)
-            self._started([a.start.remote({r: args[r] for r in ids}) for a, ids in zip(self._actors, groups)],
-                          deadline, timeout)
+            addresses = [_KNOWN.get(a._actor_id, {}).get("address") for a in self._actors]
+            if all(pooled) and _reachable(addresses):
+                self._launch(addresses, run_to_end)  # not waited for: `completed` (or the first other call) checks it
+            else:
+                self._start_cold(pooled, nodes)
         except BaseException as e:
             self.shutdown()
             if isinstance(e, ReplicasError):
                 raise
             raise _unwrap(e) from None
+
+    def _start_cold(self, pooled: list[bool], nodes: list[dict[str, Any]] | None) -> None:
+        """Ask each actor for its wire address (a pooled one that died while idle is replaced), then
+        launch and wait for the launch (start-up errors and timeouts are raised here)."""
+        if nodes is None:
+            nodes = self._ray.nodes()
+        across_nodes = sum(1 for node in nodes if node.get("Alive")) > 1
+        self.calls["wire_address"] += len(self._actors)
+        addresses = self._started(self._first_contact(pooled, across_nodes, self._deadline), self._deadline,
+                                  self._timeout)
+        for actor, address in zip(self._actors, addresses):
+            _KNOWN[actor._actor_id] = {"address": address}
+        self._launch(addresses, False)
+        self._ensure_launched()
+
+    def _launch(self, addresses: list[dict[str, Any]], to_end: bool) -> None:
+        """Start the job: one actor alone gets one `launch` (setup, connect, begin); several get
+        `launch` (waited for) and then `begin`. Then `finish` (`to_end`: in the same call as the
+        begin). Only the launch of several actors is waited for here."""
+        n = self.num_replicas
+        wire_routes = {r: address for address, ids in zip(addresses, self._groups) for r in ids}
+        placement = [0] * n  # replica -> the index of its actor: collectives meet in-actor first
+        for index, ids in enumerate(self._groups):
+            for r in ids:
+                placement[r] = index
+        known = [_KNOWN.setdefault(a._actor_id, {}) for a in self._actors]
+        module: Any = None
+        if any(k.get("program") != self._digest for k in known):
+            module = self._ray.put(self._executable.bytes())  # one object for every actor that needs it
+        finish_within = self.poll_interval if to_end else None
+        alone = len(self._actors) == 1  # no peer: set up and begin in one call
+        refs = []
+        for actor, ids, k in zip(self._actors, self._groups, known):
+            program = None if k.get("program") == self._digest else module
+            k["program"] = self._digest  # forgotten again if this launch fails (`_ensure_launched`)
+            # Peers' actor handles only (each costs Ray a reference registration).
+            routes = {r: a for r, a in self._actor_of.items() if a is not actor}
+            refs.append(actor.launch.remote(self._token, ids, n, self._digest, program, self._launch_options,
+                                            routes, wire_routes, placement,
+                                            {r: self._args[r] for r in ids} if alone else None, finish_within))
+        self._launch_refs = refs
+        self.calls["launch"] += len(refs)
+        if not alone:
+            self._ensure_launched()
+            if self._launch_refs is not None or self._finish_refs is not None:
+                return  # relaunched from scratch (a pooled actor had died)
+            refs = [a.begin.remote(self._token, {r: self._args[r] for r in ids}, finish_within)
+                    for a, ids in zip(self._actors, self._groups)]
+            self._launch_refs = refs
+            self.calls["begin"] += len(refs)
+        if to_end:
+            self._finish_refs = refs
+        else:
+            self._finish_refs = [a.finish.remote(self._token, self.poll_interval) for a in self._actors]
+            self.calls["finish"] += len(refs)
+
+    def _ensure_launched(self) -> None:
+        """Wait for the launch calls not seen yet; raise what failed. A pooled actor found dead (it
+        may have died while idle: Ray cannot tell that from a death in the call) is replaced and the
+        job launched again, once, on a cold start whose launch does not run the program."""
+        refs, self._launch_refs = self._launch_refs, None
+        if refs is None:
+            if self._launch_error is not None:
+                raise self._launch_error
+            return
+        try:
+            # A launch may include the job's first `poll_interval` (`completed`): never a start-up timeout.
+            deadline = self._deadline and max(self._deadline, time.monotonic() + self.poll_interval + 1.0)
+            left = None if deadline is None else deadline - time.monotonic()
+            self._ray.wait(refs, num_returns=len(refs), timeout=left)
+            died = [i for i, ref in enumerate(refs) if _died(self._ray, ref)]
+            if died and not self._relaunched:
+                self._relaunched = True
+                self._relaunch(died)
+                return
+            self._started(refs, deadline, self._timeout)
+        except BaseException as e:
+            for actor in self._actors:
+                _KNOWN.get(actor._actor_id, {}).pop("program", None)
+            self._launch_error = e if isinstance(e, ReplicasError) else _unwrap(e)
+            raise self._launch_error from None
+
+    def _relaunch(self, died: list[int]) -> None:
+        live = [i for i in range(len(self._actors)) if i not in died]
+        resets = [self._actors[i].reset.remote(_STOP_SECONDS) for i in live]
+        self.calls["reset"] += len(resets)
+        self._ray.wait(resets, num_returns=len(resets), timeout=_STOP_SECONDS + 5)
+        POOL.discard([self._actors[i] for i in died])
+        for i in died:
+            _KNOWN.pop(self._actors[i]._actor_id, None)
+            self._actors[i] = POOL.fresh(self._options[i])
+            for r in self._groups[i]:
+                self._actor_of[r] = self._actors[i]
+        self._token = secrets.token_hex(8)
+        self._finish_refs, self._finished = None, {}
+        self._start_cold([i not in died for i in range(len(self._actors))], None)
+
+    def completed(self, timeout: float) -> list[Any] | None:
+        """Each replica's result when every actor's `finish` reports its replicas finished within
+        about `timeout` s; None otherwise (a failure, a wait, a long job: the monitor's turn)."""
+        refs, self._finish_refs = self._finish_refs, None
+        if refs is None:
+            return None
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = refs
+        deadline = time.monotonic() + timeout + 1.0  # the actors answer after `timeout` at the latest
+        while pending:
+            ready, pending = self._ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            try:
+                outcome = self._ray.get(ready[0])
+            except Exception:  # noqa: BLE001 - a dead actor: the monitor's poll names it
+                outcome = None
+            if outcome is None:
+                break
+            self._finished[index[ready[0]]] = outcome
+        self._ensure_launched()
+        if len(self._finished) < len(self._actors):
+            return None
+        self._clean = True
+        merged: dict[int, Any] = {}
+        for results, _, _ in self._finished.values():
+            merged.update(results)
+        return [merged[r] for r in range(self.num_replicas)]
 
     def _first_contact(self, pooled: list[bool], across_nodes: bool, deadline: float | None) -> list[Any]:
         """Each actor's wire address (refs). A pooled actor that died while idle (killed, out of
@@ -446,11 +693,8 @@ class RayBackend:
             waiting = [i for i, ref in enumerate(refs) if ref in set(pending)]
             self._dead.update(waiting)  # still unplaced or stuck: killed, never pooled
             ids = [r for i in waiting for r in self._groups[i]]
-            wanted = _wanted(self._options[waiting[0]])
-            raise ExecutionTimeout(
-                f"replicas {_id_list(ids)} did not start within timeout={timeout} s: their actors could not be "
-                f"placed or started (replica {ids[0]} asks for {wanted or 'no resources'}; available now: "
-                f"{_available(self._ray)})")
+            raise ExecutionTimeout(not_started(ids, _wanted(self._options[waiting[0]]), *_resources(self._ray),
+                                               timeout))
         return self._get(refs)
 
     def _get(self, refs: list[Any], indexes: list[int] | None = None) -> list[Any]:
@@ -475,7 +719,17 @@ class RayBackend:
                 return _unwrap(e)
         return _unwrap(error)
 
+    def _touch(self, method: str, quiet: bool = False) -> None:
+        """Before an actor call of `method` (counted): the job's launch must have been seen."""
+        self.calls[method] += len(self._actors)
+        try:
+            self._ensure_launched()
+        except Exception:
+            if not quiet:
+                raise
+
     def states(self) -> list[ReplicaState]:
+        self._touch("states")
         out: list[ReplicaState] = []
         for states in self._get([a.states.remote() for a in self._actors]):
             out.extend(states)
@@ -483,41 +737,54 @@ class RayBackend:
         return out
 
     def wait(self, timeout: float) -> None:
+        self._touch("wait")
         self._ray.wait([a.wait.remote(timeout) for a in self._actors], num_returns=len(self._actors),
                        timeout=timeout + 1)
 
     def results(self) -> list[Any]:
+        self._touch("results")
         merged: dict[int, Any] = {}
         for part in self._get([a.results.remote() for a in self._actors]):
             merged.update(part)
         return [merged[r] for r in range(self.num_replicas)]
 
     def errors(self) -> dict[int, BaseException]:
+        self._touch("errors")
         merged: dict[int, BaseException] = {}
         for part in self._get([a.errors.remote() for a in self._actors]):
             merged.update(part)
         return merged
 
     def abort(self, exc: BaseException) -> None:
+        self._touch("abort", quiet=True)
         for a in self._actors:
             a.abort.remote(exc)
 
     def shutdown(self) -> None:
         if self._stopped:
             return
+        with contextlib.suppress(Exception):
+            self._ensure_launched()  # a reset must never overtake the launch
         self._stopped = True
         live = [i for i in range(len(self._actors)) if i not in self._dead]
-        POOL.release([(self._actors[i], self._options[i]) for i in live])
+        if self._clean and len(self._actors) == 1:  # it reset itself in `finish`
+            POOL.hand_back([(self._actors[i], self._options[i]) for i in live])
+        else:  # (several actors: each holds shared memory its peers may still read until all finished)
+            self.calls["reset"] += len(live)
+            POOL.release([(self._actors[i], self._options[i]) for i in live])
         POOL.discard([self._actors[i] for i in self._dead])
         remove_job_segments(self._token)  # what killed actors of this node left behind
 
     def deliver_from_host(self, replica: int, key: tuple, value: Any) -> None:
+        self._touch("deliver")
         self._actor_of[replica].deliver.remote(self._token, replica, HOST, key, value)
 
     def outfeed(self, replica: int, timeout: float | None) -> Any:
+        self._touch("outfeed")
         return self._get([self._actor_of[replica].outfeed.remote(replica, timeout)], [self._index_of(replica)])[0]
 
     def from_channel(self, replica: int, channel_id: int, timeout: float | None) -> Any:
+        self._touch("from_channel")
         return self._get([self._actor_of[replica].from_channel.remote(replica, channel_id, timeout)],
                          [self._index_of(replica)])[0]
 
@@ -527,12 +794,19 @@ class RayBackend:
     def drain(self) -> dict[int, tuple[list[Any], dict[int, list[Any]]]]:
         """What each live actor's replicas wrote to the host and nobody read yet (kept on the Job)."""
         merged: dict[int, tuple[list[Any], dict[int, list[Any]]]] = {}
+        for _, _, drained in self._finished.values():  # taken by `finish` already
+            merged.update(drained)
+        if self._clean:
+            return merged
+        self._touch("drain", quiet=True)
         live = [i for i in range(len(self._actors)) if i not in self._dead]
         refs = [self._actors[i].drain.remote() for i in live]
         ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=5)
         for ref in ready:
             try:
-                merged.update(self._ray.get(ref))
+                for r, values in self._ray.get(ref).items():
+                    if values[0] or values[1] or r not in merged:
+                        merged[r] = values
             except Exception:  # noqa: BLE001 - a dead actor's values are lost with it
                 pass
         return merged
@@ -541,6 +815,11 @@ class RayBackend:
         import pickle
 
         merged: dict[int, list[dict[str, Any]]] = {}
+        if self._clean:
+            for _, events, _ in self._finished.values():
+                merged.update(pickle.loads(events))  # noqa: S301 - our own actors' bytes
+            return merged
+        self._touch("events", quiet=True)
         try:
             for part in self._ray.get([a.events.remote() for a in self._actors], timeout=10):
                 merged.update(pickle.loads(part))  # noqa: S301 - our own actors' bytes
@@ -549,14 +828,39 @@ class RayBackend:
         return merged
 
 
+# Per actor (by Ray's actor id): its wire address, and the digest of the program it holds. A warm
+# job sends neither the address request nor the program again.
+_KNOWN: dict[Any, dict[str, Any]] = {}
+
+
+def _reachable(addresses: list[dict[str, Any] | None]) -> bool:
+    """Every address known, and the actors can reach each other with what they opened (one
+    node: Unix sockets; several: TCP listeners)."""
+    if not all(addresses):
+        return False
+    return len({a["node"] for a in addresses}) == 1 or all(a.get("tcp") for a in addresses)
+
+
+def _died(ray: Any, ref: Any) -> bool:
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    try:
+        ray.get(ref, timeout=0)
+    except RayActorError:
+        return True
+    except (GetTimeoutError, Exception):  # noqa: BLE001 - not a death: `_started` names it
+        return False
+    return False
+
+
 def _default_packing(num_replicas: int, resources: list[dict[str, float]] | None) -> int:
     """One replica per actor until there are more than twice the cluster's CPUs; then pack."""
     import math
 
     import ray
 
-    if resources is not None:
-        return 1  # placement was chosen replica by replica
+    if resources is not None or num_replicas <= 2:
+        return 1  # placement was chosen replica by replica; or one actor each on any cluster
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     limit = 2 * cpus
     return 1 if num_replicas <= limit else math.ceil(num_replicas / limit)
@@ -572,17 +876,19 @@ def _unwrap(e: BaseException) -> BaseException:
     return ReplicaFailure(f"a replica actor failed: {type(e).__name__}: {e}", None, repr(e))
 
 
-def _id_list(ids: list[int]) -> str:
-    from replicas.limits import id_ranges
-
-    return id_ranges(ids)
-
-
-def _available(ray: Any) -> dict[str, float]:
+def _resources(ray: Any) -> tuple[dict[str, float], dict[str, float], int]:
+    """Free and total resources of the cluster's alive nodes, and how many nodes died (for a message)."""
     try:
-        return {k: v for k, v in ray.available_resources().items() if not k.startswith("node:")}
+        nodes = ray.nodes()
+        free = dict(ray.available_resources())
     except Exception:  # noqa: BLE001 - only for the message
-        return {}
+        return {}, {}, 0
+    total: dict[str, float] = {}
+    for node in nodes:
+        if node.get("Alive"):
+            for k, v in node.get("Resources", {}).items():
+                total[k] = total.get(k, 0) + v
+    return free, total, sum(1 for node in nodes if not node.get("Alive"))
 
 
 def _wanted(options: dict[str, Any]) -> dict[str, float]:

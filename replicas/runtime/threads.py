@@ -59,6 +59,14 @@ class ThreadBackend:
         for replica, a in zip(self._replicas, args):
             replica.start(a)
 
+    def completed(self, timeout: float) -> list[Any] | None:
+        """The results when every replica has already finished (a program that ran in the caller's
+        thread, say); None otherwise: the monitor takes over at once (`timeout` is not waited)."""
+        for rep in self._replicas:
+            if not rep.join(0) or rep.error is not None:
+                return None
+        return self.results()
+
     def states(self) -> list[ReplicaState]:
         return [rep.state() for rep in self._replicas]
 

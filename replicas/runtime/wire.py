@@ -12,10 +12,14 @@ The surface is closed:
   key) before any message is read, within `HANDSHAKE_TIMEOUT`, in that connection's own thread:
   a silent stranger, a wrong key or garbage costs one thread for at most that long and never
   delays another connection; at most `MAX_PENDING` handshakes run at once.
-- Only an authenticated peer's messages are deserialized; each is a length-prefixed frame of at
-  most `MAX_FRAME_BYTES`. A frame over the limit, or a message the host refuses, is reported to
-  `on_fault` (the job fails naming it) and the connection is closed, so its sender gets an error
-  instead of blocking on a reader that is gone.
+- Only an authenticated peer's messages are deserialized. A message is a tuple framed as two
+  lengths, its head (every element but the last: who it is for and its key, at most
+  `MAX_HEAD_BYTES`) and its body (the last element: the payload). The head is read and judged
+  first: `check(head, body_bytes)` refuses a body larger than what the program's collective or
+  channel named by the head can hold (runtime/message_bounds.py), so such a body, or one over
+  `MAX_FRAME_BYTES`, is refused before a byte of it is allocated. A refused message is reported
+  to `on_fault` naming the peer (its process, or its address) and the connection is closed, so
+  its sender gets an error instead of blocking on a reader that is gone.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ import numpy as np
 WIRE_MAX_BYTES = 1 << 20
 # A frame carries one message: its arrays plus the key, the job token and pickle's framing.
 MAX_FRAME_BYTES = WIRE_MAX_BYTES + (1 << 20)
+MAX_HEAD_BYTES = 64 << 10  # a message's head: job token, destination, source and key
+# A frame at most this long is read in one call before its head is judged (a bounded allocation).
+_ONE_READ = 64 << 10
 HANDSHAKE_TIMEOUT = 5.0  # seconds a new connection has to prove it holds the key
 SEND_TIMEOUT = 60.0  # seconds a send may wait for a peer that stopped reading
 MAX_PENDING = 256  # connections allowed to be in their handshake at once
@@ -46,11 +53,21 @@ MAX_PENDING = 256  # connections allowed to be in their handshake at once
 _HELLO = b"rpw1"
 _CHALLENGE_BYTES = 32
 _DIGEST_BYTES = 32
-_LENGTH = struct.Struct("<Q")
+_LENGTHS = struct.Struct("<QQ")  # a frame's head and body lengths
 
 
 class WireError(RuntimeError):
     """A peer connection failed (handshake refused, peer gone, frame too large)."""
+
+
+class RefusedMessage(WireError):
+    """An authenticated peer sent something this end refuses; `peer` names the sender."""
+
+    def __init__(self, peer: str, error: BaseException) -> None:
+        detail = str(error) if isinstance(error, WireError) else f"{type(error).__name__}: {error}"
+        super().__init__(f"a message from {peer} was refused: {detail}")
+        self.peer = peer
+        self.error = error
 
 
 def payload_bytes(value: Any) -> int:
@@ -103,13 +120,16 @@ class Wire:
     """One actor's end: listeners whose reader threads call `deliver(message)`, and a
     connection (with a lock, shared by the actor's replicas) to each peer it has written to.
 
-    `on_fault(error)` is called when an authenticated peer sends something this end refuses (a
-    frame too large, bytes that do not unpickle, a message `deliver` raises on)."""
+    `on_fault(error)` is called with a `RefusedMessage` when an authenticated peer sends something
+    this end refuses (a frame too large, bytes that do not unpickle, a head and body size `check`
+    raises on, a message `deliver` raises on). Messages are tuples (see the module doc)."""
 
     def __init__(self, deliver: Callable[[Any], None], authkey: bytes, node: str, node_ip: str | None = None,
-                 on_fault: Callable[[BaseException], None] | None = None) -> None:
+                 on_fault: Callable[[BaseException], None] | None = None,
+                 check: Callable[[tuple, int], None] | None = None) -> None:
         self._deliver = deliver
         self._on_fault = on_fault
+        self._check = check
         self._authkey = authkey
         self._closed = False
         self._lock = threading.Lock()
@@ -180,37 +200,46 @@ class Wire:
             self._served.add(conn)
         try:
             self._read(conn)
+        except Exception as e:  # noqa: BLE001 - a refused message fails the job, never this thread
+            self._fault(conn, e)
         finally:
             with self._lock:
                 self._served.discard(conn)
             conn.close()
 
     def _read(self, conn: socket.socket) -> None:
+        """Deliver the peer's messages until it closes; raise on the first one refused."""
         while True:
             try:
-                (size,) = _LENGTH.unpack(_recv_exact(conn, _LENGTH.size))
-                if size > MAX_FRAME_BYTES:
-                    raise WireError(f"a peer sent a frame of {size} bytes (the limit is {MAX_FRAME_BYTES})")
-                data = _recv_exact(conn, size)
+                head_size, body_size = _LENGTHS.unpack(_recv_exact(conn, _LENGTHS.size))
+                if head_size > MAX_HEAD_BYTES:
+                    raise WireError(f"a message head of {head_size} bytes (the limit is {MAX_HEAD_BYTES})")
+                if body_size > MAX_FRAME_BYTES:
+                    raise WireError(f"a frame of {body_size} bytes (the limit is {MAX_FRAME_BYTES})")
+                together = head_size + body_size <= _ONE_READ
+                data = _recv_exact(conn, head_size + body_size if together else head_size)
             except (OSError, EOFError):
                 return  # the peer closed, or the wire did
-            except WireError as e:
-                self._fault(e)
-                return
+            # Only an authenticated peer (an actor of this driver) gets here: see the module doc.
+            view = memoryview(data)
+            head = pickle.loads(view[:head_size])  # noqa: S301
+            if not isinstance(head, tuple):
+                raise WireError(f"a message head must be a tuple, got {type(head).__name__}")
+            if self._check is not None:
+                self._check(head, body_size)
             try:
-                # Only an authenticated peer (an actor of this driver) gets here: see the module doc.
-                message = pickle.loads(data)  # noqa: S301
-                self._deliver(message)
-            except Exception as e:  # noqa: BLE001 - a refused message fails the job, never this thread
-                self._fault(e)
+                body = view[head_size:] if together else _recv_exact(conn, body_size)
+            except (OSError, EOFError):
                 return
+            self._deliver(head + (pickle.loads(body),))  # noqa: S301
 
-    def _fault(self, error: BaseException) -> None:
+    def _fault(self, conn: socket.socket, error: BaseException) -> None:
         if self._on_fault is not None and not self._closed:
-            self._on_fault(error)
+            self._on_fault(RefusedMessage(_peer_name(conn), error))
 
     # -- sending -----------------------------------------------------------------------------------
-    def send(self, peer: dict[str, Any], message: Any) -> None:
+    def send(self, peer: dict[str, Any], message: tuple) -> None:
+        """Write `message` (a non-empty tuple: see the module doc) to the peer's actor."""
         key = f"{peer['node']}|{peer['unix']}"
         entry = self._conns.get(key)
         if entry is None:
@@ -219,10 +248,7 @@ class Wire:
                 if entry is None:
                     entry = self._conns[key] = (self._connect(peer), threading.Lock())
         conn, lock = entry
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        if len(data) > MAX_FRAME_BYTES:
-            raise WireError(f"a message of {len(data)} bytes is over the frame limit of {MAX_FRAME_BYTES}")
-        header = _LENGTH.pack(len(data))
+        header, data = encode(message)
         with lock:
             try:
                 if len(data) < 65536:
@@ -288,6 +314,28 @@ class Wire:
         """Open connections (outgoing and authenticated incoming): for leak checks."""
         with self._lock:
             return len(self._conns) + len(self._served)
+
+
+def encode(message: tuple) -> tuple[bytes, bytes]:
+    """A message's frame: its two lengths, then its head and body pickled one after the other."""
+    head = pickle.dumps(message[:-1], protocol=pickle.HIGHEST_PROTOCOL)
+    data = head + pickle.dumps(message[-1], protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) - len(head) > MAX_FRAME_BYTES or len(head) > MAX_HEAD_BYTES:
+        raise WireError(f"a message of {len(data)} bytes is over the frame limit of {MAX_FRAME_BYTES}")
+    return _LENGTHS.pack(len(head), len(data) - len(head)), data
+
+
+def _peer_name(conn: socket.socket) -> str:
+    """Who is at the other end: a process id on a Unix socket, an address over TCP."""
+    try:
+        if conn.family == socket.AF_UNIX:
+            pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                             struct.calcsize("3i")))
+            return f"the peer process {pid}"
+        host, port = conn.getpeername()[:2]
+        return f"the peer at {host}:{port}"
+    except (OSError, AttributeError, struct.error):
+        return "a peer"
 
 
 def _shut(sock: socket.socket) -> None:

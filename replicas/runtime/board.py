@@ -1,0 +1,333 @@
+"""The same-node board: leaders of a collective exchange operands through shared memory, woken by futexes.
+
+Why (py-spy on the 4 actors of `bench/collectives.py`'s 4 KiB all-reduce, bench/README.md "The
+board"): over the sockets, every message of the leaders' round is a pickle, a write, a reader
+thread's wake-up in the peer, a mailbox hand-off and the replica thread's wake-up, and each wake-up
+waits for the GIL behind the actor's other threads; the replica thread spent about a quarter of
+its time in `sendall` and half waiting. On the board, a leader copies its operand into its own
+slot, publishes it by bumping one word and wakes the waiters with one `FUTEX_WAKE`; a reader's
+interpreter thread waits on that word itself (`FUTEX_WAIT` through ctypes, which releases the
+GIL): one wake-up per peer, no reader thread, no pickling of array bytes, no socket.
+
+Layout: one segment per actor and job (`rpl-<token>-b<first replica>`, sparse, removed with the
+job's other segments by `shm.remove_job_segments`), holding a slot per hosted replica; a slot is
+a 64-byte counter line (the futex word readers wait on) and two buffers used in turn. A buffer is
+a header (its tag, the lengths of what follows, one release word per reader position), the
+sender's pickled fingerprint, the payload pickled with its arrays out of band (protocol 5), the
+arrays' offsets, and the arrays' bytes. Every word has one writer: the slot's replica writes the
+tag, counter and data; reader position q writes only release word q. So no atomic operation is
+needed; x86-64 keeps stores in order, so a reader that sees the tag sees the data before it.
+
+Protocol: the writer of round (seq, round) picks its next buffer, waits until every reader of that
+buffer's previous use set its release word to the previous tag (a reader releases once it no
+longer uses the views it got, at the end of its collective at the latest; the writer's previous
+round is complete, so its readers are past waiting and never need the writer to go on), writes
+the buffer, then the tag, then bumps the counter and wakes. A reader waits until either buffer
+carries the tag it wants, compares fingerprints before it looks at the payload, and gets
+read-only views of the arrays. A payload too large for the slot is announced with a flag and
+travels over the fabric as before, so every leader agrees on where the bytes are whatever their
+size, and a fingerprint mismatch is always found on the board first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import pickle
+import platform
+import struct
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from replicas.runtime.shm import PREFIX, SHM_DIR
+
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_SYS_FUTEX = {"x86_64": 202}.get(platform.machine())  # other machines need fences: the sockets remain
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+if _libc is not None:
+    _syscall = _libc.syscall
+    _syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                         ctypes.c_void_p, ctypes.c_int]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def futex_wait(address: int, expected: int, timeout: float) -> None:
+    """Sleep while the u32 at `address` equals `expected`, at most `timeout` s (the GIL is released)."""
+    ts = _Timespec(int(timeout), int(timeout % 1 * 1e9))
+    _syscall(_SYS_FUTEX, address, _FUTEX_WAIT, expected, ctypes.addressof(ts), None, 0)
+
+
+def u32_at(address: int) -> ctypes.c_uint32:
+    return ctypes.c_uint32.from_address(address)
+
+
+def futex_wake(address: int) -> None:
+    _syscall(_SYS_FUTEX, address, _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+
+def available() -> bool:
+    return _SYS_FUTEX is not None and _libc is not None and os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
+# Payloads up to this many bytes go on the board (per buffer; larger ones announce themselves and
+# go through the fabric: the shared-memory arena's single copy wins there, bench/README.md).
+SLOT_BYTES = 4 << 20
+_VIRTUAL_BUDGET = 1 << 30  # per actor: tmpfs backs only the pages written
+READERS = 8  # reader positions per buffer: the board serves groups of at most 8 processes
+_LINE = 64
+_HEADER = 128  # tag, flags, lengths, READERS release words
+_TAG, _FLAGS, _FP_LEN, _META_LEN, _NBUF, _WRITER_WAITS = 0, 1, 2, 3, 4, 5
+_FIELDS = struct.Struct("<5I")  # tag, flags, fingerprint length, meta length, number of arrays
+_RELEASE = 8  # first release word (u32 index in the header)
+FABRIC = 1  # flag: the payload was too large, it follows over the fabric
+
+# A reader wakes a writer waiting for its release only when the writer said it waits (a wake-up
+# costs a system call per read otherwise): flag and release word are two stores read in the
+# opposite order on the other side, which x86 may reorder, so a wake-up can be missed; the
+# writer then looks again after this long. Rare (a reader still holds the buffer two rounds
+# later) and bounded.
+RELEASE_SLICE = 0.002
+
+
+def tag_of(seq: int, round_: int) -> int:
+    """The u32 naming round `round_` of collective #seq (never 0, which marks an unused buffer)."""
+    return (((seq & 0x3FFFFFF) << 5) | (round_ & 0x1F)) + 1
+
+
+def segment_name(token: str, first_replica: int) -> str:
+    return f"{PREFIX}{token}-b{first_replica}"
+
+
+def slot_bytes(hosted: int) -> int:
+    """Bytes of one buffer of a slot, for an actor hosting `hosted` replicas."""
+    per = _VIRTUAL_BUDGET // max(hosted, 1) // 2 - _HEADER
+    return max(min(SLOT_BYTES, per) // 4096 * 4096, 4096)
+
+
+def _slot_stride(capacity: int) -> int:
+    return _LINE + 2 * (_HEADER + capacity)
+
+
+def _round8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+class _Mapping:
+    """A board segment mapped here: its bytes, its u32 words, and their base address."""
+
+    def __init__(self, path: str, create_size: int = 0) -> None:
+        if create_size:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        else:
+            fd = os.open(path, os.O_RDWR)
+        try:
+            if create_size:
+                os.ftruncate(fd, create_size)
+            self.mm = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        self.words = np.frombuffer(self.mm, np.uint32)
+        self.bytes = np.frombuffer(self.mm, np.uint8)
+        self.view = memoryview(self.mm).toreadonly()
+        self.address = self.words.ctypes.data
+        self.regions: dict[int, np.ndarray] = {}  # buffer offset -> its bytes (to tell views of it)
+
+    def region(self, start: int, size: int) -> np.ndarray:
+        found = self.regions.get(start)
+        if found is None:
+            found = self.regions[start] = self.bytes[start:start + size]
+        return found
+
+    def close(self) -> None:
+        self.words = self.bytes = np.empty(0, np.uint32)
+        self.regions = {}
+        try:
+            self.view.release()
+            self.mm.close()
+        except BufferError:  # a view handed out is still alive: the collector unmaps it
+            pass
+
+
+class Read:
+    """One buffer a reader got views of: released (`release`) once nothing uses them any more."""
+
+    __slots__ = ("mapping", "head", "position", "tag", "region")
+
+    def __init__(self, mapping: _Mapping, head: int, position: int, tag: int, region: np.ndarray) -> None:
+        self.mapping, self.head, self.position, self.tag, self.region = mapping, head, position, tag, region
+
+    def release(self) -> None:
+        words = self.mapping.words
+        if words.size:
+            word = self.head + _RELEASE + self.position
+            words[word] = self.tag
+            if words[self.head + _WRITER_WAITS]:
+                futex_wake(self.mapping.address + 4 * word)
+
+
+class Board:
+    """This actor's board for one job: its hosted replicas' slots, and its mappings of its peers'."""
+
+    def __init__(self, token: str, replica_ids: list[int]) -> None:
+        self.token = token
+        self.first = min(replica_ids)
+        self.rank = {r: k for k, r in enumerate(sorted(replica_ids))}
+        self.capacity = slot_bytes(len(replica_ids))
+        self.path = os.path.join(SHM_DIR, segment_name(token, self.first))
+        self._own = _Mapping(self.path, _slot_stride(self.capacity) * len(replica_ids))
+        self._peers: dict[str, tuple[_Mapping, int]] = {}
+        self._lock = threading.Lock()
+        # Per hosted replica: the next buffer it writes, and per buffer the readers still to release it.
+        self._next = dict.fromkeys(replica_ids, 0)
+        self._pending: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
+        self._fingerprints: dict[int, tuple[tuple, bytes]] = {}
+        # Set by the host once the job's placement is known: replica -> (first replica of its actor, rank there).
+        self.locations: dict[int, tuple[int, int]] = {}
+
+    def locate(self, placement: list[int]) -> None:
+        """Learn where every replica's slot is: actor k's segment is named after its first replica,
+        and its slots are in replica order."""
+        first: dict[int, int] = {}
+        count: dict[int, int] = {}
+        locations = {}
+        for r, actor in enumerate(placement):
+            f = first.setdefault(actor, r)
+            k = count.get(actor, 0)
+            count[actor] = k + 1
+            locations[r] = (f, k)
+        self.locations = locations
+
+    # -- where things are --------------------------------------------------------------------------
+    def _slot(self, replica: int) -> tuple[_Mapping, int, int]:
+        """(mapping, byte offset of the replica's slot, buffer capacity)."""
+        rank = self.rank.get(replica)
+        if rank is not None:
+            return self._own, rank * _slot_stride(self.capacity), self.capacity
+        first, rank = self.locations[replica]
+        name = segment_name(self.token, first)
+        entry = self._peers.get(name)
+        if entry is None:
+            with self._lock:
+                entry = self._peers.get(name)
+                if entry is None:
+                    mapping = _Mapping(os.path.join(SHM_DIR, name))
+                    hosted = sum(1 for f, _ in self.locations.values() if f == first)
+                    entry = self._peers[name] = (mapping, slot_bytes(hosted))
+        mapping, capacity = entry
+        return mapping, rank * _slot_stride(capacity), capacity
+
+    def fingerprint_bytes(self, wire: tuple) -> bytes:
+        found = self._fingerprints.get(id(wire))
+        if found is None or found[0] is not wire:
+            if len(self._fingerprints) > 4096:
+                self._fingerprints.clear()
+            found = self._fingerprints[id(wire)] = (wire, pickle.dumps(wire, protocol=pickle.HIGHEST_PROTOCOL))
+        return found[1]
+
+    # -- writing ---------------------------------------------------------------------------------
+    def publish(self, replica: int, tag: int, fingerprint: bytes, payload: Any, readers: tuple[int, ...],
+                wait: Callable[[Callable[[], bool], int], None]) -> bool:
+        """Put `payload` in `replica`'s next buffer under `tag` for reader positions `readers`; False if
+        it did not fit (the buffer then announces that it follows over the fabric).
+
+        `wait(done, address)` blocks until `done()` while futex-waiting on the word at `address`."""
+        mapping, slot, capacity = self._slot(replica)
+        k = self._next[replica]
+        self._next[replica] = 1 - k
+        base = slot + _LINE + k * (_HEADER + capacity)
+        words = mapping.words
+        head = base // 4
+        previous = self._pending.get((replica, k))
+        if previous is not None:
+            prev_tag, prev_readers = previous
+            for q in prev_readers:
+                word = head + _RELEASE + q
+                if words[word] != prev_tag:
+                    words[head + _WRITER_WAITS] = 1
+                    wait(lambda w=word: int(words[w]) == prev_tag, mapping.address + 4 * word)
+                    words[head + _WRITER_WAITS] = 0
+        buffers: list[pickle.PickleBuffer] = []
+        meta = pickle.dumps(payload, protocol=5, buffer_callback=buffers.append)
+        raws = [b.raw() for b in buffers]
+        fp_len, meta_len = len(fingerprint), len(meta)
+        table = _round8(fp_len + meta_len)
+        data = _round8(table + 16 * len(raws))
+        offsets = []
+        end = data
+        for raw in raws:
+            offsets.append(end)
+            end = (end + raw.nbytes + 63) // 64 * 64
+        mm = mapping.mm
+        start = base + _HEADER
+        mm[start:start + fp_len] = fingerprint
+        if end > capacity:
+            _FIELDS.pack_into(mm, base, 0, FABRIC, fp_len, 0, 0)
+        else:
+            _FIELDS.pack_into(mm, base, 0, 0, fp_len, meta_len, len(raws))
+            mm[start + fp_len:start + fp_len + meta_len] = meta
+            if raws:
+                struct.pack_into(f"<{2 * len(raws)}Q", mm, start + table,
+                                 *[x for off, raw in zip(offsets, raws) for x in (off, raw.nbytes)])
+                out = mapping.bytes
+                for off, raw in zip(offsets, raws):
+                    out[start + off:start + off + raw.nbytes] = np.frombuffer(raw, np.uint8)
+        self._pending[(replica, k)] = (tag, readers)
+        words[head + _TAG] = tag
+        counter = slot // 4
+        words[counter] = (int(words[counter]) + 1) & 0xFFFFFFFF
+        futex_wake(mapping.address + 4 * counter)
+        return end <= capacity
+
+    # -- reading ---------------------------------------------------------------------------------
+    def find(self, writer: int, tag: int) -> tuple[_Mapping, int, int] | None:
+        """(mapping, buffer offset, capacity) of `writer`'s buffer tagged `tag`, if published."""
+        mapping, slot, capacity = self._slot(writer)
+        words = mapping.words
+        for k in (0, 1):
+            base = slot + _LINE + k * (_HEADER + capacity)
+            if int(words[base // 4 + _TAG]) == tag:
+                return mapping, base, capacity
+        return None
+
+    def counter(self, writer: int) -> tuple[_Mapping, int]:
+        """(mapping, u32 index) of the word `writer` bumps on every publication."""
+        mapping, slot, _ = self._slot(writer)
+        return mapping, slot // 4
+
+    def open(self, found: tuple[_Mapping, int, int], tag: int, position: int
+             ) -> tuple[bytes, Any, bool, Read]:
+        """(the writer's fingerprint bytes, payload views or None, whether it follows over the fabric,
+        the read to release)."""
+        mapping, base, capacity = found
+        _, flags, fp_len, meta_len, nbuf = _FIELDS.unpack_from(mapping.mm, base)
+        start = base + _HEADER
+        fingerprint = mapping.mm[start:start + fp_len]
+        read = Read(mapping, base // 4, position, tag, mapping.region(start, capacity))
+        if flags & FABRIC:
+            return fingerprint, None, True, read
+        view = mapping.view
+        meta = view[start + fp_len:start + fp_len + meta_len]
+        buffers = []
+        if nbuf:
+            entries = struct.unpack_from(f"<{2 * nbuf}Q", mapping.mm, start + _round8(fp_len + meta_len))
+            buffers = [view[start + off:start + off + n] for off, n in zip(entries[0::2], entries[1::2])]
+        # Only this job's actors write a board (the segment is the job's, mode 0600): see wire.py.
+        return fingerprint, pickle.loads(meta, buffers=buffers), False, read  # noqa: S301
+
+    def close(self) -> None:
+        self._own.close()
+        for mapping, _ in self._peers.values():
+            mapping.close()
+        self._peers = {}
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,113 @@
+"""A node lost before a job starts, on a real two-node Ray cluster of this machine
+(cluster/local_cluster.sh, loopback only): replicas placed on it end the job within its timeout,
+naming the resource no live node has, and the next job on the surviving node works. The driver
+joining the cluster runs in a subprocess (this run's own process is attached to the shared
+local Ray session)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+from test_cluster import _free_port_block
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "cluster" / "local_cluster.sh"
+
+pytestmark = [pytest.mark.cluster, pytest.mark.ray]
+
+
+@pytest.fixture
+def two_nodes():
+    """(address, env, port) of a fresh two-node cluster, stopped and removed afterwards."""
+    # Ray's unix socket paths must stay under 108 bytes: a short directory, not pytest's tmp_path.
+    cluster_dir = tempfile.mkdtemp(prefix="rpc-", dir="/tmp")
+    env = dict(os.environ, RAY=str(pathlib.Path(sys.executable).parent / "ray"),
+               REPLICAS_CLUSTER_DIR=cluster_dir, RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)  # set by this process's own Ray session
+    port = _free_port_block()
+    try:
+        started = subprocess.run(["bash", str(SCRIPT), "start", str(port)], env=env, capture_output=True,
+                                 text=True, timeout=180)
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield started.stdout.strip().splitlines()[-1], env, port
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "stop", str(port)], env=env, capture_output=True, timeout=60)
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+
+
+def _stop_second_node(port: int) -> None:
+    """End the second node's raylet (local_cluster.sh gives it node-manager port PORT + 3)."""
+    found = subprocess.run(["pgrep", "-f", f"raylet.*--node_manager_port={port + 3}"], capture_output=True,
+                           text=True)
+    pids = [int(p) for p in found.stdout.split()]
+    assert pids, "the second node's raylet is not running"
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+
+
+DRIVER = textwrap.dedent("""
+    import sys
+    import threading
+
+    import numpy as np
+    import ray
+
+    import replicas as rp
+
+    HLO = '''HloModule m, replica_count=2
+    add {
+      a = f32[] parameter(0)
+      b = f32[] parameter(1)
+      ROOT s = f32[] add(a, b)
+    }
+    ENTRY main {
+      x = f32[4] parameter(0)
+      ROOT z = f32[4] all-reduce(x), replica_groups={}, to_apply=add
+    }
+    '''
+    m = rp.parse_hlo(HLO)
+    x = np.arange(4, dtype=np.float32)
+    rp.run(m, [x], num_replicas=2, address=sys.argv[1], timeout=120)  # joins the cluster
+    print("READY", flush=True)
+    sys.stdin.readline()  # the test stops the second node, then writes a line
+    ends = threading.Event()
+    for _ in range(600):  # until the cluster knows the node is gone (bounded: 60 s)
+        if sum(1 for n in ray.nodes() if n["Alive"]) == 1:
+            break
+        ends.wait(0.1)
+    try:
+        rp.run(m, [x], num_replicas=2, resources=[{"node1": 1}, {"node2": 1}], timeout=20)
+        print("NO ERROR")
+    except rp.ReplicasError as e:
+        print("ERROR", type(e).__name__, str(e).replace(chr(10), " "))
+    out = rp.run(m, [x], num_replicas=2, resources=[{"node1": 1}, {"node1": 1}], timeout=120)
+    print("NEXT", out[0].tolist())
+""")
+
+
+def test_a_node_lost_before_the_job_starts_is_named_within_the_timeout(two_nodes, tmp_path):
+    address, env, port = two_nodes
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    proc = subprocess.Popen([sys.executable, str(driver), address], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "READY", proc.stderr.read()[-4000:] if proc.poll() else ""
+        _stop_second_node(port)
+        out, err = proc.communicate("go\n", timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out + err[-4000:]
+    error = next(line for line in out.splitlines() if line.startswith(("ERROR", "NO ERROR")))
+    assert error.startswith("ERROR ReplicaFailure") and "no node has node2=1" in error, error
+    assert "NEXT [0.0, 2.0, 4.0, 6.0]" in out
