@@ -104,11 +104,22 @@ def two_node_cluster():
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture
+def two_node_cluster_to_break(two_node_cluster: TwoNodeCluster) -> TwoNodeCluster:
+    """The session's cluster for a test that ends one of its nodes: such tests run after every
+    other test on the cluster."""
+    return two_node_cluster
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that starts Ray (through the `ray_session` fixture) carries the `ray` marker, so
     `-m "not ray"` runs the rest without starting Ray; the tests on the two-node cluster run last,
-    so it lives only while they run."""
+    so it lives only while they run, and those that break it after the others."""
     for item in items:
         if "ray_session" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)
-    items.sort(key=lambda item: "two_node_cluster" in getattr(item, "fixturenames", ()))
+    def place(item: pytest.Item) -> int:
+        fixtures = getattr(item, "fixturenames", ())
+        return 2 if "two_node_cluster_to_break" in fixtures else int("two_node_cluster" in fixtures)
+
+    items.sort(key=place)
