@@ -7,8 +7,8 @@ operands compile into one module (compiling is the slow part).
 
 XLA's answers are also kept in `tests/golden/xla_oracle.zip`, keyed by the module text and the
 operands' bytes, so a fresh machine does not compile hundreds of oracle modules: a key the store
-lacks (a new or changed test) is computed by XLA as before. `REPLICAS_GOLDEN=record` rewrites the
-store with exactly the answers the run used.
+lacks (a new or changed test) is computed by XLA as before. `REPLICAS_GOLDEN=record` adds the
+answers the run used to the store (delete it first and record the whole suite to prune it).
 """
 
 from __future__ import annotations
@@ -156,6 +156,11 @@ class GoldenStore:
         self.path.parent.mkdir(exist_ok=True)
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+            if self.path.exists():  # a run of some test files keeps the others' answers
+                with zipfile.ZipFile(self.path) as old:
+                    for info in old.infolist():
+                        if info.filename.split(".")[0] not in self.used:
+                            z.writestr(info, old.read(info))
             for key in sorted(self.used):
                 results = self.used[key]
                 z.writestr(f"{key}.json", json.dumps([[r.dtype.name, list(r.shape)] for r in results]))
@@ -214,3 +219,24 @@ def lax_answer(fn: Any, *args: Any, **params: Any) -> Any:
     results = GOLDEN.answer(program, operands,
                             lambda: [np.asarray(r) for r in jax.tree.leaves(fn(*args, **params))])
     return results[0] if len(results) == 1 else tuple(results)
+
+
+def jit_answer(fn: Any, args: list[Any]) -> list[np.ndarray]:
+    """The leaves of `jax.jit(fn)(*args)`, computed by JAX (or recorded), as numpy arrays."""
+    operands = [np.asarray(a) for a in args]
+    return GOLDEN.answer(("jit", _stable(fn), jax.config.jax_enable_x64), operands,
+                         lambda: [np.asarray(r) for r in jax.tree.leaves(jax.jit(fn)(*args))])
+
+
+def jax_text(fn: Any, args: list[Any], form: str = "lowered") -> str:
+    """The HLO text of `fn` on arrays like `args`: as JAX lowers it ("lowered") or as XLA:CPU compiled
+    it ("compiled"). Recorded per JAX version, so a new JAX's text is tested, not an old one's."""
+    def lower() -> list[np.ndarray]:
+        lowered = jax.jit(fn).lower(*args)
+        text = lowered.as_text(dialect="hlo") if form == "lowered" else lowered.compile().as_text()
+        return [np.frombuffer(text.encode(), np.uint8)]
+
+    program = ("text", jax.__version__, _stable(fn), form, [(np.asarray(a).dtype.name, np.shape(a)) for a in args],
+               jax.config.jax_enable_x64)
+    (text,) = GOLDEN.answer(program, [], lower)
+    return text.tobytes().decode()
