@@ -94,6 +94,11 @@ def parse_int_list(raw: str) -> list[int]:
     return _ints(raw[1:-1])
 
 
+def _parse_slice_sizes(raw: str) -> list[int] | list[list[int]]:
+    """gather's {i,j,...}, or an in-place collective-permute's {{i,j},...} (one list per slice)."""
+    return _parse_int_groups(raw) if raw.replace(" ", "").startswith("{{") else parse_int_list(raw)
+
+
 def _parse_int_groups(raw: str) -> list[list[int]]:
     if not _BRACED_GROUPS.fullmatch(raw):
         raise ValueError("expected {{i,j,...},...}")
@@ -233,6 +238,46 @@ def parse_frontend_attributes(raw: str) -> dict[str, str]:
     return out
 
 
+def _parse_shaped_literal(raw: str) -> tuple[Shape, Any]:
+    """A custom call's `literal=`: `s32[2]{0} {1, 2}`, `f32[] 0.1`, or a tuple of them in
+    parentheses; (its shape, its value)."""
+    from replicas.hlo.literals import parse_literal
+
+    raw = raw.strip()
+    if raw.startswith("("):
+        if not raw.endswith(")"):
+            raise ValueError("a tuple literal must end with ')'")
+        parts = [_parse_shaped_literal(part) for part in _top_level_parts(raw[1:-1])]
+        return Shape.tuple([shape for shape, _ in parts]), tuple(value for _, value in parts)
+    shape_text, _, body = raw.partition(" ")
+    shape = Shape.parse(shape_text)
+    return shape, parse_literal(body.strip(), shape)
+
+
+def _top_level_parts(text: str) -> list[str]:
+    """`text` split at the commas outside any brackets."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c in "({[":
+            depth += 1
+        elif c in ")}]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p.strip()]
+
+
+def _fmt_shaped_literal(value: tuple[Shape, Any]) -> str:
+    from replicas.hlo.literals import format_literal
+
+    shape, literal = value
+    if shape.is_tuple:
+        return "( " + ", ".join(_fmt_shaped_literal(v) for v in zip(shape.tuple_shapes, literal)) + " )"
+    return f"{shape} {format_literal(literal, shape)}"
+
+
 def _parse_config_string(raw: str) -> str:
     """backend_config / infeed_config: a quoted string, or XLA's unquoted JSON-like {...}."""
     if raw.startswith("{"):
@@ -315,9 +360,9 @@ class AttrSpec:
 
 _INT_ATTRS = ("channel_id", "index", "iota_dimension", "index_vector_dim", "feature_group_count",
               "batch_group_count", "exponent_bits", "mantissa_bits", "feature_index", "k", "split_dimension",
-              "concat_dimension", "scatter_dimension", "split_count", "delta")
+              "concat_dimension", "scatter_dimension", "split_count", "delta", "num_carries")
 _BOOL_ATTRS = ("use_global_device_ids", "indices_are_sorted", "unique_indices", "is_stable", "is_host_transfer",
-               "left_side", "lower", "unit_diagonal", "largest")
+               "left_side", "lower", "unit_diagonal", "largest", "is_reverse", "is_associative")
 _INT_LIST_ATTRS = ("dimensions", "fft_length", "slice_sizes", "dynamic_slice_sizes", "lhs_batch_dims",
                    "rhs_batch_dims", "lhs_contracting_dims", "rhs_contracting_dims", "offset_dims",
                    "collapsed_slice_dims", "start_index_map", "operand_batching_dims",
@@ -355,8 +400,11 @@ def _build_specs() -> dict[str, AttrSpec]:
         add(name, name, _parse_computation_list, _fmt_computation_list)
     for text, (ir, parse) in _ENUM_ATTRS.items():
         add(text, ir, parse, str)
+    add("slice_sizes", "slice_sizes", _parse_slice_sizes,
+        lambda v: _fmt_groups(v) if v and isinstance(v[0], (list, tuple)) else format_int_list(v))
     add("epsilon", "epsilon", _parse_float, lambda v: repr(float(v)))
     add("custom_call_target", "custom_call_target", _parse_string, quote)
+    add("literal", "custom_call_literal", _parse_shaped_literal, _fmt_shaped_literal)
     add("backend_config", "backend_config", _parse_config_string, _fmt_config)
     add("infeed_config", "infeed_config", _parse_config_string, _fmt_config)
     add("outfeed_config", "outfeed_config", _parse_config_string, _fmt_config)

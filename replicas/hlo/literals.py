@@ -18,10 +18,13 @@ from replicas.shapes import PrimitiveType, Shape
 _TOKEN = re.compile(r"[+-]?nan\(0x[0-9a-fA-F]+\)|[{}(),]|[^\s{}(),]+")
 _NAN_PAYLOAD = re.compile(r"([+-]?)nan\(0x([0-9a-fA-F]+)\)")
 _INT = re.compile(r"[+-]?(?:0x[0-9a-fA-F]+|[0-9]+)")
+_COMMENT = re.compile(r"/\*.*?\*/", re.S)  # XLA prints /*i0=1*/ index comments inside nested literals
 
 
 class _Tokens:
     def __init__(self, body: str) -> None:
+        if "/*" in body:
+            body = _COMMENT.sub(" ", body)
         self.tokens = _TOKEN.findall(body)
         self.i = 0
 

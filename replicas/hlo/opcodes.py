@@ -77,6 +77,7 @@ _TABLE: list[Opcode] = [
     Opcode("topk", "topk", 1),
     *_ops("control_flow", None, "call", "fusion", "conditional", "map"),
     *_ops("control_flow", 1, "while"),
+    Opcode("scan", "control_flow", None, supported=False),  # XLA's newer scan(inputs..., inits...)
     Opcode("async-start", "control_flow", None, side_effect=True),
     Opcode("async-update", "control_flow", 1, side_effect=True, done_of=("async-start", "async-update")),
     Opcode("async-done", "control_flow", 1, side_effect=True, done_of=("async-start", "async-update")),
@@ -93,7 +94,8 @@ _TABLE: list[Opcode] = [
     *_ops("collectives", None, "all-reduce", "all-reduce-start", "all-gather", "all-gather-start", "reduce-scatter",
           **_ALL_REDUCE),
     *_ops("collectives", None, "all-to-all", "collective-broadcast", **_ALL_TO_ALL),
-    *_ops("collectives", 1, "collective-permute", "collective-permute-start", **_PERMUTE),
+    # One operand; XLA also writes combined (several) and in-place (4) forms: the shape rule names them.
+    *_ops("collectives", None, "collective-permute", "collective-permute-start", **_PERMUTE),
     Opcode("ragged-all-to-all", "collectives", 6, side_effect=True, collective=True, grouping="groups",
            channel_groups_partitions=True, supported=False),
     Opcode("all-reduce-done", "collectives", 1, side_effect=True, done_of=("all-reduce-start",)),

@@ -25,6 +25,7 @@ from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
 from replicas.hlo.lexer import Scanner
 from replicas.hlo.literals import parse_literal
 from replicas.hlo.opcodes import KNOWN_OPCODES
+from replicas.hlo.window import make_window
 from replicas.limits import MAX_NESTING, check_replicas, check_shape
 from replicas.shapes import Shape, _ShapeParser
 
@@ -46,6 +47,9 @@ _COMPUTATION_VALUED = frozenset(COMPUTATION_ATTRS)
 
 ElidedPolicy = Literal["error", "zeros", "random"]
 ELIDED_POLICIES: tuple[str, ...] = ("error", "zeros", "random")
+
+
+_WINDOWED = frozenset({"reduce-window", "select-and-scatter"})
 
 
 class HloParser:
@@ -199,6 +203,8 @@ class HloParser:
         else:
             inst.operands = self._operands(comp)
         self._attributes(inst)
+        if inst.opcode in _WINDOWED and "window" not in inst.attrs:
+            inst.attrs["window"] = make_window(0)  # XLA's default: the empty window of a scalar operand
         s.skip_inline()
         if s.pos < len(s.text) and s.text[s.pos] not in "\n}":
             raise s.error("unexpected text after the instruction (expected ',' and an attribute, or a new line)")

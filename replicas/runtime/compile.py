@@ -149,18 +149,24 @@ def uses_blas(executable: Executable) -> bool:
 def module_fingerprint(module: Module) -> bytes:
     """A digest of everything in `module` that decides what it computes (names, opcodes, shapes,
     operands, attributes, literals' bytes), fast enough to take on every run."""
-    digest = hashlib.blake2b(digest_size=20)
-    update = digest.update
-    update(repr((module.name, module.entry, sorted(module.attrs.items(), key=str))).encode())
+    parts = [repr((module.name, module.entry, sorted(module.attrs.items(), key=str)))]
+    append = parts.append
+    literals = []
     for comp in module.computations.values():
-        update(repr((comp.name, comp.root, comp.is_fusion, len(comp.instructions))).encode())
+        append(f"{comp.name}|{comp.root}|{comp.is_fusion}|{len(comp.instructions)}")
         for inst in comp.instructions:
             attrs = inst.attrs
+            if not attrs:
+                append(f"{inst.name}|{inst.opcode}|{_shape_text(inst.shape)}|{inst.operands}|")
+                continue
             literal = attrs.get("literal") if inst.opcode == "constant" else None
-            if literal is not None:
+            if literal is not None:  # its bytes go after the text, in instruction order
                 attrs = {k: v for k, v in attrs.items() if k != "literal"}
-                _update_literal(update, literal)
-            update(f"{inst.name}|{inst.opcode}|{_shape_text(inst.shape)}|{inst.operands}|{attrs or ''}".encode())
+                literals.append(literal)
+            append(f"{inst.name}|{inst.opcode}|{_shape_text(inst.shape)}|{inst.operands}|{attrs}|{literal is not None}")
+    digest = hashlib.blake2b("\n".join(parts).encode(), digest_size=20)
+    for literal in literals:
+        _update_literal(digest.update, literal)
     return digest.digest()
 
 

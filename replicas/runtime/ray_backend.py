@@ -296,14 +296,21 @@ class ReplicaHost:
         for r, a in args.items():
             self._runners[r].start(a)
 
-    def launch(self, token: str, replica_ids: list[int], num_replicas: int, digest: bytes,
-               module_bytes: bytes | None, options: dict[str, Any], routes: dict[int, Any],
-               wire_routes: dict[int, dict[str, Any]], placement: list[int], args: dict[int, list[Any]] | None,
-               finish_within: float | None = None) -> Any:
+    def launch(self, call: tuple) -> Any:
         """`setup`, `connect` and (with `args`) `begin` in one call. The program travels only when
         this actor does not hold it (`module_bytes` None: the one of `digest`); a previous job
         still here (a `finish` still deciding) is reset first. A job of several actors begins
-        in a second call, once every actor is set up: a peer's message must find its mailbox."""
+        in a second call, once every actor is set up: a peer's message must find its mailbox.
+
+        `call` is (token, replica_ids, num_replicas, digest, module_bytes, setup options, routes,
+        wire_routes, placement, args, finish_within), in one argument (Ray serializes each argument
+        of a call on its own)."""
+        import ray
+
+        (token, replica_ids, num_replicas, digest, module_bytes, options, routes, wire_routes, placement, args,
+         finish_within) = call
+        if isinstance(module_bytes, ray.ObjectRef):  # inside a tuple Ray does not resolve it
+            module_bytes = ray.get(module_bytes)
         with self._job_turn:
             try:
                 if self._token:
@@ -572,9 +579,10 @@ class RayBackend:
             k["program"] = self._digest  # forgotten again if this launch fails (`_ensure_launched`)
             # Peers' actor handles only (each costs Ray a reference registration).
             routes = {r: a for r, a in self._actor_of.items() if a is not actor}
-            refs.append(actor.launch.remote(self._token, ids, n, self._digest, program, self._launch_options,
-                                            routes, wire_routes, placement,
-                                            {r: self._args[r] for r in ids} if alone else None, finish_within))
+            # One argument: Ray serializes each argument of a call on its own.
+            refs.append(actor.launch.remote((self._token, ids, n, self._digest, program, self._launch_options,
+                                             routes, wire_routes, placement,
+                                             {r: self._args[r] for r in ids} if alone else None, finish_within)))
         self._launch_refs = refs
         self.calls["launch"] += len(refs)
         if not alone:
@@ -652,9 +660,12 @@ class RayBackend:
             if outcome is None:
                 break
             self._finished[index[ready[0]]] = outcome
-        self._ensure_launched()
         if len(self._finished) < len(self._actors):
+            self._ensure_launched()
             return None
+        if refs is self._launch_refs:  # the launches returned these outcomes: they succeeded
+            self._launch_refs = None
+        self._ensure_launched()
         self._clean = True
         merged: dict[int, Any] = {}
         for results, _, _ in self._finished.values():

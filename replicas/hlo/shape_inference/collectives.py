@@ -157,10 +157,13 @@ def check_source_target_pairs(c: Ctx) -> None:
 
 @rule("collective-permute", "collective-permute-start")
 def _collective_permute(c: Ctx) -> Shape | None:
+    if len(c.operands) == 4 and c.operands[2].is_tuple:
+        raise c.fail("with 4 operands (XLA's in-place form, offsets and slice_sizes) is not supported")
     shapes = _arrays(c)
     check_source_target_pairs(c)
     if len(shapes) not in (1, 4):
-        raise c.fail(f"expects one operand, got {len(shapes)}")
+        raise c.fail(f"with {len(shapes)} operands (XLA's combined form) is not supported: permute each "
+                     "operand on its own")
     s = shapes[0] if len(shapes) == 1 else shapes[1]
     if c.opcode == "collective-permute":
         return s

@@ -66,6 +66,13 @@ def _conditional(c: Ctx) -> Shape:
     return result
 
 
+@rule("scan")
+def _scan(c: Ctx) -> Shape | None:
+    """Parses with its declared shape; the verifier refuses it (opcodes.py: no kernel yet)."""
+    c.computation("to_apply")
+    return None
+
+
 @rule("map")
 def _map(c: Ctx) -> Shape:
     c.count(at_least=1)
