@@ -196,17 +196,8 @@ class HloParser:
             raise s.error(f"unknown opcode {opcode!r}", opcode_pos)
         if s.peek() != "(":
             raise s.error(f"expected '(' after opcode {opcode}")
-        if shape is None and opcode in ("constant", "parameter"):
-            raise s.error(f"a {opcode} needs its shape written before the opcode", opcode_pos)
         inst = Instruction(name, opcode, shape, line=s.line_of(start))
-        if opcode == "constant":
-            self._constant(inst)
-        elif opcode == "parameter":
-            s.expect("(")
-            inst.attrs["parameter_number"] = s.integer("a parameter number")
-            s.expect(")")
-        else:
-            inst.operands = self._operands(comp)
+        self._operands_of(inst, comp, opcode_pos)
         self._attributes(inst)
         if inst.opcode in _WINDOWED and "window" not in inst.attrs:
             inst.attrs["window"] = make_window(0)  # XLA's default: the empty window of a scalar operand
@@ -218,6 +209,20 @@ class HloParser:
         comp.instructions.append(inst)
         self._defined[name] = inst
         return inst, is_root, start
+
+    def _operands_of(self, inst: Instruction, comp: Computation, opcode_pos: int) -> None:
+        """What follows the opcode up to the attributes: a literal, a parameter number, operands."""
+        s = self.s
+        if inst.shape is None and inst.opcode in ("constant", "parameter"):
+            raise s.error(f"a {inst.opcode} needs its shape written before the opcode", opcode_pos)
+        if inst.opcode == "constant":
+            self._constant(inst)
+        elif inst.opcode == "parameter":
+            s.expect("(")
+            inst.attrs["parameter_number"] = s.integer("a parameter number")
+            s.expect(")")
+        else:
+            inst.operands = self._operands(comp)
 
     def _nested_instruction(self, comp: Computation, shape: Shape | None, opcode: str, pos: int) -> str:
         """An instruction written inside an operand list (XLA's short form), named as XLA names it
@@ -232,16 +237,7 @@ class HloParser:
             name = f"{opcode}.anon.{k}"
         s.pos = pos + len(opcode)
         inst = Instruction(name, opcode, shape, line=s.line_of(pos))
-        if opcode in ("constant", "parameter") and shape is None:
-            raise s.error(f"a nested {opcode} needs its shape written before it", pos)
-        if opcode == "constant":
-            self._constant(inst)
-        elif opcode == "parameter":
-            s.expect("(")
-            inst.attrs["parameter_number"] = s.integer("a parameter number")
-            s.expect(")")
-        else:
-            inst.operands = self._operands(comp)
+        self._operands_of(inst, comp, pos)
         if inst.shape is None:
             inst.shape = self._inferred_shape(inst, pos)
         comp.instructions.append(inst)
