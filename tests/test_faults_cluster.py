@@ -7,40 +7,14 @@ local Ray session)."""
 from __future__ import annotations
 
 import os
-import pathlib
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import pytest
-from test_cluster import _free_port_block
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "cluster" / "local_cluster.sh"
 
 pytestmark = [pytest.mark.cluster, pytest.mark.ray]
-
-
-@pytest.fixture
-def two_nodes():
-    """(address, env, port) of a fresh two-node cluster, stopped and removed afterwards."""
-    # Ray's unix socket paths must stay under 108 bytes: a short directory, not pytest's tmp_path.
-    cluster_dir = tempfile.mkdtemp(prefix="rpc-", dir="/tmp")
-    env = dict(os.environ, RAY=str(pathlib.Path(sys.executable).parent / "ray"),
-               REPLICAS_CLUSTER_DIR=cluster_dir, RAY_AUTH_MODE="disabled")
-    env.pop("RAY_ADDRESS", None)  # set by this process's own Ray session
-    port = _free_port_block()
-    try:
-        started = subprocess.run(["bash", str(SCRIPT), "start", str(port)], env=env, capture_output=True,
-                                 text=True, timeout=180)
-        assert started.returncode == 0, started.stdout + started.stderr
-        yield started.stdout.strip().splitlines()[-1], env, port
-    finally:
-        subprocess.run(["bash", str(SCRIPT), "stop", str(port)], env=env, capture_output=True, timeout=60)
-        shutil.rmtree(cluster_dir, ignore_errors=True)
 
 
 def _stop_second_node(port: int) -> None:
@@ -93,11 +67,12 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def test_a_node_lost_before_the_job_starts_is_named_within_the_timeout(two_nodes, tmp_path):
-    address, env, port = two_nodes
+def test_a_node_lost_before_the_job_starts_is_named_within_the_timeout(two_node_cluster_to_break, tmp_path):
+    cluster = two_node_cluster_to_break
+    port = int(cluster.settings["REPLICAS_CLUSTER_PORT"])
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
-    proc = subprocess.Popen([sys.executable, str(driver), address], env=env, stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(driver), cluster.address], env=cluster.env(), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "READY", proc.stderr.read()[-4000:] if proc.poll() else ""

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opkit import run_op
+from xla_oracle import lax_answer
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import make_window
@@ -63,10 +64,10 @@ def run_case(rng, *, n_spatial, batch, in_per_group, out_features, sizes, kernel
     if flip:
         rhs_for_jax = np.flip(rhs, flip)
     dn = jax.lax.ConvDimensionNumbers(lhs_spec, rhs_spec, out_spec)
-    expected = np.asarray(jax.lax.conv_general_dilated(
+    expected = lax_answer(jax.lax.conv_general_dilated,
         lhs, rhs_for_jax, window_strides=stride, padding=pad, lhs_dilation=lhs_dil, rhs_dilation=rhs_dil,
         dimension_numbers=dn, feature_group_count=groups, batch_group_count=batch_groups,
-        preferred_element_type=preferred))
+        preferred_element_type=preferred)
     window = make_window(n_spatial, size=list(kernel), stride=list(stride), pad=[tuple(p) for p in pad],
                          lhs_dilate=list(lhs_dil), rhs_dilate=list(rhs_dil), window_reversal=reversal)
     attrs = {"window": window, "dim_labels": labels_for(lhs_spec, rhs_spec, out_spec),

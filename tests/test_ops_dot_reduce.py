@@ -3,6 +3,8 @@ integer wrap-around, pred; reduce fast paths, NaN propagation, init values, vari
 
 from __future__ import annotations
 
+import zlib
+
 import jax
 import ml_dtypes
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opkit import binary_computation, run_op
+from xla_oracle import lax_answer
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction
@@ -80,16 +83,15 @@ def dot_case(rng, batch, lhs_free, rhs_free, contract, lhs_dtype, rhs_dtype=None
         "lhs_contracting_dims": positions(lhs_roles, "c"),
         "rhs_contracting_dims": positions(rhs_roles, "c"),
     }
-    expected = np.asarray(
-        jax.lax.dot_general(
-            lhs,
-            rhs,
-            (
-                (attrs["lhs_contracting_dims"], attrs["rhs_contracting_dims"]),
-                (attrs["lhs_batch_dims"], attrs["rhs_batch_dims"]),
-            ),
-            preferred_element_type=preferred,
-        )
+    expected = lax_answer(
+        jax.lax.dot_general,
+        lhs,
+        rhs,
+        (
+            (attrs["lhs_contracting_dims"], attrs["rhs_contracting_dims"]),
+            (attrs["lhs_batch_dims"], attrs["rhs_batch_dims"]),
+        ),
+        preferred_element_type=preferred,
     )
     got = run_op("dot", result_shape(expected), [lhs, rhs], attrs)
     return got, expected
@@ -125,7 +127,7 @@ TOLERANCE = {
     ],
 )
 def test_dot_dtypes_random_dimension_positions(dtype):
-    rng = np.random.default_rng(abs(hash(str(dtype))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(str(dtype).encode()))  # the same cases in every run
     for _ in range(3):
         nb, nl, nr, nc = (int(v) for v in rng.integers(0, 3, 4))
         batch = [int(v) for v in rng.integers(1, 4, nb)]
@@ -186,7 +188,7 @@ def test_dot_bf16_accumulates_in_f32_like_xla():
     lhs = np.full((1, 2048), 2.0**-9, dtype=BF16)
     lhs[0, 0] = 1.0
     rhs = np.ones((2048, 1), dtype=BF16)
-    expected = np.asarray(jax.lax.dot(lhs, rhs))
+    expected = lax_answer(jax.lax.dot, lhs, rhs)
     got = run_op(
         "dot",
         Shape.of(expected),
@@ -205,7 +207,7 @@ def test_dot_bf16_accumulates_in_f32_like_xla():
 def test_dot_integer_wraps_in_result_type():
     lhs = np.array([[2**30, 2**30, 7]], dtype=np.int32)
     rhs = np.array([[4], [4], [-3]], dtype=np.int32)
-    expected = np.asarray(jax.lax.dot(lhs, rhs))
+    expected = lax_answer(jax.lax.dot, lhs, rhs)
     got = run_op(
         "dot",
         Shape.of(expected),
@@ -268,9 +270,7 @@ def run_reduce(x, init, reducer, dims):
         jax_reducer = {"add": "or", "multiply": "and", "maximum": "or", "minimum": "and"}.get(
             reducer, reducer
         )
-    expected = np.asarray(
-        jax.lax.reduce(x, np.asarray(init, x.dtype), JAX_REDUCERS[jax_reducer], tuple(dims))
-    )
+    expected = lax_answer(jax.lax.reduce, x, np.asarray(init, x.dtype), JAX_REDUCERS[jax_reducer], tuple(dims))
     got = run_op(
         "reduce",
         Shape.of(expected),
@@ -417,8 +417,7 @@ def test_reduce_variadic_argmax_document_example(direction):
         values = rng.integers(0, 4, shape).astype(np.float32)  # many ties: the tie-breaking must match
         index = np.broadcast_to(np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape), shape).copy()
         inits = (np.float32(-np.inf), np.int32(-1))
-        expected = jax.lax.reduce((values, index), inits, jax_argmax_reducer(direction), dims)
-        expected = tuple(np.asarray(e) for e in expected)
+        expected = lax_answer(jax.lax.reduce, (values, index), inits, jax_argmax_reducer(direction), dims)
         got = run_op(
             "reduce",
             Shape.tuple([Shape.of(e) for e in expected]),
@@ -456,7 +455,7 @@ def test_reduce_generic_path_equals_fast_path(seed, shape, data):
     comp.add(Instruction("r", "multiply", s, ["sum", "one"]))
     comp.root = "r"
     x = rng.integers(-(2**31), 2**31 - 1, shape, dtype=np.int32)
-    expected = np.asarray(jax.lax.reduce(x, np.int32(0), jax.lax.add, tuple(dims)))
+    expected = lax_answer(jax.lax.reduce, x, np.int32(0), jax.lax.add, tuple(dims))
     got = run_op(
         "reduce", Shape.of(expected), [x, np.int32(0)], {"to_apply": comp.name, "dimensions": dims}, [comp]
     )

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opkit import run_op
-from xla_oracle import compile_stablehlo, run_stablehlo, tensor_type
+from xla_oracle import GOLDEN, compile_stablehlo, execute, run_stablehlo, tensor_type
 
 from replicas.errors import ProgramError
 from replicas.shapes import Shape
@@ -33,11 +33,9 @@ def _compiled_multi(op: str, in_types: tuple[str, ...], out_types: tuple[str, ..
 def run_stablehlo_multi(op, operands, outs, attrs):
     """Like xla_oracle.run_stablehlo for an operation with several results; `outs` is [(shape, dtype)]."""
     operands = [np.asarray(o) for o in operands]
-    exe = _compiled_multi(op, tuple(tensor_type(o.shape, o.dtype) for o in operands),
-                          tuple(tensor_type(s, d) for s, d in outs), attrs)
-    device = exe.devices()[0] if hasattr(exe, "devices") else None
-    result = exe.execute_sharded([jax.device_put(o, device) for o in operands])
-    return [np.asarray(r[0]) for r in result.disassemble_into_single_device_arrays()]
+    program = (op, tuple(tensor_type(o.shape, o.dtype) for o in operands), tuple(tensor_type(s, d) for s, d in outs),
+               attrs)
+    return GOLDEN.answer(program, operands, lambda: execute(_compiled_multi(*program), operands))
 
 
 def shape_like(a: np.ndarray) -> Shape:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from xla_oracle import jax_text, jit_answer
 
 import replicas as rp
 
@@ -44,11 +45,6 @@ CASES = [
 ]
 
 
-def _text(f, args, form: str) -> str:
-    lowered = jax.jit(f).lower(*args)
-    return lowered.as_text(dialect="hlo") if form == "lowered" else lowered.compile().as_text()
-
-
 # Singular and eigen vectors are unique up to a sign (a phase): (leaf, axis along which a vector runs).
 VECTORS = {"eigh": {1: -2}, "svd": {0: -2, 2: -1}, "svd_full": {0: -2, 2: -1}}
 
@@ -60,10 +56,9 @@ def _align(got: np.ndarray, want: np.ndarray, axis: int) -> np.ndarray:
 
 
 def _check(f, args, form: str, rtol: float, vectors: dict[int, int] | None = None) -> None:
-    got = rp.run(rp.parse_hlo(_text(f, args, form)), args, num_replicas=1, backend="threads")[0]
-    want = jax.jit(f)(*args)
+    got = rp.run(rp.parse_hlo(jax_text(f, args, form)), args, num_replicas=1, backend="threads")[0]
     got_leaves = list(got) if isinstance(got, tuple) else [got]
-    want_leaves = [np.asarray(w) for w in jax.tree_util.tree_leaves(want)]
+    want_leaves = jit_answer(f, args)
     assert len(got_leaves) == len(want_leaves)
     for k, (g, w) in enumerate(zip(got_leaves, want_leaves)):
         if k in (vectors or {}):
@@ -92,8 +87,9 @@ def test_jnp_linalg_runs_like_jax_in_other_types(name, dtype):
 def test_cholesky_of_a_matrix_that_is_not_positive_definite_is_nan_like_jax():
     a = np.stack([np.eye(3, dtype=np.float32), -np.eye(3, dtype=np.float32)])
     for form in ("lowered", "compiled"):
-        got = rp.run(rp.parse_hlo(_text(jnp.linalg.cholesky, [a], form)), [a], num_replicas=1, backend="threads")[0]
-        np.testing.assert_array_equal(got, np.asarray(jnp.linalg.cholesky(a)))
+        got = rp.run(rp.parse_hlo(jax_text(jnp.linalg.cholesky, [a], form)), [a], num_replicas=1,
+                     backend="threads")[0]
+        np.testing.assert_array_equal(got, jit_answer(jnp.linalg.cholesky, [a])[0])
 
 
 def test_det_of_a_singular_matrix_is_zero_like_jax():
@@ -109,14 +105,14 @@ def test_top_k_runs_like_jax(k, form):
     x[0, 0, 4] = np.nan
     x[1, 2, 0] = -np.inf
     f = lambda v: jax.lax.top_k(v, k)  # noqa: E731
-    got = rp.run(rp.parse_hlo(_text(f, [x], form)), [x], num_replicas=1, backend="threads")[0]
-    want = f(x)
-    np.testing.assert_array_equal(got[0], np.asarray(want[0]))
-    np.testing.assert_array_equal(got[1], np.asarray(want[1]))
+    got = rp.run(rp.parse_hlo(jax_text(f, [x], form)), [x], num_replicas=1, backend="threads")[0]
+    want = jit_answer(f, [x])
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_top_k_of_integers_runs_like_jax():
     x = np.random.default_rng(3).integers(-100, 100, size=(4, 12)).astype(np.int32)
     f = lambda v: jax.lax.top_k(v, 4)  # noqa: E731
-    got = rp.run(rp.parse_hlo(_text(f, [x], "lowered")), [x], num_replicas=1, backend="threads")[0]
-    np.testing.assert_array_equal(got[1], np.asarray(f(x)[1]))
+    got = rp.run(rp.parse_hlo(jax_text(f, [x])), [x], num_replicas=1, backend="threads")[0]
+    np.testing.assert_array_equal(got[1], jit_answer(f, [x])[1])

@@ -8,7 +8,6 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -59,10 +58,10 @@ def test_the_demo_runs(tmp_path: Path) -> None:
     assert out.stderr == "", out.stderr  # a quiet local Ray: no raylet or log-level lines
 
 
-@pytest.fixture(scope="module")
-def workdir() -> Path:
+@pytest.fixture(scope="session")  # the cluster test, which runs last, uses it too
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The README's Python blocks, run in order in one fresh interpreter, in an empty directory."""
-    path = Path(tempfile.mkdtemp(prefix="readme-"))
+    path = tmp_path_factory.mktemp("readme")
     code = "\n".join(PYTHON_BLOCKS) + "\nimport ray\nray.shutdown()\n"
     out = subprocess.run([sys.executable, "-c", code], cwd=path, env=user_env(), capture_output=True, text=True,
                          timeout=600)
@@ -84,13 +83,10 @@ def test_the_commands_run(workdir: Path) -> None:
 
 @pytest.mark.cluster
 @pytest.mark.ray
-def test_the_cluster_commands_run(workdir: Path) -> None:
-    base = tempfile.mkdtemp(prefix="rpr-", dir="/tmp")  # Ray's socket paths stay under 108 bytes
-    (workdir / "cluster").symlink_to(ROOT / "cluster")
-    env = user_env(REPLICAS_CLUSTER_DIR=base, REPLICAS_CLUSTER_PORT="6590", PYTHON=sys.executable,
-                   RAY_AUTH_MODE="disabled")
-    try:
-        out = run_lines(CLUSTER[0], workdir, env)
-        assert "replica 3: float32[8]" in out
-    finally:
-        subprocess.run(["bash", "cluster/local_cluster.sh", "stop"], cwd=workdir, env=env, timeout=120)
+def test_the_cluster_commands_run(workdir: Path, two_node_cluster) -> None:
+    """The session's two-node cluster is the README's `start` line, run with these settings; its
+    `stop` line ends it after the last test that uses it."""
+    start, *commands, stop = (line.strip() for line in CLUSTER[0].strip().splitlines())
+    assert (start, stop) == ("bash cluster/local_cluster.sh start", "bash cluster/local_cluster.sh stop")
+    out = run_lines("\n".join(commands), workdir, user_env(**two_node_cluster.settings))
+    assert "replica 3: float32[8]" in out

@@ -6,17 +6,11 @@ subprocess, since this test run's own process is attached to the shared local Ra
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 DRIVER = textwrap.dedent("""
     import json, sys
@@ -44,33 +38,17 @@ DRIVER = textwrap.dedent("""
 
 
 @pytest.mark.cluster
-def test_same_node_pairs_use_shared_memory_and_cross_node_pairs_do_not(tmp_path):
-    from test_cluster import _free_port_block
+def test_same_node_pairs_use_shared_memory_and_cross_node_pairs_do_not(tmp_path, two_node_cluster):
     from test_shm import COLLECTIVES, SIZE
-
-    port = _free_port_block()  # other runs on this machine start clusters too
 
     program = tmp_path / "c.hlo"
     program.write_text(COLLECTIVES.format(e=SIZE, g=4 * SIZE, q=SIZE // 4))
-    cluster_dir = tempfile.mkdtemp(prefix="rps-", dir="/tmp")  # Ray's socket paths stay short
-    env = dict(os.environ, RAY=str(pathlib.Path(sys.executable).parent / "ray"),
-               REPLICAS_CLUSTER_DIR=cluster_dir, RAY_AUTH_MODE="disabled")
-    env.pop("RAY_ADDRESS", None)  # set by this process's own Ray session
-    script = ROOT / "cluster" / "local_cluster.sh"
-    started = subprocess.run(["bash", str(script), "start", str(port)], env=env, capture_output=True, text=True,
-                             timeout=180)
-    try:
-        assert started.returncode == 0, started.stdout + started.stderr
-        address = started.stdout.strip().splitlines()[-1]
-        driver = tmp_path / "driver.py"
-        driver.write_text(DRIVER)
-        out = subprocess.run([sys.executable, str(driver), address, str(program), str(SIZE)], env=env,
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stdout + out.stderr[-4000:]
-        report = json.loads(out.stdout.strip().splitlines()[-1])
-    finally:
-        subprocess.run(["bash", str(script), "stop", str(port)], env=env, capture_output=True, timeout=60)
-        shutil.rmtree(cluster_dir, ignore_errors=True)
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    out = subprocess.run([sys.executable, str(driver), two_node_cluster.address, str(program), str(SIZE)],
+                         env=two_node_cluster.env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["equal"]
     nodes = report["nodes"]
     assert nodes["0"] == nodes["2"] != nodes["1"] == nodes["3"]

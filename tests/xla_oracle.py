@@ -4,18 +4,27 @@
 `clamp` argument order), so the kernels' tests compile the StableHLO operations themselves and run
 them on the CPU client jax uses: the answer is XLA's, not jax's. Several operations on the same
 operands compile into one module (compiling is the slow part).
+
+XLA's answers are also kept in `tests/golden/xla_oracle.zip`, keyed by the module text and the
+operands' bytes, so a fresh machine does not compile hundreds of oracle modules: a key the store
+lacks (a new or changed test) is computed by XLA as before. `REPLICAS_GOLDEN=record` adds the
+answers the run used to the store (delete it first and record the whole suite to prune it).
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
+import json
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jax
+import ml_dtypes
 import numpy as np
 from jax._src import xla_bridge  # noqa: E402
 from jax._src.lib import xla_client  # noqa: E402
@@ -95,6 +104,74 @@ def compile_stablehlo(text: str) -> Any:
     return exe
 
 
+def _dtype(name: str) -> np.dtype:
+    return np.dtype(getattr(ml_dtypes, name, name))
+
+
+class GoldenStore:
+    """XLA's recorded answers: per key, `<key>.json` (dtype and shape of each result) and `<key>.bin`
+    (their bytes, in order) in one zip file. Large answers are left out: they are few, and XLA
+    computes them in one compilation each."""
+
+    LARGEST = 64 << 10
+
+    def __init__(self, path: Path, record: bool) -> None:
+        self.path, self.record = path, record
+        self.used: dict[str, list[np.ndarray]] = {}
+        self._zip = zipfile.ZipFile(path) if path.exists() and not record else None
+        if record:
+            atexit.register(self.write)
+
+    def answer(self, program: Any, operands: list[np.ndarray], compute: Any) -> list[np.ndarray]:
+        """The recorded answer of `program` (anything whose repr names the computation) on
+        `operands`, else `compute()`'s."""
+        digest = hashlib.sha256(repr(program).encode())
+        for o in operands:
+            digest.update(repr((o.dtype.name, o.shape)).encode())
+            digest.update(np.ascontiguousarray(o).tobytes())
+        key = digest.hexdigest()
+        results = self.get(key)
+        if results is None:
+            results = compute()
+        if self.record and sum(r.nbytes for r in results) <= self.LARGEST:
+            self.used[key] = results
+        return results
+
+    def get(self, key: str) -> list[np.ndarray] | None:
+        if self._zip is None:
+            return None
+        try:
+            meta = json.loads(self._zip.read(f"{key}.json"))
+        except KeyError:
+            return None
+        data, results, offset = self._zip.read(f"{key}.bin"), [], 0
+        for name, shape in meta:
+            dtype = _dtype(name)
+            count = int(np.prod(shape, dtype=np.int64))
+            results.append(np.frombuffer(data, dtype, count, offset).reshape(shape).copy())
+            offset += count * dtype.itemsize
+        return results
+
+    def write(self) -> None:
+        self.path.parent.mkdir(exist_ok=True)
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+            if self.path.exists():  # a run of some test files keeps the others' answers
+                with zipfile.ZipFile(self.path) as old:
+                    for info in old.infolist():
+                        if info.filename.split(".")[0] not in self.used:
+                            z.writestr(info, old.read(info))
+            for key in sorted(self.used):
+                results = self.used[key]
+                z.writestr(f"{key}.json", json.dumps([[r.dtype.name, list(r.shape)] for r in results]))
+                z.writestr(f"{key}.bin", b"".join(np.ascontiguousarray(r).tobytes() for r in results))
+        tmp.replace(self.path)
+
+
+GOLDEN = GoldenStore(Path(__file__).parent / "golden" / "xla_oracle.zip",
+                     record=os.environ.get("REPLICAS_GOLDEN") == "record")
+
+
 def run_many(calls: list[Call], operands: list[Any]) -> list[np.ndarray]:
     operands = [np.asarray(o) for o in operands]
     in_types = tuple(tensor_type(o.shape, o.dtype) for o in operands)
@@ -103,14 +180,63 @@ def run_many(calls: list[Call], operands: list[Any]) -> list[np.ndarray]:
         op = c.op if "." in c.op else stablehlo_name(c.op)
         shape = operands[c.args[0]].shape if c.out_shape is None else c.out_shape
         key.append((op, tuple(c.args), tensor_type(shape, c.out_dtype), c.attrs))
-    exe = _compiled(tuple(key), in_types)
+    return GOLDEN.answer((tuple(key), in_types), operands, lambda: execute(_compiled(tuple(key), in_types), operands))
+
+
+def execute(exe: Any, operands: list[np.ndarray]) -> list[np.ndarray]:
     device = jax.devices("cpu")[0]
-    buffers = [jax.device_put(o, device) for o in operands]
-    results = exe.execute_sharded(buffers).disassemble_into_single_device_arrays()
-    return [np.asarray(r[0]) for r in results]
+    outputs = exe.execute_sharded([jax.device_put(o, device) for o in operands])
+    return [np.asarray(r[0]) for r in outputs.disassemble_into_single_device_arrays()]
 
 
 def run_stablehlo(op: str, operands: list[Any], out_dtype: Any, out_shape: tuple[int, ...] | None = None,
                   attrs: str = "") -> np.ndarray:
     """One operation on all `operands`."""
     return run_many([Call(op, tuple(range(len(operands))), out_dtype, out_shape, attrs)], operands)[0]
+
+
+def _stable(value: Any) -> Any:
+    """`value` as text that names it the same way in every run (no object addresses)."""
+    code = getattr(value, "__code__", None)
+    if code is not None:
+        cells = tuple(_stable(c.cell_contents) for c in (value.__closure__ or ()))
+        return f"{value.__module__}.{value.__qualname__}@{code.co_firstlineno}{cells}"
+    if isinstance(value, (tuple, list)):
+        return type(value).__name__ + repr(tuple(_stable(v) for v in value))
+    if isinstance(value, dict):
+        return repr(sorted((k, _stable(v)) for k, v in value.items()))
+    return repr(value)
+
+
+def lax_answer(fn: Any, *args: Any, **params: Any) -> Any:
+    """`fn(*args, **params)` computed by JAX (or recorded), as numpy: one array, or a tuple when the
+    result has several. Array leaves of `args` are the operands; everything else names the program."""
+    leaves, tree = jax.tree.flatten(args)
+    is_operand = [isinstance(leaf, (np.ndarray, np.generic)) for leaf in leaves]
+    operands = [np.asarray(leaf) for leaf, op in zip(leaves, is_operand) if op]
+    program = ("lax", _stable(fn), str(tree), [None if op else _stable(leaf) for leaf, op in zip(leaves, is_operand)],
+               _stable(params), jax.config.jax_enable_x64)
+    results = GOLDEN.answer(program, operands,
+                            lambda: [np.asarray(r) for r in jax.tree.leaves(fn(*args, **params))])
+    return results[0] if len(results) == 1 else tuple(results)
+
+
+def jit_answer(fn: Any, args: list[Any]) -> list[np.ndarray]:
+    """The leaves of `jax.jit(fn)(*args)`, computed by JAX (or recorded), as numpy arrays."""
+    operands = [np.asarray(a) for a in args]
+    return GOLDEN.answer(("jit", _stable(fn), jax.config.jax_enable_x64), operands,
+                         lambda: [np.asarray(r) for r in jax.tree.leaves(jax.jit(fn)(*args))])
+
+
+def jax_text(fn: Any, args: list[Any], form: str = "lowered") -> str:
+    """The HLO text of `fn` on arrays like `args`: as JAX lowers it ("lowered") or as XLA:CPU compiled
+    it ("compiled"). Recorded per JAX version, so a new JAX's text is tested, not an old one's."""
+    def lower() -> list[np.ndarray]:
+        lowered = jax.jit(fn).lower(*args)
+        text = lowered.as_text(dialect="hlo") if form == "lowered" else lowered.compile().as_text()
+        return [np.frombuffer(text.encode(), np.uint8)]
+
+    program = ("text", jax.__version__, _stable(fn), form, [(np.asarray(a).dtype.name, np.shape(a)) for a in args],
+               jax.config.jax_enable_x64)
+    (text,) = GOLDEN.answer(program, [], lower)
+    return text.tobytes().decode()

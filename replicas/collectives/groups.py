@@ -64,11 +64,7 @@ def normalized_groups(inst: Instruction) -> tuple[Group, ...]:
     found = _normalized.get(id(inst))
     if found is not None and found[0] is inst:
         return found[1]
-    raw = inst.attrs.get("replica_groups") or []
-    try:
-        groups = intern(tuple(intern(tuple(int(r) for r in g)) for g in raw))
-    except (TypeError, ValueError):
-        raise inst.error(f"replica_groups must be a list of lists of ints, got {raw!r}") from None
+    groups = intern(tuple(intern(tuple(int(r) for r in g)) for g in inst.attrs.get("replica_groups") or []))
     if len(_normalized) > 4096:
         _normalized.clear()
     _normalized[id(inst)] = (inst, groups)
@@ -94,20 +90,17 @@ def plan_groups(inst: Instruction, module: Any, replica_id: int, num_replicas: i
 
 
 def _group_of_replica(inst: Instruction, groups: tuple[Group, ...], num_replicas: int) -> dict[int, int]:
-    """replica -> the index of its group; ProgramError unless the groups partition the replicas."""
+    """replica -> the index of its group; ProgramError unless the groups partition this job's replicas
+    (the verifier checked that no group is empty or names a replica twice)."""
     found = _membership.get((id(groups), num_replicas))
     if found is not None and found[0] is groups:
         return found[1]
     seen: dict[int, int] = {}
     for gi, g in enumerate(groups):
-        if not g:
-            raise inst.error(f"replica_groups {_text(groups)}: group {gi} is empty")
         for r in g:
             if not 0 <= r < num_replicas:
                 raise inst.error(f"replica_groups {short_text(_text(groups))} name replica {r}, but the job has "
                                  f"{num_replicas} replicas")
-            if r in seen:
-                raise inst.error(f"replica_groups {short_text(_text(groups))} name replica {r} twice")
             seen[r] = gi
     if len(seen) != num_replicas:
         raise inst.error(f"replica_groups {short_text(_text(groups))} leave out replicas "
