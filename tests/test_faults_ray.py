@@ -332,24 +332,30 @@ def _hostile_messages(token):
         "no such protocol": ((token, 0, 1, ("infeed", 0), X), "names no collective or channel"),
         "shared memory over the collective": ((token, 0, 1, ("coll", 0, 0), Shared(("fp", huge))),
                                               "replica 1 sent 4 TiB"),
+        "object store over the collective": ((token, 0, 1, ("coll", 0, 0), ("fp", np.zeros(1 << 18, np.float32))),
+                                             r"replica 1's actor \(through the object store\).*replica 1 sent 1 MiB"),
     }
 
 
 @pytest.mark.parametrize("kind", ["over the collective", "no such channel", "no such protocol",
-                                  "shared memory over the collective"])
+                                  "shared memory over the collective", "object store over the collective"])
 def test_a_message_over_what_the_program_expects_is_refused_naming_its_sender(kind):
     job = rp.launch(rp.parse_hlo(FED), [], num_replicas=2, timeout=60)
     backend = job._backend  # noqa: SLF001
     address = backend._get([backend._actor_of[0].wire_address.remote(_AUTHKEY)])[0]
     message, expected = _hostile_messages(backend._token)[kind]
     insider = Wire(lambda m: None, _AUTHKEY, address["node"])
-    try:
-        insider.send(address, message)
-    except WireError:
-        pass  # the receiver closed the connection before the whole body was written: never blocked
+    if kind.startswith("object store"):
+        backend._actor_of[0].deliver.remote(*message)
+    else:
+        try:
+            insider.send(address, message)
+        except WireError:
+            pass  # the receiver closed the connection before the whole body was written: never blocked
     with pytest.raises(rp.ReplicaFailure, match=expected) as info:
         job.result()
-    assert info.value.replica == 0 and f"peer process {os.getpid()}" in str(info.value)
+    assert info.value.replica == 0
+    assert kind.startswith("object store") or f"peer process {os.getpid()}" in str(info.value)
     insider.close()
     if kind == "over the collective":
         assert_next_job_works()

@@ -173,8 +173,8 @@ class Mailbox:
     def _host_get(self, queue_of: Any, timeout: float | None) -> Any:
         """Pop the oldest value; raise TimeoutError if none arrives within `timeout` seconds."""
         with self._cond:
-            ok = self._cond.wait_for(lambda: bool(queue_of()) or self.state.status in ("finished", "failed"),
-                                     timeout)
+            ended = ("finished", "failed", "cancelled")  # a cancelled replica writes nothing more either
+            ok = self._cond.wait_for(lambda: bool(queue_of()) or self.state.status in ended, timeout)
             if queue_of():
                 return queue_of().popleft()
             if ok:
