@@ -120,3 +120,31 @@ def test_forms_xla_parses_but_no_kernel_runs_are_refused_by_name():
     with pytest.raises(rp.ProgramError, match="scan is not supported"):
         rp.parse_hlo(SCAN)
     assert rp.parse_hlo(SCAN, verify=False).entry_computation.root_instruction.attrs["num_carries"] == 1
+
+
+SHORT_FORM = """HloModule test
+ENTRY test {
+  add = add(f32[3] parameter(0), f32[3] parameter(1))
+  ROOT root = tuple(add, add(add, add), sqrt(f32[3] broadcast(f32[] parameter(2))))
+}
+"""
+
+
+def test_xla_short_form_nests_instructions_and_infers_shapes():
+    module = rp.parse_hlo(SHORT_FORM)
+    names = [inst.name for inst in module.entry_computation.instructions]
+    assert names == ["parameter.anon", "parameter.anon.1", "add", "add.anon", "parameter.anon.2",
+                     "broadcast.anon", "sqrt.anon", "root"]
+    x, y = np.arange(3, dtype=np.float32), np.ones(3, np.float32)
+    total, twice, root = rp.evaluate(module, [x, y, np.float32(4)])
+    np.testing.assert_array_equal(total, x + y)
+    np.testing.assert_array_equal(twice, 2 * (x + y))
+    np.testing.assert_array_equal(root, [2, 2, 2])
+
+
+def test_short_form_nesting_is_bounded():
+    import pytest
+
+    deep = "negate(" * 200 + "f32[] parameter(0)" + ")" * 200
+    with pytest.raises(rp.ProgramError, match="nest deeper"):
+        rp.parse_hlo(f"HloModule m\nENTRY e {{\n  ROOT r = {deep}\n}}\n")

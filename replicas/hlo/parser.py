@@ -40,6 +40,7 @@ _ATTR_KEY = re.compile(rf"[ \t]*,[ \t]*({_NAME_PATTERN})[ \t]*=")
 _FLAT_BRACES = re.compile(r'\{(?:[^{}"\n]|"(?:[^"\\\n]|\\.)*")*\}')
 _NAME_THEN_BRACKET = re.compile(r"[a-z][a-z0-9]*\[")
 _OPCODE = re.compile(r"[a-z][a-z0-9\-]*")
+_OPCODE_CALL = re.compile(r"([a-z][a-z0-9\-]*)\(")  # `add(`: an instruction written without its shape
 _STACK_FRAME_SECTIONS = frozenset({"FileNames", "FunctionNames", "FileLocations", "StackFrames"})
 _INT_HEADER_ATTRS = frozenset({"replica_count", "num_partitions"})
 _COMPUTATION_VALUED = frozenset(COMPUTATION_ATTRS)
@@ -59,6 +60,7 @@ class HloParser:
         self._shapes: dict[str, Shape] = {}
         # (computation name, position of the attribute value) for references resolved at the end.
         self._computation_refs: list[tuple[str, int]] = []
+        self._nesting = 0  # instructions written inside an operand list, now open
 
     # -- module ----------------------------------------------------------------------------------
     def module(self) -> Module:
@@ -69,6 +71,7 @@ class HloParser:
             module = Module(s.name("a module name"))
         else:  # bare computations, as XLA's test files hold them
             module = Module("module")
+        self._module = module  # called computations, for the shape of an instruction written without one
         while has_header and s.accept(","):
             key = s.name("a module attribute name", sigil=False)
             s.expect("=")
@@ -194,17 +197,12 @@ class HloParser:
         if s.peek() != "(":
             raise s.error(f"expected '(' after opcode {opcode}")
         inst = Instruction(name, opcode, shape, line=s.line_of(start))
-        if opcode == "constant":
-            self._constant(inst)
-        elif opcode == "parameter":
-            s.expect("(")
-            inst.attrs["parameter_number"] = s.integer("a parameter number")
-            s.expect(")")
-        else:
-            inst.operands = self._operands(comp)
+        self._operands_of(inst, comp, opcode_pos)
         self._attributes(inst)
         if inst.opcode in _WINDOWED and "window" not in inst.attrs:
             inst.attrs["window"] = make_window(0)  # XLA's default: the empty window of a scalar operand
+        if inst.shape is None:
+            inst.shape = self._inferred_shape(inst, opcode_pos)
         s.skip_inline()
         if s.pos < len(s.text) and s.text[s.pos] not in "\n}":
             raise s.error("unexpected text after the instruction (expected ',' and an attribute, or a new line)")
@@ -212,7 +210,57 @@ class HloParser:
         self._defined[name] = inst
         return inst, is_root, start
 
-    def _head(self) -> tuple[bool, int, str, Shape, int, str]:
+    def _operands_of(self, inst: Instruction, comp: Computation, opcode_pos: int) -> None:
+        """What follows the opcode up to the attributes: a literal, a parameter number, operands."""
+        s = self.s
+        if inst.shape is None and inst.opcode in ("constant", "parameter"):
+            raise s.error(f"a {inst.opcode} needs its shape written before the opcode", opcode_pos)
+        if inst.opcode == "constant":
+            self._constant(inst)
+        elif inst.opcode == "parameter":
+            s.expect("(")
+            inst.attrs["parameter_number"] = s.integer("a parameter number")
+            s.expect(")")
+        else:
+            inst.operands = self._operands(comp)
+
+    def _nested_instruction(self, comp: Computation, shape: Shape | None, opcode: str, pos: int) -> str:
+        """An instruction written inside an operand list (XLA's short form), named as XLA names it
+        (`add.anon`, `add.anon.1`, ...), placed before the instruction that uses it."""
+        s = self.s
+        self._nesting += 1
+        if self._nesting > MAX_NESTING:
+            raise s.error(f"instructions nest deeper than {MAX_NESTING} levels", pos)
+        name, k = f"{opcode}.anon", 0
+        while name in self._defined:
+            k += 1
+            name = f"{opcode}.anon.{k}"
+        s.pos = pos + len(opcode)
+        inst = Instruction(name, opcode, shape, line=s.line_of(pos))
+        self._operands_of(inst, comp, pos)
+        if inst.shape is None:
+            inst.shape = self._inferred_shape(inst, pos)
+        comp.instructions.append(inst)
+        self._defined[name] = inst
+        self._nesting -= 1
+        return name
+
+    def _inferred_shape(self, inst: Instruction, pos: int) -> Shape:
+        """The shape of an instruction written without one, as the verifier's rule gives it."""
+        from replicas.hlo.shape_inference import infer_shape
+
+        operands = [self._defined[o].shape for o in inst.operands]
+        if inst.opcode == "broadcast" and "dimensions" not in inst.attrs and operands and not operands[0].dimensions:
+            inst.attrs["dimensions"] = []  # a scalar's broadcast needs no dimensions (XLA)
+        try:
+            shape = infer_shape(inst.opcode, operands, inst.attrs, self._module.computation)
+        except ProgramError as e:
+            raise self.s.error(f"%{inst.name}: {e}", pos) from None
+        if shape is None:
+            raise self.s.error(f"%{inst.name} ({inst.opcode}) needs its shape written: it cannot be inferred", pos)
+        return shape
+
+    def _head(self) -> tuple[bool, int, str, Shape | None, int, str]:
         s = self.s
         start = s.pos
         is_root = False
@@ -226,7 +274,9 @@ class HloParser:
         name_pos = s.pos
         name = s.name("an instruction name")
         s.expect("=")
-        shape = self.shape()
+        s.skip()
+        bare = _OPCODE_CALL.match(s.text, s.pos)
+        shape = None if bare is not None and bare.group(1) in KNOWN_OPCODES else self.shape()
         s.skip()
         opcode_pos = s.pos
         m = _OPCODE.match(s.text, opcode_pos)
@@ -287,6 +337,14 @@ class HloParser:
             if text.startswith("(", pos) or _NAME_THEN_BRACKET.match(text, pos):
                 declared = self.shape()
             name_pos = s.pos if declared is None else _after_skip(s)
+            # XLA's short form nests instructions as operands: add(f32[] parameter(0), ...)
+            nested = _OPCODE_CALL.match(text, name_pos)
+            if nested is not None and nested.group(1) in KNOWN_OPCODES:
+                names.append(self._nested_instruction(comp, declared, nested.group(1), name_pos))
+                if s.accept(","):
+                    continue
+                s.expect(")", "',' or ')' in the operand list")
+                return names
             name = s.name("an operand name")
             operand = self._defined.get(name)
             if operand is None:

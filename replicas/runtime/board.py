@@ -146,14 +146,16 @@ class _Mapping:
             found = self.regions[start] = self.bytes[start:start + size]
         return found
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Unmap; False if a view handed out is still alive (the collector unmaps it with the view)."""
         self.words = self.bytes = np.empty(0, np.uint32)
         self.regions = {}
         try:
             self.view.release()
             self.mm.close()
-        except BufferError:  # a view handed out is still alive: the collector unmaps it
-            pass
+        except BufferError:
+            return False
+        return True
 
 
 class Read:
@@ -322,12 +324,14 @@ class Board:
         # Only this job's actors write a board (the segment is the job's, mode 0600): see wire.py.
         return fingerprint, pickle.loads(meta, buffers=buffers), False, read  # noqa: S301
 
-    def close(self) -> None:
-        self._own.close()
+    def close(self) -> bool:
+        """Unlink and unmap; False if some mapping is still held by a view (the caller collects)."""
+        closed = self._own.close()
         for mapping, _ in self._peers.values():
-            mapping.close()
+            closed = mapping.close() and closed
         self._peers = {}
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        return closed

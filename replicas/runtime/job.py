@@ -296,7 +296,8 @@ def per_replica_args(args: Sequence[Any] | None, num_replicas: int, num_params: 
     It is per replica when it holds `num_replicas` lists of `num_params` values each; tuples stand
     for tuple-shaped parameters, never for a replica's argument list.
     """
-    args = check_args_container(args)
+    if type(args) is not list:  # a list is already what the check makes of the rest
+        args = check_args_container(args)
     if args is None:
         return [[] for _ in range(num_replicas)]
     if (len(args) == num_replicas and all(isinstance(a, list) for a in args)

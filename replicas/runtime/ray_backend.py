@@ -254,8 +254,9 @@ class ReplicaHost:
         if self._inbox is not None:
             used = self._inbox.close() or used
         if self._board is not None:
-            self._board.close()
-            used = True
+            # Results never keep views of the board (`Exchange.settle` copies them): a collection
+            # is needed only if a failed collective left one in a cycle.
+            used = not self._board.close() or used
         remove_job_segments(token)
         self._outbox = self._inbox = self._board = None
         if used:

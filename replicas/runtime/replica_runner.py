@@ -13,6 +13,9 @@ from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
 from replicas.runtime.interpreter import checkin, checkout
 
+_RETURNED = threading.Event()  # the `_done` of every run that returned in the caller's thread
+_RETURNED.set()
+
 
 class ReplicaRunner:
     def __init__(self, executable: Executable, fabric: MailboxFabric, recorder: FlightRecorder) -> None:
@@ -31,9 +34,8 @@ class ReplicaRunner:
 
     def run_here(self, args: Sequence[Any]) -> None:
         """Run in the calling thread (a program that cannot wait: see `runs_bounded_alone`)."""
-        self._done = threading.Event()
         self._run(list(args))
-        self._done.set()
+        self._done = _RETURNED
 
     def _run(self, args: list[Any]) -> None:
         try:

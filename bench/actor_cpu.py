@@ -1,0 +1,82 @@
+"""CPU time and wall time per collective on 4 replicas, by differencing two loop lengths (a benchmark).
+
+    python bench/actor_cpu.py [--op all-reduce] [--size 4KiB] [--k 100,700] [--repeat 2] [--backend ray]
+
+The program is `collective_program` (the op K times in a While loop). CPU = utime + stime of the
+replica actor processes (Ray) or of this process (threads), read from /proc before and after each
+job; (CPU(K2) - CPU(K1)) / (K2 - K1) cancels the job's start and stop. CPU time is what a loaded
+machine inflates least: use it to compare two versions of the code run one after the other (run
+this script from each checkout, PYTHONPATH set to it). Linux only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import collective_program, load_average, parse_size  # noqa: E402
+
+import replicas as rp  # noqa: E402
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--op", default="all-reduce")
+    parser.add_argument("--size", default="4KiB")
+    parser.add_argument("--k", default="100,700", help="the two loop lengths")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--backend", choices=["ray", "threads"], default="ray")
+    args = parser.parse_args()
+    nbytes = parse_size(args.size)
+    k1, k2 = (int(k) for k in args.k.split(","))
+    module = collective_program(args.op, nbytes // 4, 4)
+    x = np.ones(nbytes // 4, np.float32)
+    pids = [os.getpid()]
+
+    def run(k: int) -> None:
+        nonlocal pids
+        operands = [x, np.asarray(k, np.int32)]
+        if args.backend == "threads":
+            rp.run(module, operands, num_replicas=4, backend="threads", timeout=600)
+            return
+        import ray
+
+        job = rp.launch(module, operands, num_replicas=4, timeout=600)
+        pids = ray.get([a.__ray_call__.remote(lambda host: os.getpid()) for a in job._backend._actors])
+        job.result()
+
+    def measured(k: int) -> tuple[float, float]:
+        c0, t0 = cpu_seconds(pids), time.perf_counter()
+        run(k)
+        return cpu_seconds(pids) - c0, time.perf_counter() - t0
+
+    run(2)
+    print(f"# {args.op} {args.size}, 4 replicas, {args.backend}, load average {load_average()}")
+    for _ in range(args.repeat):
+        cpu1, wall1 = measured(k1)
+        cpu2, wall2 = measured(k2)
+        per = k2 - k1
+        print(f"wall {(wall2 - wall1) / per * 1e6:.0f} us/op, CPU {(cpu2 - cpu1) / per * 1e6:.0f} us/op", flush=True)
+    if args.backend == "ray":
+        import ray
+
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
