@@ -19,6 +19,7 @@ import replicas as rp
 from replicas.errors import CollectiveMismatchError, DeadlockError
 from replicas.runtime import board as shared_board
 
+PERMUTES = [[(0, 1), (1, 2), (2, 3), (3, 0)], [(0, 2), (2, 3), (3, 1)]]
 DTYPES = [("f32", np.float32), ("f64", np.float64), ("s32", np.int32), ("u8", np.uint8), ("s64", np.int64)]
 
 
@@ -40,6 +41,9 @@ def program(groups: list[list[int]], g: int) -> rp.Module:
                                  ("collective-broadcast", f"s32[3,{w}]", {})]:
         outs.append(c.op(opcode, shape, [y], **kw, **extra))
         shapes.append(shape)
+    for pairs in PERMUTES:  # a ring, and a partial one (replica 0 gets zeros)
+        outs.append(c.op("collective-permute", f"s32[3,{w}]", [y], source_target_pairs=pairs))
+        shapes.append(f"s32[3,{w}]")
     root = c.op("tuple", f"({', '.join(shapes)})", outs)
     return module(c.done(root), *[reducer("add", name) for name, _ in DTYPES])
 
@@ -75,11 +79,16 @@ def test_every_collective_and_dtype_on_the_board_equals_numpy_and_threads_bitwis
                 else:
                     np.testing.assert_array_equal(got[k], want)
             ys = [args[q][2] for q in group]
-            ag, rs, a2a, bc = got[len(DTYPES):]
+            ag, rs, a2a, bc = got[len(DTYPES):len(DTYPES) + 4]
             np.testing.assert_array_equal(ag, np.concatenate(ys, axis=1))
             np.testing.assert_array_equal(rs, np.sum(ys, axis=0, dtype=np.int32)[:, 4 * i:4 * i + 4])
             np.testing.assert_array_equal(a2a, np.concatenate([np.split(y, g, axis=1)[i] for y in ys], axis=1))
             np.testing.assert_array_equal(bc, ys[0])
+    for k, pairs in enumerate(PERMUTES):
+        source_of = {t: s for s, t in pairs}
+        for r in range(n):
+            want = args[source_of[r]][2] if r in source_of else np.zeros_like(args[r][2])
+            np.testing.assert_array_equal(out[r][len(DTYPES) + 4 + k], want)
 
 
 @pytest.mark.ray

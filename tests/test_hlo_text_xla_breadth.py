@@ -148,3 +148,41 @@ def test_short_form_nesting_is_bounded():
     deep = "negate(" * 200 + "f32[] parameter(0)" + ")" * 200
     with pytest.raises(rp.ProgramError, match="nest deeper"):
         rp.parse_hlo(f"HloModule m\nENTRY e {{\n  ROOT r = {deep}\n}}\n")
+
+
+ASYNC_SUGAR = """HloModule m
+ENTRY e {
+  p = f32[3] parameter(0)
+  s = ((f32[3]), f32[3], s32[]) custom-call-start(p), async_execution_thread="side", custom_call_target="twice"
+  u = ((f32[3]), f32[3], s32[]) custom-call-update(s)
+  ROOT d = f32[3] custom-call-done(u)
+}, execution_thread="main"
+"""
+
+STRING_OVER_LINES = '''HloModule m, origin_recovery_table={
+  {"c"} : {"c__ovp0"},
+  "
+    HloModule recovery
+    ENTRY e { ROOT p = s32[] parameter(0) }
+  "
+}
+ENTRY e {
+  ROOT c = s32[] constant(7)
+}
+'''
+
+
+def test_async_short_form_wraps_the_op_in_a_computation():
+    from replicas.ops.custom_call import unregister_custom_call
+
+    rp.register_custom_call("twice", lambda x: 2 * x)
+    try:
+        module = rp.parse_hlo(ASYNC_SUGAR)
+        assert module.entry_computation.instructions[1].opcode == "async-start"
+        np.testing.assert_array_equal(rp.evaluate(module, [np.arange(3, dtype=np.float32)]), [0, 2, 4])
+    finally:
+        unregister_custom_call("twice")
+
+
+def test_a_quoted_attribute_value_may_span_lines():
+    assert int(rp.evaluate(rp.parse_hlo(STRING_OVER_LINES))) == 7

@@ -293,9 +293,9 @@ def collective_broadcast(ex: Exchange, value: Any) -> Any:
 
 def collective_permute(ex: Exchange, targets: Sequence[int], source: int | None, value: Any,
                        zeros: Callable[[], Any]) -> Any:
-    """Point to point: one message per (source, target) pair, whatever the placement."""
-    for t in targets:
-        ex.send(t, 0, value)
+    """Point to point: one message per (source, target) pair, whatever the placement (through the
+    same-node board to another actor of this node)."""
+    ex.send_pairwise(targets, value)
     if source is None:
         return zeros()
-    return ex.recv([source], 0)[0]
+    return ex.settle(ex.recv_pairwise(source))

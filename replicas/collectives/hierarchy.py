@@ -31,7 +31,8 @@ from replicas.collectives.fingerprint import Fingerprint, diff, mismatch_error
 from replicas.collectives.groups import Group
 from replicas.records import BlockInfo
 from replicas.runtime import board as shared_board
-from replicas.runtime import keys
+from replicas.runtime import keys, shm
+from replicas.runtime.wire import payload_bytes
 
 if TYPE_CHECKING:
     from replicas.runtime.fabric import Fabric
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 DEPOSIT = 0  # member -> its leader: the member's operand
 LEADER_ROUND = 1  # first round among leaders; the cross-process algorithms number up from here
 RESULT = 1 << 20  # down the chain of local members: their results (a round no leader algorithm reaches)
+_VIA_FABRIC = object()  # a board buffer announcing that its payload follows as a message
 
 
 @dataclass(frozen=True)
@@ -196,17 +198,59 @@ class Exchange:
             for q in others:  # too large for the board: announced there, the bytes go over the fabric
                 self.send(leaders[q], round_, payload[q] if per_destination else payload)
         for q in others:
-            writer = leaders[q]
-            theirs, value, via_fabric, read = board.open(self._wait_published(board, writer, tag), tag, pos)
-            self._reads.append(read)
-            if theirs != fingerprint:
-                self._check(writer, pickle.loads(theirs))  # noqa: S301 - this job's actors only
-            if via_fabric:
-                value = self.recv([writer], round_)[0]
-            elif per_destination:
-                value = value[pos]
-            out[q] = value
+            value = self._read(board, leaders[q], round_, tag, pos, fingerprint)
+            out[q] = value[pos] if per_destination and value is not _VIA_FABRIC else value
+            if out[q] is _VIA_FABRIC:
+                out[q] = self.recv([leaders[q]], round_)[0]
         return out
+
+    def _read(self, board: shared_board.Board, writer: int, round_: int, tag: int, position: int,
+              fingerprint: bytes) -> Any:
+        """What `writer` published under `tag` (views), fingerprint checked first; `_VIA_FABRIC` when
+        it announced that the payload follows as a message."""
+        theirs, value, via_fabric, read = board.open(self._wait_published(board, writer, tag), tag, position)
+        if theirs != fingerprint:
+            self._check(writer, pickle.loads(theirs))  # noqa: S301 - this job's actors only
+        self._reads.append(read)  # an announcement too: its writer reuses the buffer once it was seen
+        return _VIA_FABRIC if via_fabric else value
+
+    # -- point to point (collective-permute) ---------------------------------------------------------
+    def _board_for(self, peer: int) -> shared_board.Board | None:
+        """The board, if `peer` is a replica of another actor on this node (in-process peers get
+        messages by reference)."""
+        fabric = self.fabric
+        board = fabric.board
+        if board is not None and peer in fabric.same_node and fabric.placement[peer] != fabric.placement[self.me]:
+            return board
+        return None
+
+    def send_pairwise(self, targets: Sequence[int], value: Any) -> None:
+        """Send `value` to each target (a replica is the source of at most one pair): through the
+        board to another actor of this node (reader position 0), as a message otherwise. A value of
+        `shm.MIN_BYTES` or more is only announced on the board and goes by the shared-memory arena,
+        which the receiver reads in place (the board would need a second copy out of the slot: 1 MiB
+        permutes measured 1.1 -> 1.9-2.8 ms)."""
+        for t in targets:
+            board = self._board_for(t)
+            if board is None:
+                self.send(t, 0, value)
+                continue
+            fingerprint = board.fingerprint_bytes(self.fingerprint.wire)
+            if board.publish(self.me, shared_board.tag_of(self.seq, 0), fingerprint, value, (0,),
+                             self._wait_released, announce_only=payload_bytes(value) >= shm.MIN_BYTES):
+                self.fabric.shm_sent[t] = self.fabric.shm_sent.get(t, 0) + 1
+            else:
+                self.send(t, 0, value)
+
+    def recv_pairwise(self, source: int) -> Any:
+        """What `source` sent by `send_pairwise` (a view of its board buffer until `settle`)."""
+        board = self._board_for(source)
+        if board is not None:
+            value = self._read(board, source, 0, shared_board.tag_of(self.seq, 0), 0,
+                               board.fingerprint_bytes(self.fingerprint.wire))
+            if value is not _VIA_FABRIC:
+                return value
+        return self.recv([source], 0)[0]
 
     def _wait_published(self, board: shared_board.Board, writer: int, tag: int) -> Any:
         found = board.find(writer, tag)

@@ -18,7 +18,7 @@ _NOT_SKIPPABLE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ
 _SKIP_INLINE = re.compile(r"(?:[ \t\r]+|/\*(?:[^*\n]|\*(?!/))*\*/)*")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _INT = re.compile(r"-?[0-9]+")
-_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)  # XLA's strings may span lines (a module inside an attribute)
 # Characters a raw attribute value may run over without any bookkeeping.
 _RAW_PLAIN = re.compile(r'[^,{}\[\]()"\n]*')
 _RAW_PLAIN_NESTED = re.compile(r'[^{}\[\]()"]*')

@@ -53,6 +53,15 @@ ELIDED_POLICIES: tuple[str, ...] = ("error", "zeros", "random")
 _WINDOWED = frozenset({"reduce-window", "select-and-scatter"})
 
 
+def _async_sugar(opcode: str) -> tuple[str, str] | None:
+    """(opcode, wrapped op) for `<op>-start/-update/-done` where <op> has no async form of its own."""
+    for suffix, async_opcode in (("-start", "async-start"), ("-update", "async-update"), ("-done", "async-done")):
+        base = opcode.removesuffix(suffix)
+        if base != opcode and opcode not in KNOWN_OPCODES and base in KNOWN_OPCODES:
+            return async_opcode, base if suffix == "-start" else ""
+    return None
+
+
 class HloParser:
     def __init__(self, text: str, elided: ElidedPolicy = "error") -> None:
         self.s = Scanner(text)
@@ -192,13 +201,18 @@ class HloParser:
             is_root, name_pos, name, shape, opcode_pos, opcode = self._head()
         if name in self._defined:
             raise s.error(f"instruction %{name} defined twice in computation {comp.name}", name_pos)
+        wrapped = _async_sugar(opcode)
+        if wrapped is not None:  # custom-call-start(...): XLA's short way to write an async-start
+            opcode, wrapped = wrapped
         if opcode not in KNOWN_OPCODES:
             raise s.error(f"unknown opcode {opcode!r}", opcode_pos)
         if s.peek() != "(":
             raise s.error(f"expected '(' after opcode {opcode}")
-        inst = Instruction(name, opcode, shape, line=s.line_of(start))
+        inst = Instruction(name, wrapped or opcode, shape, line=s.line_of(start))
         self._operands_of(inst, comp, opcode_pos)
         self._attributes(inst)
+        if wrapped:
+            self._wrap_async(inst, opcode_pos)
         if inst.opcode in _WINDOWED and "window" not in inst.attrs:
             inst.attrs["window"] = make_window(0)  # XLA's default: the empty window of a scalar operand
         if inst.shape is None:
@@ -209,6 +223,28 @@ class HloParser:
         comp.instructions.append(inst)
         self._defined[name] = inst
         return inst, is_root, start
+
+    def _wrap_async(self, inst: Instruction, pos: int) -> None:
+        """`inst`, parsed as the op it starts (its attributes are that op's), becomes the
+        async-start of a computation that holds the op (as XLA expands the short form)."""
+        shape = inst.shape
+        if shape is None or not shape.is_tuple or len(shape.tuple_shapes) < 2:
+            raise self.s.error(f"%{inst.name}: an async start needs its shape ((operands), result, ...)", pos)
+        name = f"{inst.name}.wrapped"
+        while name in self._module.computations:
+            name += ".1"
+        comp = Computation(name)
+        params = []
+        for i, operand in enumerate(inst.operands):
+            param = Instruction(f"param_{i}", "parameter", self._defined[operand].shape,
+                                attrs={"parameter_number": i}, line=inst.line)
+            comp.instructions.append(param)
+            params.append(param.name)
+        op = Instruction(inst.opcode, inst.opcode, shape.tuple_shapes[1], params, inst.attrs, inst.line)
+        comp.instructions.append(op)
+        comp.root = op.name
+        self._module.add(comp)
+        inst.opcode, inst.attrs = "async-start", {"calls": name}
 
     def _operands_of(self, inst: Instruction, comp: Computation, opcode_pos: int) -> None:
         """What follows the opcode up to the attributes: a literal, a parameter number, operands."""

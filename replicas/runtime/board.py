@@ -236,9 +236,10 @@ class Board:
 
     # -- writing ---------------------------------------------------------------------------------
     def publish(self, replica: int, tag: int, fingerprint: bytes, payload: Any, readers: tuple[int, ...],
-                wait: Callable[[Callable[[], bool], int], None]) -> bool:
+                wait: Callable[[Callable[[], bool], int], None], announce_only: bool = False) -> bool:
         """Put `payload` in `replica`'s next buffer under `tag` for reader positions `readers`; False if
-        it did not fit (the buffer then announces that it follows over the fabric).
+        it did not fit or `announce_only` (the buffer then announces that it follows over the fabric;
+        readers release it all the same).
 
         `wait(done, address)` blocks until `done()` while futex-waiting on the word at `address`."""
         mapping, slot, capacity = self._slot(replica)
@@ -270,7 +271,8 @@ class Board:
         mm = mapping.mm
         start = base + _HEADER
         mm[start:start + fp_len] = fingerprint
-        if end > capacity:
+        if announce_only or end > capacity:
+            end = capacity + 1
             _FIELDS.pack_into(mm, base, 0, FABRIC, fp_len, 0, 0)
         else:
             _FIELDS.pack_into(mm, base, 0, 0, fp_len, meta_len, len(raws))
