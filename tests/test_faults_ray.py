@@ -42,8 +42,12 @@ def no_object_of_the_job_stays_pinned():
     yield
     gc.collect()
     assert _eventually(lambda: driver_refs() <= before), driver_refs() - before
-    idle = [a for actors in POOL._idle.values() for a in actors]  # noqa: SLF001
-    held = dict(zip(idle, ray.get([a.object_refs.remote() for a in idle], timeout=60)))
+    held = {}
+    for actor in [a for actors in POOL._idle.values() for a in actors]:  # noqa: SLF001
+        try:
+            held[actor] = ray.get(actor.object_refs.remote(), timeout=60)
+        except ray.exceptions.RayActorError:
+            pass  # killed while idle (a test's fault): it holds nothing, and the next job replaces it
     assert not any(held.values()), held
 
 

@@ -10,7 +10,9 @@ program, so it knows what a message under each key can hold at most:
   collectives expects none.
 - `("chan", channel, seq)`: the data of a Send on `channel`; a channel no Send of the program
   uses expects nothing.
-- `("chan-ack", channel, seq)`: an acknowledgement (no array) on a channel of the program.
+- `("chan-ack", channel, seq)`: an acknowledgement (no array) on a channel a Send or a Recv of the
+  program uses (a Recv acknowledges even when no Send matches it: that is a deadlock to report, not
+  a message to refuse).
 
 Anything else (the host's keys, which never come from a peer; an unknown protocol; a key that is
 not a tuple of a name and two ints) is refused, as is a body over its key's bound: the wire
@@ -48,6 +50,7 @@ class MessageBounds:
         slack = SLACK_BYTES + SLACK_PER_REPLICA * num_replicas
         self.collective = 0  # bytes of the largest collective message (0: the program has none)
         self.channels: dict[int, int] = {}  # channel id -> bytes of its largest Send
+        self.acknowledged: set[int] = set()  # channels a Send or a Recv uses
         for comp, inst in module.instructions():
             opcode = OPCODES.get(inst.opcode)
             if opcode is not None and opcode.collective:
@@ -55,10 +58,13 @@ class MessageBounds:
                 operands = sum(shape_bytes(by_name[o].shape) for o in inst.operands if o in by_name)
                 members = max((len(g) for g in inst.attrs.get("replica_groups") or ()), default=num_replicas)
                 self.collective = max(self.collective, max(members, 1) * (operands + shape_bytes(inst.shape)) + slack)
-            elif inst.opcode == "send" and not inst.attrs.get("is_host_transfer") and inst.operands:
-                data = comp.by_name.get(inst.operands[0])
+            elif inst.opcode in ("send", "recv") and not inst.attrs.get("is_host_transfer"):
                 channel = _int(inst.attrs.get("channel_id"))
-                if data is not None and channel is not None:
+                if channel is None:
+                    continue
+                self.acknowledged.add(channel)
+                data = comp.by_name.get(inst.operands[0]) if inst.opcode == "send" and inst.operands else None
+                if data is not None:
                     self.channels[channel] = max(self.channels.get(channel, 0), shape_bytes(data.shape) + slack)
 
     def limit(self, src: Any, key: Hashable) -> int:
@@ -69,10 +75,13 @@ class MessageBounds:
                 if self.collective:
                     return self.collective
                 raise WireError(f"replica {src!r} sent {short_text(key)}, but the program has no collective")
+            if kind == keys.CHANNEL_ACK and channel in self.acknowledged:
+                return ACK_BYTES
+            if kind == keys.CHANNEL and channel in self.channels:
+                return self.channels[channel]
             if kind in (keys.CHANNEL, keys.CHANNEL_ACK):
-                if channel in self.channels:
-                    return self.channels[channel] if kind == keys.CHANNEL else ACK_BYTES
-                raise WireError(f"replica {src!r} sent {short_text(key)}, but the program sends nothing on "
+                raise WireError(f"replica {src!r} sent {short_text(key)}, but the program "
+                                f"{'sends' if kind == keys.CHANNEL else 'sends or receives'} nothing on "
                                 f"channel {channel}")
         raise WireError(f"replica {src!r} sent a message under {short_text(key)}, which names no collective or "
                         "channel of the program")
