@@ -88,6 +88,7 @@ _TAG, _FLAGS, _FP_LEN, _META_LEN, _NBUF, _WRITER_WAITS = 0, 1, 2, 3, 4, 5
 _FIELDS = struct.Struct("<5I")  # tag, flags, fingerprint length, meta length, number of arrays
 _RELEASE = 8  # first release word (u32 index in the header)
 FABRIC = 1  # flag: the payload was too large, it follows over the fabric
+ARRAYS = 2  # flag: the payload is a tuple of arrays, its layout pickled alone
 
 # A reader wakes a writer waiting for its release only when the writer said it waits (a wake-up
 # costs a system call per read otherwise): flag and release word are two stores read in the
@@ -191,6 +192,8 @@ class Board:
         self._next = dict.fromkeys(replica_ids, 0)
         self._pending: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
         self._fingerprints: dict[int, tuple[tuple, bytes]] = {}
+        self._layouts: dict[tuple, bytes] = {}  # a tuple of arrays' (dtype, shape)s -> their pickle
+        self._layouts_read: dict[bytes, tuple] = {}
         # Set by the host once the job's placement is known: replica -> (first replica of its actor, rank there).
         self.locations: dict[int, tuple[int, int]] = {}
 
@@ -257,9 +260,20 @@ class Board:
                     words[head + _WRITER_WAITS] = 1
                     wait(lambda w=word: int(words[w]) == prev_tag, mapping.address + 4 * word)
                     words[head + _WRITER_WAITS] = 0
-        buffers: list[pickle.PickleBuffer] = []
-        meta = pickle.dumps(payload, protocol=5, buffer_callback=buffers.append)
-        raws = [b.raw() for b in buffers]
+        flags = 0
+        if type(payload) is tuple and all(type(a) is np.ndarray and a.flags.c_contiguous for a in payload):
+            # A tuple of arrays (an all-reduce's operands): its layout is pickled once per shape and
+            # rebuilt by the readers from a cache (pickle costs ~6 us to write, ~5 us per reader).
+            layout = tuple((a.dtype, a.shape) for a in payload)
+            meta = self._layouts.get(layout)
+            if meta is None:
+                meta = self._layouts[layout] = pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
+            raws = [a.reshape(-1).view(np.uint8) if a.ndim else a.reshape(1).view(np.uint8) for a in payload]
+            flags = ARRAYS
+        else:
+            buffers: list[pickle.PickleBuffer] = []
+            meta = pickle.dumps(payload, protocol=5, buffer_callback=buffers.append)
+            raws = [b.raw() for b in buffers]
         fp_len, meta_len = len(fingerprint), len(meta)
         table = _round8(fp_len + meta_len)
         data = _round8(table + 16 * len(raws))
@@ -275,7 +289,7 @@ class Board:
             end = capacity + 1
             _FIELDS.pack_into(mm, base, 0, FABRIC, fp_len, 0, 0)
         else:
-            _FIELDS.pack_into(mm, base, 0, 0, fp_len, meta_len, len(raws))
+            _FIELDS.pack_into(mm, base, 0, flags, fp_len, meta_len, len(raws))
             mm[start + fp_len:start + fp_len + meta_len] = meta
             if raws:
                 struct.pack_into(f"<{2 * len(raws)}Q", mm, start + table,
@@ -323,6 +337,15 @@ class Board:
         if nbuf:
             entries = struct.unpack_from(f"<{2 * nbuf}Q", mapping.mm, start + _round8(fp_len + meta_len))
             buffers = [view[start + off:start + off + n] for off, n in zip(entries[0::2], entries[1::2])]
+        if flags & ARRAYS:
+            key = bytes(meta)
+            layout = self._layouts_read.get(key)
+            if layout is None:
+                if len(self._layouts_read) > 4096:
+                    self._layouts_read.clear()
+                layout = self._layouts_read[key] = pickle.loads(key)  # noqa: S301 - see below
+            return fingerprint, tuple(np.ndarray(shape, dtype, buffer=b) for (dtype, shape), b in zip(layout, buffers)
+                                      ), False, read
         # Only this job's actors write a board (the segment is the job's, mode 0600): see wire.py.
         return fingerprint, pickle.loads(meta, buffers=buffers), False, read  # noqa: S301
 
