@@ -4,12 +4,20 @@ under /dev/shm when a job finishes, is cancelled, times out or loses an actor.""
 from __future__ import annotations
 
 import gc
+import mmap
+import os
+import pathlib
+import secrets
+import subprocess
+import sys
+import threading
+import time
 
 import numpy as np
 import pytest
 
 import replicas as rp
-from replicas.runtime.shm import MIN_BYTES, Inbox, Outbox, job_segments, mapped_segments
+from replicas.runtime.shm import MIN_BYTES, Inbox, Outbox, job_segments, mapped_segments, remove_orphaned_segments
 
 SIZE = 65536  # f32 elements per replica: 256 KiB, so collective pieces are >= MIN_BYTES
 
@@ -224,3 +232,78 @@ def test_a_killed_actor_leaves_no_segment_behind():
         job.result(timeout=60)
     # The dead actor's arena too: the surviving actor and the driver remove the job's segments.
     assert job_segments(job._backend._token) == []
+
+
+KILLED_DRIVER = """
+import sys
+sys.path.insert(0, sys.argv[2])
+import replicas as rp
+import test_shm
+
+m = rp.parse_hlo(test_shm.STUCK_AFTER_COLLECTIVE.format(e=test_shm.SIZE))
+job = rp.launch(m, test_shm._inputs(2), num_replicas=2, timeout=None, address=sys.argv[1])
+test_shm._past_the_collective(job)
+print(job._backend._token, flush=True)
+sys.stdin.readline()  # killed here
+"""
+
+
+def _mapped_anywhere(token: str) -> bool:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                if any(f"/rpl-{token}-" in line for line in f):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_segments_of_a_killed_driver_are_removed_by_the_next_driver():
+    """A driver killed mid-job cannot remove its segments and its actors die with it: the next
+    driver's first job on the node removes what no process maps any more."""
+    import ray
+
+    driver = subprocess.Popen([sys.executable, "-c", KILLED_DRIVER, ray.get_runtime_context().gcs_address,
+                               str(pathlib.Path(__file__).parent)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        token = driver.stdout.readline().strip()
+        assert token and len(job_segments(token)) == 4
+    finally:
+        driver.kill()
+        driver.wait()
+    deadline = time.monotonic() + 60
+    while _mapped_anywhere(token):  # until Ray has ended the dead driver's actors
+        assert time.monotonic() < deadline, "the killed driver's actors still run after 60 s"
+        threading.Event().wait(0.1)
+    left = job_segments(token)
+    assert len(left) == 4
+    an_hour_ago = time.time() - 3600  # as if the next driver came later (young segments are spared)
+    for path in left:
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    removed = remove_orphaned_segments()
+    assert job_segments(token) == [] and len([p for p in removed if f"/rpl-{token}-" in p]) == 4
+
+
+def test_only_old_segments_that_no_process_maps_are_removed():
+    token = secrets.token_hex(8)
+    paths = {kind: f"/dev/shm/rpl-{token}-{kind}" for kind in ("orphan", "mapped", "young")}
+    for path in paths.values():
+        with open(path, "wb") as f:
+            f.truncate(4096)
+    an_hour_ago = time.time() - 3600
+    for kind in ("orphan", "mapped"):
+        os.utime(paths[kind], (an_hour_ago, an_hour_ago))
+    with open(paths["mapped"], "r+b") as f:
+        mapping = mmap.mmap(f.fileno(), 4096)
+    try:
+        removed = remove_orphaned_segments()
+        assert paths["orphan"] in removed
+        assert os.path.exists(paths["mapped"]) and os.path.exists(paths["young"])
+    finally:
+        mapping.close()
+        for path in paths.values():
+            if os.path.exists(path):
+                os.unlink(path)

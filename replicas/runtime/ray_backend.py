@@ -32,7 +32,7 @@ from replicas.runtime.fabric import MailboxFabric
 from replicas.runtime.faults import actor_failure, is_memory_error, not_started, unplaceable
 from replicas.runtime.mailbox import Mailbox
 from replicas.runtime.message_bounds import MessageBounds
-from replicas.runtime.shm import Inbox, Outbox, Shared, remove_job_segments
+from replicas.runtime.shm import Inbox, Outbox, Shared, remove_job_segments, remove_orphaned_segments
 from replicas.runtime.shm import available as shm_available
 from replicas.runtime.wire import WIRE_MAX_BYTES, RefusedMessage, Wire, WireError, payload_bytes
 
@@ -450,6 +450,7 @@ def _remote_host_class() -> Any:
     if _actor_class is None:
         import ray
 
+        remove_orphaned_segments()  # once per driver: what a killed driver's jobs left on this node
         _actor_class = ray.remote(ReplicaHost)
     return _actor_class
 

@@ -83,6 +83,49 @@ def remove_job_segments(token: str) -> int:
     return removed
 
 
+def remove_orphaned_segments(min_age: float = 60.0) -> list[str]:
+    """Unlink this user's `rpl-` segments that no process maps and that are older than `min_age`
+    seconds: what a job left behind when its driver was killed before it could remove them (its
+    actors die with it). A live job's segments stay mapped by their actors until it ends; the age
+    covers the moment between creating a segment and mapping it."""
+    import time
+
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(PREFIX)]
+    except OSError:
+        return []
+    uid, now = os.getuid(), time.time()
+    candidates = {}
+    for name in names:
+        path = os.path.join(SHM_DIR, name)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid == uid and now - st.st_mtime > min_age:
+            candidates[path] = st
+    if not candidates:
+        return []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    if SHM_DIR in line:
+                        candidates.pop(line.split(maxsplit=5)[-1].strip(), None)
+        except OSError:  # gone, or another user's process (which cannot map our 0600 segments)
+            continue
+    removed = []
+    for path in candidates:
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
 def mapped_segments(token: str) -> int:
     """How many mappings of job `token`'s segments this process holds (for leak checks)."""
     with open("/proc/self/maps") as f:
