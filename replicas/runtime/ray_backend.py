@@ -1,17 +1,11 @@
-"""Replicas as Ray actors. Each actor hosts one replica (or several, packed) and its mailbox.
-
-Data moves actor to actor, chosen per peer pair by `RayFabric._post`: replicas of one actor share
-its mailboxes; a peer on the same node gets large arrays through this job's shared memory
-(runtime/shm.py: the bytes go into the sender's arena, a descriptor over the socket); small
-messages, and any to other nodes up to 1 MiB, go over the direct sockets (runtime/wire.py); the
-rest is a `deliver` call on the peer's actor through Ray's object store. The driver only starts
-actors, polls their states for the monitor and collects results; it is never in a data path.
-"""
+"""Replicas as Ray actors, the driver's side: `RayBackend` places pooled actors
+(`ReplicaHost`, runtime/replica_host.py, which also holds the data paths between them), launches
+a job on them, polls their states for the monitor and collects results. The driver is never in a
+data path."""
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import logging
 import os
@@ -19,22 +13,16 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Hashable
 from typing import Any
 
-from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
+from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
-from replicas.runtime import board as shared_board
 from replicas.runtime.actor_pool import ActorPool
 from replicas.runtime.compile import Executable
-from replicas.runtime.fabric import MailboxFabric
-from replicas.runtime.faults import actor_failure, is_memory_error, not_started, unplaceable
-from replicas.runtime.mailbox import Mailbox
-from replicas.runtime.message_bounds import MessageBounds
-from replicas.runtime.shm import Inbox, Outbox, Shared, remove_job_segments, remove_orphaned_segments
-from replicas.runtime.shm import available as shm_available
-from replicas.runtime.wire import WIRE_MAX_BYTES, RefusedMessage, Wire, WireError, payload_bytes
+from replicas.runtime.faults import actor_failure, not_started, unplaceable
+from replicas.runtime.replica_host import STOP_SECONDS, ReplicaHost
+from replicas.runtime.shm import remove_job_segments, remove_orphaned_segments
 
 _init_lock = threading.Lock()
 # The key this driver's actors authenticate direct connections with (see wire.py).
@@ -66,382 +54,6 @@ def ensure_ray(address: str | None = None) -> None:
             raise ReplicaFailure(f"cannot start or join Ray (address={address!r}): {type(e).__name__}: {e}") from e
 
 
-class RayFabric(MailboxFabric):
-    def __init__(self, replica_id: int, num_replicas: int, mailbox: Mailbox,
-                 local: dict[int, Mailbox], **kwargs: Any) -> None:
-        super().__init__(replica_id, num_replicas, mailbox, **kwargs)
-        self._local = local
-        self.routes: dict[int, Any] = {}  # replica -> its actor (large messages, via the object store)
-        self.wire: Wire | None = None
-        self.wire_routes: dict[int, dict[str, Any]] = {}  # replica -> its actor's wire address
-        self.token = ""
-        self.outbox: Outbox | None = None  # this actor's shared-memory arena (peers on its node)
-        self.same_node: frozenset[int] = frozenset()  # replicas whose actors share this node
-        self.shm_sent: dict[int, int] = {}  # dst -> messages sent through shared memory
-
-    def _post(self, dst: int, key: Hashable, value: Any) -> None:
-        box = self._local.get(dst)
-        if box is not None:
-            box.deliver(self.replica_id, key, value)
-            return
-        if self.outbox is not None and dst in self.same_node:
-            shared = self.outbox.encode(value, key)
-            if shared is not None:  # a descriptor over the socket; the bytes wait in the arena
-                self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
-                self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, shared))
-                return
-        if self.wire is not None and payload_bytes(value) <= WIRE_MAX_BYTES:
-            self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, value))
-        else:
-            self.routes[dst].deliver.remote(self.token, dst, self.replica_id, key, value)
-
-
-class ReplicaHost:
-    """The body of a replica actor. Actors are pooled: `setup` gives one the replicas
-    `replica_ids` of a new job, `reset` returns it to the pool once they have all stopped."""
-
-    def __init__(self) -> None:
-        self._mailboxes: dict[int, Mailbox] = {}
-        self._runners: dict[int, Any] = {}
-        self._fabrics: list[RayFabric] = []
-        self._executables: dict[bytes, Executable] = {}
-        self._wire: Wire | None = None
-        self._token = ""  # the current job's: messages of an earlier job are dropped
-        self._faults: dict[int, ReplicaFailure] = {}  # replica -> a fault found outside its thread
-        self._outbox: Outbox | None = None  # this job's shared-memory arena, when it has peers
-        self._inbox: Inbox | None = None
-        self._board: shared_board.Board | None = None  # this job's same-node board, when it has peers
-        self._shm_report: dict[int, dict[int, int]] = {}
-        self._bounds: MessageBounds | None = None  # what peers' messages may hold in the current job
-        self._bounds_of: tuple[bytes, int] | None = None  # (program digest, replicas) `_bounds` is for
-        # `launch`, `begin` and `finish` of consecutive jobs may run concurrently (a threaded
-        # actor): they take turns on this, and `finish` waits on it for its job's launch.
-        self._job_turn = threading.Condition(threading.RLock())
-        self._launched: Any = None  # the token of the last launch, or ("failed", token)
-
-    def wire_address(self, authkey: bytes, across_nodes: bool = False) -> dict[str, Any]:
-        """Open (once per actor) the direct message sockets; their address for the peers. A TCP
-        listener is opened only when some job spans nodes (one node: an abstract Unix socket)."""
-        import ray
-
-        if self._wire is None:
-            self._wire = Wire(self._on_wire, authkey, ray.get_runtime_context().get_node_id(),
-                              on_fault=self._on_wire_fault, check=self._check_frame)
-        if across_nodes:
-            self._wire.open_tcp(ray.util.get_node_ip_address())
-        return self._wire.address
-
-    def _check_frame(self, head: tuple, size: int) -> None:
-        """Before a peer's message body is read: refuse one for no replica of this actor, or over
-        what its key's collective or channel can hold (runtime/message_bounds.py)."""
-        if len(head) != 4:
-            raise WireError(f"a message head must be (token, dst, src, key), got {len(head)} elements")
-        token, dst, src, key = head
-        if token != self._token:
-            return  # an earlier job's message (bounded by the frame limit): read, then dropped
-        if dst not in self._mailboxes or self._bounds is None:
-            raise WireError(f"replica {src!r} sent a message for replica {dst!r}, which this actor does not run")
-        self._bounds.check_frame(src, key, size)
-
-    def _on_wire(self, message: Any) -> None:
-        if not (isinstance(message, tuple) and len(message) == 5):
-            raise WireError(f"a message must be (token, dst, src, key, value), got {type(message).__name__}")
-        token, dst, src, key, value = message
-        box = self._mailboxes.get(dst)
-        inbox = self._inbox
-        if token != self._token:  # an earlier job's message, late: dropped
-            if type(value) is Shared and inbox is not None:
-                inbox.release_unread(value)
-            return
-        if box is None:
-            if type(value) is Shared and inbox is not None:
-                inbox.release_unread(value)
-            raise WireError(f"a message for replica {dst!r}, which this actor does not run")
-        if type(value) is Shared and inbox is not None:
-            self._bounds.check_shared(src, key, value)  # before any block is mapped
-            value = inbox.decode(value)
-        box.deliver(src, key, value)
-
-    def _on_wire_fault(self, error: BaseException) -> None:
-        """A peer's message was refused: this actor's replicas fail, naming it (never a silent
-        dead reader that leaves its sender blocked)."""
-        if not self._mailboxes:
-            return
-        replica = min(self._mailboxes)
-        detail = str(error) if isinstance(error, RefusedMessage) else f"{type(error).__name__}: {error}"
-        fault = ReplicaFailure(f"replica {replica} failed: {detail}", replica, repr(error))
-        self._faults.setdefault(replica, fault)
-        for box in self._mailboxes.values():
-            box.abort(fault)
-
-    def setup(self, token: str, replica_ids: list[int], num_replicas: int, module_bytes: bytes, strict: bool,
-              record_every_instruction: bool, custom_calls: dict[str, Any] | None = None,
-              trace_events: int = DEFAULT_CAPACITY, digest: bytes | None = None) -> None:
-        import hashlib
-
-        from replicas.ops.custom_call import register_custom_call
-        from replicas.runtime.cores import size_replica_process
-        from replicas.runtime.replica_runner import ReplicaRunner
-
-        # The driver's registered custom calls (never names from the program) run here too.
-        for name, fn in (custom_calls or {}).items():
-            register_custom_call(name, fn)
-
-        # Every replica of the job is taken to be on this node (the safe side on one node).
-        size_replica_process(num_replicas)
-        digest = digest or hashlib.sha256(module_bytes).digest()
-        executable = self._executables.get(digest)
-        if executable is None:
-            if module_bytes is None:
-                raise ReplicaFailure("this actor no longer holds the program the driver sent it last", replica_ids[0])
-            executable = Executable.from_bytes(module_bytes)
-            self._executables = {digest: executable}  # keep the last program only
-        if self._bounds_of != (digest, num_replicas):
-            self._bounds = MessageBounds(executable.module, num_replicas)
-            self._bounds_of = (digest, num_replicas)
-        self._close_shared_memory(self._token)
-        self._token = token
-        self._faults = {}
-        self._mailboxes = {r: Mailbox(r) for r in replica_ids}
-        self._runners = {}
-        self._fabrics = []
-        self._shm_report = {}
-        self._inbox = Inbox(token)
-        if len(replica_ids) < num_replicas and shm_available():
-            try:
-                self._outbox = Outbox(token, replica_ids[0])
-            except OSError:  # no room or no rights under /dev/shm: the sockets and the object store remain
-                self._outbox = None
-        if len(replica_ids) < num_replicas and shared_board.available():
-            try:
-                self._board = shared_board.Board(token, replica_ids)
-            except OSError:  # leaders then exchange messages (every actor of a node fails alike)
-                self._board = None
-        for r in replica_ids:
-            recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
-            fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
-                               recorder=recorder)
-            fabric.wire, fabric.token, fabric.outbox, fabric.board = self._wire, token, self._outbox, self._board
-            self._fabrics.append(fabric)
-            self._runners[r] = ReplicaRunner(executable, fabric, recorder)
-
-    def reset(self, timeout: float) -> bool:
-        """Stop this job's replicas; True if every one stopped within `timeout` (reusable)."""
-        stopped = ReplicasError("job stopped")
-        for box in self._mailboxes.values():
-            box.abort(stopped)
-        clean = all(runner.join(timeout) for runner in self._runners.values())
-        # An actor whose replica ran out of memory may hold what it allocated: never reuse it.
-        clean = clean and not any(is_memory_error(runner.error) for runner in self._runners.values())
-        if self._wire is not None:
-            self._wire.drop_peers()
-        self._shm_report = self.shm_sent()
-        for fabric in self._fabrics:
-            fabric.outbox = fabric.board = None  # closed below, whatever still holds a fabric
-        token = self._token
-        if clean:
-            self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
-            self._token = ""
-        # After the job's objects are let go: the collection there frees what their cycles still map.
-        self._close_shared_memory(token)
-        return clean
-
-    def _close_shared_memory(self, token: str) -> None:
-        """Unlink the job's segments on this node (a dead peer's too) and unmap them."""
-        used = False
-        if self._outbox is not None:
-            used = self._outbox.close()
-        if self._inbox is not None:
-            used = self._inbox.close() or used
-        if self._board is not None:
-            # Results never keep views of the board (`Exchange.settle` copies them): a collection
-            # is needed only if a failed collective left one in a cycle.
-            used = not self._board.close() or used
-        remove_job_segments(token)
-        self._outbox = self._inbox = self._board = None
-        if used:
-            # Received arrays left in the finished job's reference cycles (interpreter, kernels,
-            # mailboxes) keep their mappings until the cycle collector runs: run it now, so an
-            # idle pooled actor does not hold a job's shared memory.
-            gc.collect()
-
-    def shm_sent(self) -> dict[int, dict[int, int]]:
-        """Per hosted replica: messages it sent through shared memory, by destination (the
-        running job's, or the last job's once it was reset)."""
-        return {f.replica_id: dict(f.shm_sent) for f in self._fabrics} or self._shm_report
-
-    def ping(self) -> bool:
-        return True
-
-    def object_refs(self) -> list[str]:
-        """The Ray objects this actor process holds a reference to (for leak checks: an idle pooled
-        actor holds none of a finished job's)."""
-        import ray
-
-        return list(ray._private.worker.global_worker.core_worker.get_all_reference_counts())  # noqa: SLF001
-
-    def connect(self, routes: dict[int, Any], wire_routes: dict[int, dict[str, Any]],
-                placement: list[int] | None = None) -> None:
-        node = self._wire.address["node"] if self._wire is not None else None
-        same_node = frozenset(r for r, address in wire_routes.items() if address["node"] == node)
-        for fabric in self._fabrics:
-            fabric.routes = routes
-            fabric.wire_routes = wire_routes
-            fabric.same_node = same_node
-            if placement is not None:
-                fabric.placement = placement
-        if self._board is not None and placement is not None:
-            self._board.locate(placement)
-
-    def start(self, args: dict[int, list[Any]]) -> None:
-        for r, a in args.items():
-            self._runners[r].start(a)
-
-    def launch(self, call: tuple) -> Any:
-        """`setup`, `connect` and (with `args`) `begin` in one call. The program travels only when
-        this actor does not hold it (`module_bytes` None: the one of `digest`); a previous job
-        still here (a `finish` still deciding) is reset first. A job of several actors begins
-        in a second call, once every actor is set up: a peer's message must find its mailbox.
-
-        `call` is (token, replica_ids, num_replicas, digest, module_bytes, setup options, routes,
-        wire_routes, placement, args, finish_within), in one argument (Ray serializes each argument
-        of a call on its own)."""
-        import ray
-
-        (token, replica_ids, num_replicas, digest, module_bytes, options, routes, wire_routes, placement, args,
-         finish_within) = call
-        if isinstance(module_bytes, ray.ObjectRef):  # inside a tuple Ray does not resolve it
-            module_bytes = ray.get(module_bytes)
-        with self._job_turn:
-            try:
-                if self._token:
-                    self.reset(_STOP_SECONDS)
-                self.setup(token, replica_ids, num_replicas, module_bytes, digest=digest, **options)
-                self.connect(routes, wire_routes, placement)
-            except BaseException:
-                self._launched = ("failed", token)
-                self._job_turn.notify_all()
-                raise
-        return None if args is None else self.begin(token, args, finish_within)
-
-    def begin(self, token: str, args: dict[int, list[Any]], finish_within: float | None = None) -> Any:
-        """Start the replicas of job `token` (set up by `launch`); with `finish_within`, then `finish`
-        (the whole of a short job in one reply)."""
-        with self._job_turn:
-            try:
-                if self._token != token:
-                    raise ReplicaFailure(f"actor of replica {min(args)} is not set up for this job", min(args))
-                self.start(args)
-                self._launched = token
-            except BaseException:
-                self._launched = ("failed", token)
-                raise
-            finally:
-                self._job_turn.notify_all()
-        return None if finish_within is None else self.finish(token, finish_within)
-
-    def finish(self, token: str, timeout: float) -> tuple[dict[int, Any], bytes, dict[int, Any]] | None:
-        """When every hosted replica of job `token` finished within `timeout` s: (results, events,
-        host values nobody read) in one reply, and an actor that hosts the whole job is reset (no
-        peer can need it any more). None when one failed, was cancelled or is still running: the
-        driver's monitor takes over (states, results, reset as for any job)."""
-        deadline = time.monotonic() + timeout
-        with self._job_turn:
-            if not self._job_turn.wait_for(lambda: self._launched in (token, ("failed", token)), timeout):
-                return None
-            if self._launched != token:
-                return None
-            runners = list(self._runners.values())
-        for runner in runners:
-            if not runner.join(max(0.0, deadline - time.monotonic())) or runner.error is not None:
-                return None
-        with self._job_turn:
-            if self._token != token or self._faults:
-                return None
-            outcome = self.results(), self.events(), self.drain()
-            if len(self._runners) == self._fabrics[0].num_replicas:
-                self.reset(_STOP_SECONDS)
-            return outcome
-
-    def deliver(self, token: str, dst: int, src: int, key: Hashable, value: Any) -> None:
-        box = self._mailboxes.get(dst)
-        if token == self._token and box is not None:
-            if src != HOST:  # a peer's message through the object store: judged like the wire's
-                try:
-                    self._bounds.check_payload(src, key, value)
-                except WireError as e:
-                    self._on_wire_fault(RefusedMessage(f"replica {src!r}'s actor (through the object store)", e))
-                    return
-            box.deliver(src, key, value)
-
-    def states(self) -> list[ReplicaState]:
-        import ray
-
-        node = ray.get_runtime_context().get_node_id()
-        out = []
-        for r, runner in self._runners.items():
-            state = runner.state()
-            state.node = node
-            fault = self._faults.get(r)
-            if fault is not None:
-                state.status, state.error = "failed", str(fault)
-            out.append(state)
-        return out
-
-    def results(self) -> dict[int, Any]:
-        return {r: runner.result for r, runner in self._runners.items()}
-
-    def errors(self) -> dict[int, BaseException]:
-        out: dict[int, BaseException] = dict(self._faults)
-        for r, runner in self._runners.items():
-            e = runner.own_error()
-            if e is not None:
-                out[r] = e if _picklable(e) else ReplicaFailure(f"replica {r} failed: {type(e).__name__}: {e}", r,
-                                                                repr(e))
-        return out
-
-    def abort(self, exc: BaseException) -> None:
-        for box in self._mailboxes.values():
-            box.abort(exc)
-
-    def outfeed(self, replica: int, timeout: float | None) -> Any:
-        return self._mailboxes[replica].get_outfeed(timeout)
-
-    def from_channel(self, replica: int, channel_id: int, timeout: float | None) -> Any:
-        return self._mailboxes[replica].get_from_channel(channel_id, timeout)
-
-    def events(self) -> bytes:
-        """The hosted replicas' flight recorders, pickled here: Ray would send dicts and lists as
-        msgpack, which repeats every shared object (each collective event's group and fingerprint,
-        1024 ids at N=1024: 1.4 GB in the driver for 12k events); one pickle keeps one copy."""
-        import pickle
-
-        return pickle.dumps({r: runner.recorder.events() for r, runner in self._runners.items()},
-                            protocol=pickle.HIGHEST_PROTOCOL)
-
-    def drain(self) -> dict[int, tuple[list[Any], dict[int, list[Any]]]]:
-        """Take every value the replicas wrote to the host and nobody read yet."""
-        return {r: box.drain_host() for r, box in self._mailboxes.items()}
-
-    def wait(self, timeout: float) -> bool:
-        """True once every hosted replica has stopped (finished, failed or cancelled)."""
-        for runner in self._runners.values():
-            if not runner.join(timeout):
-                return False
-        return True
-
-
-def _picklable(e: BaseException) -> bool:
-    import pickle
-
-    try:
-        pickle.dumps(e)
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-_STOP_SECONDS = 2.0  # how long a reset waits for a job's replicas to stop (as `ActorPool.release`)
 _actor_class = None
 
 
@@ -629,9 +241,9 @@ class RayBackend:
 
     def _relaunch(self, died: list[int]) -> None:
         live = [i for i in range(len(self._actors)) if i not in died]
-        resets = [self._actors[i].reset.remote(_STOP_SECONDS) for i in live]
+        resets = [self._actors[i].reset.remote(STOP_SECONDS) for i in live]
         self.calls["reset"] += len(resets)
-        self._ray.wait(resets, num_returns=len(resets), timeout=_STOP_SECONDS + 5)
+        self._ray.wait(resets, num_returns=len(resets), timeout=STOP_SECONDS + 5)
         POOL.discard([self._actors[i] for i in died])
         for i in died:
             _KNOWN.pop(self._actors[i]._actor_id, None)
