@@ -121,6 +121,10 @@ def test_a_pooled_actor_that_died_while_idle_is_replaced():
     for actor in idle:
         ray.kill(actor, no_restart=True)
     assert_next_job_works()
+    # What the driver remembers of actors (addresses, programs) is of pooled ones only: the dead
+    # ones the job replaced are forgotten.
+    pooled = {a._actor_id for actors in POOL._idle.values() for a in actors}
+    assert set(POOL._notes) <= pooled
 
 
 def _replica_one(action):

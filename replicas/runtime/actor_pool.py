@@ -21,6 +21,7 @@ class ActorPool:
         self._actor_class = actor_class  # -> the Ray actor class to start (ray.remote(ReplicaHost))
         self._idle: dict[tuple, list[Any]] = {}
         self._session: Any = None
+        self._notes: dict[Any, dict[str, Any]] = {}  # by actor id: see `note`
 
     def _check_session(self) -> None:
         import ray
@@ -28,7 +29,13 @@ class ActorPool:
         session = ray.get_runtime_context().get_job_id()
         if session != self._session:
             self._idle.clear()
+            self._notes.clear()
             self._session = session
+
+    def note(self, actor: Any) -> dict[str, Any]:
+        """What a backend remembers of `actor` from job to job (its wire address, the digest of the
+        program it holds): forgotten when the actor is discarded."""
+        return self._notes.setdefault(actor._actor_id, {})
 
     def acquire(self, options: dict[str, Any]) -> tuple[Any, bool]:
         """An actor for `options` and whether it came from the pool (an idle actor may have died
@@ -81,13 +88,14 @@ class ActorPool:
         import ray
 
         for actor in actors:
+            self._notes.pop(actor._actor_id, None)
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
 
     def stats(self) -> dict[str, int]:
-        return {"idle": sum(len(v) for v in self._idle.values())}
+        return {"idle": sum(len(v) for v in self._idle.values()), "remembered": len(self._notes)}
 
     def clear(self) -> None:
         import ray
@@ -99,6 +107,7 @@ class ActorPool:
                 except Exception:  # noqa: BLE001 - already gone
                     pass
         self._idle.clear()
+        self._notes.clear()
 
 
 def _options_key(options: dict[str, Any]) -> tuple:

@@ -146,7 +146,7 @@ class RayBackend:
         self.calls: Counter[str] = Counter()  # actor calls this job made, by method (see tests)
         self._token = secrets.token_hex(8)
         try:
-            addresses = [_KNOWN.get(a._actor_id, {}).get("address") for a in self._actors]
+            addresses = [POOL.note(a).get("address") for a in self._actors]
             if all(pooled) and _reachable(addresses):
                 self._launch(addresses, run_to_end)  # not waited for: `completed` (or the first other call) checks it
             else:
@@ -167,7 +167,9 @@ class RayBackend:
         addresses = self._started(self._first_contact(pooled, across_nodes, self._deadline), self._deadline,
                                   self._timeout)
         for actor, address in zip(self._actors, addresses):
-            _KNOWN[actor._actor_id] = {"address": address}
+            note = POOL.note(actor)
+            note.clear()
+            note["address"] = address
         self._launch(addresses, False)
         self._ensure_launched()
 
@@ -181,7 +183,7 @@ class RayBackend:
         for index, ids in enumerate(self._groups):
             for r in ids:
                 placement[r] = index
-        known = [_KNOWN.setdefault(a._actor_id, {}) for a in self._actors]
+        known = [POOL.note(a) for a in self._actors]
         module: Any = None
         if any(k.get("program") != self._digest for k in known):
             module = self._ray.put(self._executable.bytes())  # one object for every actor that needs it
@@ -235,7 +237,7 @@ class RayBackend:
             self._started(refs, deadline, self._timeout)
         except BaseException as e:
             for actor in self._actors:
-                _KNOWN.get(actor._actor_id, {}).pop("program", None)
+                POOL.note(actor).pop("program", None)
             self._launch_error = e if isinstance(e, ReplicasError) else _unwrap(e)
             raise self._launch_error from None
 
@@ -246,7 +248,6 @@ class RayBackend:
         self._ray.wait(resets, num_returns=len(resets), timeout=STOP_SECONDS + 5)
         POOL.discard([self._actors[i] for i in died])
         for i in died:
-            _KNOWN.pop(self._actors[i]._actor_id, None)
             self._actors[i] = POOL.fresh(self._options[i])
             for r in self._groups[i]:
                 self._actor_of[r] = self._actors[i]
@@ -451,11 +452,6 @@ class RayBackend:
         except Exception:  # noqa: BLE001 - events are a best-effort addition to a report
             pass
         return merged
-
-
-# Per actor (by Ray's actor id): its wire address, and the digest of the program it holds. A warm
-# job sends neither the address request nor the program again.
-_KNOWN: dict[Any, dict[str, Any]] = {}
 
 
 def _reachable(addresses: list[dict[str, Any] | None]) -> bool:
