@@ -27,6 +27,15 @@ def _dimension_numbers(fields: Sequence[str], dimension_numbers: Any, kwargs: di
     return out
 
 
+def _index_vector_dim(given: int | None, dimension_numbers: Any, indices: XlaOp) -> int:
+    """`given`, else the dimension numbers' (object or dict), else the indices' last dimension
+    (jax's convention)."""
+    if given is None:
+        given = (dimension_numbers.get("index_vector_dim") if isinstance(dimension_numbers, dict)
+                 else getattr(dimension_numbers, "index_vector_dim", None))
+    return int(indices.shape.rank - 1 if given is None else given)
+
+
 class GatherOps(BuilderCore):
     def gather(self, operand: XlaOp, start_indices: XlaOp, dimension_numbers: Any = None,
                slice_sizes: Sequence[int] = (), indices_are_sorted: bool = False,
@@ -37,13 +46,8 @@ class GatherOps(BuilderCore):
         dimension of the indices (jax's convention)."""
         operand, indices = self._op(operand), self._op(start_indices, "start_indices")
         dn = _dimension_numbers(_GATHER_FIELDS, dimension_numbers, dict(kwargs), "gather")
-        if index_vector_dim is None:
-            index_vector_dim = getattr(dimension_numbers, "index_vector_dim", None)
-            if index_vector_dim is None and isinstance(dimension_numbers, dict):
-                index_vector_dim = dimension_numbers.get("index_vector_dim")
-        if index_vector_dim is None:
-            index_vector_dim = indices.shape.rank - 1
         attrs: dict[str, Any] = dict(dn)
-        attrs.update(index_vector_dim=int(index_vector_dim), slice_sizes=[int(s) for s in slice_sizes],
+        attrs.update(index_vector_dim=_index_vector_dim(index_vector_dim, dimension_numbers, indices),
+                     slice_sizes=[int(s) for s in slice_sizes],
                      indices_are_sorted=bool(indices_are_sorted))
         return self._emit("gather", [operand, indices], attrs)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from replicas.hlo.builder.core import BuilderCore, XlaOp
-from replicas.hlo.builder.gather import _dimension_numbers
+from replicas.hlo.builder.gather import _dimension_numbers, _index_vector_dim
 
 _SCATTER_FIELDS = ("update_window_dims", "inserted_window_dims", "scatter_dims_to_operand_dims",
                    "input_batching_dims", "scatter_indices_batching_dims")
@@ -24,13 +24,8 @@ class ScatterOps(BuilderCore):
         ups = [self._op(u, "update") for u in (updates if isinstance(updates, (list, tuple)) else [updates])]
         indices = self._op(scatter_indices, "scatter_indices")
         dn = _dimension_numbers(_SCATTER_FIELDS, dimension_numbers, dict(kwargs), "scatter")
-        if index_vector_dim is None:
-            index_vector_dim = getattr(dimension_numbers, "index_vector_dim", None)
-            if index_vector_dim is None and isinstance(dimension_numbers, dict):
-                index_vector_dim = dimension_numbers.get("index_vector_dim")
-        if index_vector_dim is None:
-            index_vector_dim = indices.shape.rank - 1
         attrs: dict[str, Any] = dict(dn)
-        attrs.update(index_vector_dim=int(index_vector_dim), to_apply=self._import(update_computation),
+        attrs.update(index_vector_dim=_index_vector_dim(index_vector_dim, dimension_numbers, indices),
+                     to_apply=self._import(update_computation),
                      indices_are_sorted=bool(indices_are_sorted), unique_indices=bool(unique_indices))
         return self._emit("scatter", [*ops, indices, *ups], attrs)
