@@ -26,7 +26,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The planted deadlock is the test catalog's (tests/buggy_programs.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
+from buggy_programs import loop_the_last_replica_skips  # noqa: E402
 from common import (  # noqa: E402 - the bench folder is not a package
     Timing,
     collective_program,
@@ -38,48 +41,6 @@ from common import (  # noqa: E402 - the bench folder is not a package
 
 ELEMENTS = 256  # f32: 1 KiB per replica
 K1, K2 = 10, 40
-
-DEADLOCK = """\
-HloModule planted_deadlock, replica_count={n}
-
-add {{
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT s = f32[] add(a, b)
-}}
-
-cond {{
-  st = (s32[], s32[], f32[256]) parameter(0)
-  i = s32[] get-tuple-element(st), index=0
-  k = s32[] get-tuple-element(st), index=1
-  ROOT more = pred[] compare(i, k), direction=LT
-}}
-
-body {{
-  st = (s32[], s32[], f32[256]) parameter(0)
-  i = s32[] get-tuple-element(st), index=0
-  k = s32[] get-tuple-element(st), index=1
-  x = f32[256] get-tuple-element(st), index=2
-  y = f32[256] all-reduce(x), replica_groups={{}}, to_apply=add
-  one = s32[] constant(1)
-  i2 = s32[] add(i, one)
-  ROOT next = (s32[], s32[], f32[256]) tuple(i2, k, y)
-}}
-
-ENTRY main {{
-  x = f32[256] parameter(0)
-  id = u32[] replica-id()
-  last = u32[] constant({last})
-  is_last = pred[] compare(id, last), direction=EQ
-  ten = s32[] constant(10)
-  zero = s32[] constant(0)
-  k = s32[] select(is_last, zero, ten)
-  init = (s32[], s32[], f32[256]) tuple(zero, k, x)
-  loop = (s32[], s32[], f32[256]) while(init), condition=cond, body=body
-  ROOT y = f32[256] get-tuple-element(loop), index=2
-}}
-"""
-
 
 # -- memory ----------------------------------------------------------------------------------------------
 
@@ -181,7 +142,7 @@ def child_deadlock(n: int, backend: str, cap_mib: float) -> dict:
     import replicas as rp
 
     monitor = PeakRss(cap_mib, backend == "ray")
-    module = rp.parse_hlo(DEADLOCK.format(n=n, last=n - 1))
+    module = rp.parse_hlo(loop_the_last_replica_skips(n, elements=ELEMENTS, trips=10))
     try:
         rp.run(module, [np.ones(256, np.float32)], num_replicas=n, backend=backend, timeout=900)
         raise SystemExit("the planted deadlock was not reported")

@@ -110,6 +110,46 @@ ENTRY main {{
 """
 
 
+
+def loop_the_last_replica_skips(n: int, elements: int, trips: int) -> str:
+    """A While loop of `trips` all-reduces of f32[elements] that the last of `n` replicas runs no
+    iteration of: every other replica waits in the loop's all-reduce forever (a planted deadlock at
+    any N, reported as "replica n-1 finished without any collective")."""
+    t = f"(s32[], s32[], f32[{elements}])"
+    return f"""HloModule planted, replica_count={n}
+{ADD}
+cond {{
+  st = {t} parameter(0)
+  i = s32[] get-tuple-element(st), index=0
+  k = s32[] get-tuple-element(st), index=1
+  ROOT more = pred[] compare(i, k), direction=LT
+}}
+
+body {{
+  st = {t} parameter(0)
+  i = s32[] get-tuple-element(st), index=0
+  k = s32[] get-tuple-element(st), index=1
+  x = f32[{elements}] get-tuple-element(st), index=2
+  y = f32[{elements}] all-reduce(x), replica_groups={{}}, to_apply=add
+  one = s32[] constant(1)
+  i2 = s32[] add(i, one)
+  ROOT next = {t} tuple(i2, k, y)
+}}
+
+ENTRY main {{
+  x = f32[{elements}] parameter(0)
+  id = u32[] replica-id()
+  last = u32[] constant({n - 1})
+  is_last = pred[] compare(id, last), direction=EQ
+  trips = s32[] constant({trips})
+  zero = s32[] constant(0)
+  k = s32[] select(is_last, zero, trips)
+  init = {t} tuple(zero, k, x)
+  loop = {t} while(init), condition=cond, body=body
+  ROOT y = f32[{elements}] get-tuple-element(loop), index=2
+}}
+"""
+
 SEND_DONE_CYCLE = f"""HloModule exchange_deadlock, replica_count=2
 
 ENTRY main {{

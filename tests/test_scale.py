@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pytest
+from buggy_programs import loop_the_last_replica_skips
 
 import replicas as rp
 
@@ -33,49 +34,6 @@ ENTRY main {{
   ROOT out = (f32[16], f32[16], f32[{g}]) tuple(sum, pairs, gathered)
 }}
 """
-
-# The last replica's loop runs no iteration: every other replica waits in the all-reduce forever.
-DEADLOCK = """\
-HloModule planted, replica_count={n}
-
-add {{
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT s = f32[] add(a, b)
-}}
-
-cond {{
-  st = (s32[], s32[], f32[4]) parameter(0)
-  i = s32[] get-tuple-element(st), index=0
-  k = s32[] get-tuple-element(st), index=1
-  ROOT more = pred[] compare(i, k), direction=LT
-}}
-
-body {{
-  st = (s32[], s32[], f32[4]) parameter(0)
-  i = s32[] get-tuple-element(st), index=0
-  k = s32[] get-tuple-element(st), index=1
-  x = f32[4] get-tuple-element(st), index=2
-  y = f32[4] all-reduce(x), replica_groups={{}}, to_apply=add
-  one = s32[] constant(1)
-  i2 = s32[] add(i, one)
-  ROOT next = (s32[], s32[], f32[4]) tuple(i2, k, y)
-}}
-
-ENTRY main {{
-  x = f32[4] parameter(0)
-  id = u32[] replica-id()
-  last = u32[] constant({last})
-  is_last = pred[] compare(id, last), direction=EQ
-  three = s32[] constant(3)
-  zero = s32[] constant(0)
-  k = s32[] select(is_last, zero, three)
-  init = (s32[], s32[], f32[4]) tuple(zero, k, x)
-  loop = (s32[], s32[], f32[4]) while(init), condition=cond, body=body
-  ROOT y = f32[4] get-tuple-element(loop), index=2
-}}
-"""
-
 
 def _rss_mib(pid: int | str) -> float:
     try:
@@ -153,7 +111,7 @@ def test_many_replicas_give_numpy_results_bitwise(n, backend):
 
 def test_a_deadlock_among_1024_replicas_is_reported(backend):
     n = 1024
-    m = rp.parse_hlo(DEADLOCK.format(n=n, last=n - 1))
+    m = rp.parse_hlo(loop_the_last_replica_skips(n, elements=4, trips=3))
     with pytest.raises(rp.DeadlockError) as info:
         run_capped(m, [np.ones(4, np.float32)], n, backend)
     text = str(info.value)
