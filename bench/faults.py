@@ -57,6 +57,11 @@ ENTRY main {{
 }}
 """
 
+# Both replicas wait in an infeed nobody feeds: a job that stays up until the fault being timed.
+WAITS_FOR_INFEED = DEADLOCK.format(n=2, victim=2).replace(
+    "x = f32[8] parameter(0)",
+    "x = f32[8] parameter(0)\n  tok = token[] after-all()\n  in = (f32[8], token[]) infeed(tok)")
+
 CALL = """\
 HloModule call, replica_count=2
 
@@ -104,9 +109,7 @@ def fault_latency(action: str) -> float:
 def kill_latency() -> float:
     import ray
 
-    m = rp.parse_hlo(DEADLOCK.format(n=2, victim=2).replace("x = f32[8] parameter(0)",
-                                                          "x = f32[8] parameter(0)\n  tok = token[] after-all()\n"
-                                                          "  in = (f32[8], token[]) infeed(tok)"))
+    m = rp.parse_hlo(WAITS_FOR_INFEED)
     job = rp.launch(m, [X], num_replicas=2, timeout=60)
     event = threading.Event()
     while job.states()[0].status != "blocked":
@@ -125,9 +128,7 @@ def hostile_message_latency() -> float:
     from replicas.runtime.ray_backend import _AUTHKEY
     from replicas.runtime.wire import Wire, WireError
 
-    m = rp.parse_hlo(DEADLOCK.format(n=2, victim=2).replace("x = f32[8] parameter(0)",
-                                                          "x = f32[8] parameter(0)\n  tok = token[] after-all()\n"
-                                                          "  in = (f32[8], token[]) infeed(tok)"))
+    m = rp.parse_hlo(WAITS_FOR_INFEED)
     job = rp.launch(m, [X], num_replicas=2, timeout=60)
     backend = job._backend  # noqa: SLF001 - the fault being timed
     address = backend._get([backend._actor_of[0].wire_address.remote(_AUTHKEY)])[0]
