@@ -301,10 +301,12 @@ class ChannelRings:
         bounds = self._bounds
         meta_at = base + _RECORD.size
         if form == ACK:
-            bounds.check_frame(src, key, 0)
+            if key[1] not in bounds.acknowledged:
+                bounds.check_frame(src, key, 0)
             return True
         if form == ARRAY:
-            bounds.check_frame(src, key, data_len)
+            if data_len > bounds.channels.get(key[1], -1):
+                bounds.check_frame(src, key, data_len)  # raises: over the channel's bound, or no such channel
             meta = bytes(mm[meta_at:meta_at + meta_len])
             layout = self._layouts_read.get(meta)
             if layout is None:
@@ -340,9 +342,14 @@ class ChannelRings:
         """Wait (on `replica`'s doorbell) until every (src, key) of `wanted` is in `box`, delivering what
         the rings hold meanwhile; `block` is published while waiting (as a mailbox wait would)."""
         self.drain(replica)
+        if len(wanted) == 1:
+            (src, key), = wanted
 
-        def ready() -> bool:  # also the monitor's question, under the mailbox's lock: never drains
-            return all(box.poll(src, key) for src, key in wanted)
+            def ready() -> bool:  # also the monitor's question, under the mailbox's lock: never drains
+                return box.poll(src, key)
+        else:
+            def ready() -> bool:
+                return all(box.poll(src, key) for src, key in wanted)
 
         if ready():
             return
@@ -365,6 +372,7 @@ class ChannelRings:
                 # which x86 may reorder, so a wake-up can be missed: the first naps are short.
                 futex_wait(address, seen, min(timeout, nap[0]))
                 nap[0] = min(2 * nap[0], timeout)
+                self.drain(replica)  # what woke it, read before the caller asks again
             words[index + 1] = 0
 
         box.wait_external(block, ready, sleep, lambda: self.ring_doorbell(replica, always=True))
