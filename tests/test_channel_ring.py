@@ -273,6 +273,8 @@ def _pair(capacity: int) -> tuple[channel_ring.ChannelRings, channel_ring.Channe
 @pytest.mark.skipif(not channel_ring.available(), reason="needs Linux x86-64 futexes and /dev/shm")
 def test_a_full_ring_declines_wraps_around_and_keeps_order():
     writer, reader, box, faults = _pair(64 << 10)
+    # Named like the job's other segments: removed with them (and as orphans of a killed driver).
+    assert len(job_segments(writer.token)) == 2
     try:
         values = [np.full(1000, k, np.float32) for k in range(40)]
         taken = sent = 0
