@@ -265,8 +265,9 @@ def _pair(capacity: int) -> tuple[channel_ring.ChannelRings, channel_ring.Channe
     bounds = MessageBounds(rp.parse_hlo(SMALL), 2)
     box, faults = Mailbox(1), []
     placement, node = [0, 1], frozenset({0, 1})
-    writer = channel_ring.ChannelRings(token, [0], placement, node, bounds, {0: Mailbox(0)}, faults.append, capacity)
-    reader = channel_ring.ChannelRings(token, [1], placement, node, bounds, {1: box}, faults.append, capacity)
+    writer = channel_ring.ChannelRings(token, [0], placement, node, bounds, {0: Mailbox(0)}, faults.append,
+                                        capacity=capacity)
+    reader = channel_ring.ChannelRings(token, [1], placement, node, bounds, {1: box}, faults.append, capacity=capacity)
     return writer, reader, box, faults
 
 

@@ -311,10 +311,9 @@ class ReplicaHost:
             return
         try:
             rings = channel_ring.ChannelRings(self._token, sorted(self._mailboxes), placement, same_node,
-                                              self._bounds, self._mailboxes, self._on_wire_fault)
+                                              self._bounds, self._mailboxes, self._on_wire_fault, self._inbox)
         except OSError:  # no room or no rights under /dev/shm
             return
-        rings.use_inbox(self._inbox)
         self._rings = rings
         for fabric in self._fabrics:
             fabric.rings = rings
