@@ -1,6 +1,7 @@
 """CPU time and wall time per collective on 4 replicas, by differencing two loop lengths (a benchmark).
 
     python bench/actor_cpu.py [--op all-reduce] [--size 4KiB] [--k 100,700] [--repeat 2] [--backend ray]
+                              [--replicas-per-actor 2]
 
 The program is `collective_program` (the op K times in a While loop). CPU = utime + stime of the
 replica actor processes (Ray) or of this process (threads), read from /proc before and after each
@@ -25,13 +26,15 @@ from common import collective_program, load_average, parse_size  # noqa: E402
 import replicas as rp  # noqa: E402
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0
+def cpu_and_faults(pids: list[int]) -> tuple[float, int]:
+    """(utime + stime in seconds, minor page faults) summed over `pids`."""
+    ticks = faults = 0
     for pid in pids:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+        ticks += int(fields[11]) + int(fields[12])
+        faults += int(fields[7])
+    return ticks / os.sysconf("SC_CLK_TCK"), faults
 
 
 def main() -> None:
@@ -41,6 +44,7 @@ def main() -> None:
     parser.add_argument("--k", default="100,700", help="the two loop lengths")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--backend", choices=["ray", "threads"], default="ray")
+    parser.add_argument("--replicas-per-actor", type=int, default=None, help="packing (Ray; default: the runtime's)")
     args = parser.parse_args()
     nbytes = parse_size(args.size)
     k1, k2 = (int(k) for k in args.k.split(","))
@@ -56,22 +60,25 @@ def main() -> None:
             return
         import ray
 
-        job = rp.launch(module, operands, num_replicas=4, timeout=600)
+        job = rp.launch(module, operands, num_replicas=4, timeout=600, replicas_per_actor=args.replicas_per_actor)
         pids = ray.get([a.__ray_call__.remote(lambda host: os.getpid()) for a in job._backend._actors])
         job.result()
 
-    def measured(k: int) -> tuple[float, float]:
-        c0, t0 = cpu_seconds(pids), time.perf_counter()
+    def measured(k: int) -> tuple[float, float, int]:
+        (c0, f0), t0 = cpu_and_faults(pids), time.perf_counter()
         run(k)
-        return cpu_seconds(pids) - c0, time.perf_counter() - t0
+        c1, f1 = cpu_and_faults(pids)
+        return c1 - c0, time.perf_counter() - t0, f1 - f0
 
     run(2)
-    print(f"# {args.op} {args.size}, 4 replicas, {args.backend}, load average {load_average()}")
+    print(f"# {args.op} {args.size}, 4 replicas, {args.backend}, {len(pids)} process(es), "
+          f"load average {load_average()}")
     for _ in range(args.repeat):
-        cpu1, wall1 = measured(k1)
-        cpu2, wall2 = measured(k2)
+        cpu1, wall1, faults1 = measured(k1)
+        cpu2, wall2, faults2 = measured(k2)
         per = k2 - k1
-        print(f"wall {(wall2 - wall1) / per * 1e6:.0f} us/op, CPU {(cpu2 - cpu1) / per * 1e6:.0f} us/op", flush=True)
+        print(f"wall {(wall2 - wall1) / per * 1e6:.0f} us/op, CPU {(cpu2 - cpu1) / per * 1e6:.0f} us/op, "
+              f"minor page faults {(faults2 - faults1) / per / len(pids):.0f} per op per process", flush=True)
     if args.backend == "ray":
         import ray
 

@@ -7,7 +7,9 @@ Anchors measured in the same run:
   floor of any job that ships arguments to an actor and a result back (goal: <= 3 of them).
 
 Each number is the median of `--repeat` rounds of `--iterations` calls; the spread is min-max of
-the rounds' medians. Load average is printed: the machine is shared.
+the rounds' medians. A call and its anchor alternate round by round (the machine is shared: load
+changes within seconds), and the ratio is the median of the rounds' ratios, with their spread.
+Load average is printed at the start and the end.
 
     python bench/warm_run.py [--iterations 200] [--repeat 5] [--replicas 1] [--no-ray]
 """
@@ -39,22 +41,35 @@ ENTRY main {
 """
 
 
-def per_call(fn: Callable[[], object], iterations: int, repeat: int) -> tuple[float, float, float]:
-    """(median, min, max) over `repeat` rounds of the median seconds per call."""
-    fn()
-    rounds = []
+def median_per_call(fn: Callable[[], object], iterations: int) -> float:
+    """The median seconds of one call over `iterations` calls (never 0: a call takes at least a
+    microsecond, far above perf_counter's resolution)."""
+    times = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def interleaved(call: Callable[[], object], anchor: Callable[[], object], iterations: tuple[int, int],
+                repeat: int) -> tuple[list[float], list[float]]:
+    """Per-round medians of `call` and `anchor` (`iterations` calls of each per round), alternating."""
+    call(), anchor()
+    calls, anchors = [], []
     for _ in range(repeat):
-        times = []
-        for _ in range(iterations):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        rounds.append(float(np.median(times)))
-    return float(np.median(rounds)), min(rounds), max(rounds)
+        calls.append(median_per_call(call, iterations[0]))
+        anchors.append(median_per_call(anchor, iterations[1]))
+    return calls, anchors
 
 
-def fmt(t: tuple[float, float, float]) -> str:
-    return f"{t[0] * 1e6:9.1f} us  ({t[1] * 1e6:.1f}-{t[2] * 1e6:.1f})"
+def fmt(rounds: list[float]) -> str:
+    return f"{np.median(rounds) * 1e6:9.1f} us  ({min(rounds) * 1e6:.1f}-{max(rounds) * 1e6:.1f})"
+
+
+def ratio(calls: list[float], anchors: list[float]) -> str:
+    ratios = [c / a for c, a in zip(calls, anchors)]
+    return f"{np.median(ratios):5.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def main() -> None:
@@ -71,25 +86,26 @@ def main() -> None:
     print(f"load average: {load_average()}; {n} replica(s)")
 
     interp = Interpreter(compile_module(module))
-    direct = per_call(lambda: interp.run(args), ns.iterations * 10, ns.repeat)
-    threads = per_call(lambda: rp.run(module, args, num_replicas=n, backend="threads"), ns.iterations, ns.repeat)
+    threads, direct = interleaved(lambda: rp.run(module, args, num_replicas=n, backend="threads"),
+                                  lambda: interp.run(args), (ns.iterations, ns.iterations * 10), ns.repeat)
     print(f"direct Interpreter.run        {fmt(direct)}")
-    print(f"rp.run threads (warm)         {fmt(threads)}   {threads[0] / direct[0]:6.1f}x direct (goal <= 5x)")
-    if ns.no_ray:
-        return
-    import ray
+    print(f"rp.run threads (warm)         {fmt(threads)}   {ratio(threads, direct)} direct (goal <= 5x)")
+    if not ns.no_ray:
+        import ray
 
-    from replicas.runtime.ray_backend import ensure_ray
+        from replicas.runtime.ray_backend import ensure_ray
 
-    ensure_ray()
-    try:
-        actor = ray_echo_actor()
-        trip = per_call(lambda: ray.get(actor.echo.remote(x)), ns.iterations, ns.repeat)
-        on_ray = per_call(lambda: rp.run(module, args, num_replicas=n), max(ns.iterations // 4, 10), ns.repeat)
-        print(f"raw Ray actor round trip      {fmt(trip)}")
-        print(f"rp.run Ray (warm)             {fmt(on_ray)}   {on_ray[0] / trip[0]:6.1f} round trips (goal <= 3)")
-    finally:
-        ray.shutdown()
+        ensure_ray()
+        try:
+            actor = ray_echo_actor()
+            on_ray, trip = interleaved(lambda: rp.run(module, args, num_replicas=n),
+                                       lambda: ray.get(actor.echo.remote(x)),
+                                       (max(ns.iterations // 4, 10), ns.iterations), ns.repeat)
+            print(f"raw Ray actor round trip      {fmt(trip)}")
+            print(f"rp.run Ray (warm)             {fmt(on_ray)}   {ratio(on_ray, trip)} round trips (goal <= 3)")
+        finally:
+            ray.shutdown()
+    print(f"load average at the end: {load_average()}")
 
 
 if __name__ == "__main__":

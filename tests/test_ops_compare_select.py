@@ -22,7 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from xla_oracle import Call, run_many
 
+import replicas as rp
 from replicas.errors import ProgramError
+from replicas.ops.select import BITWISE_SELECT_MIN
 
 DIRECTIONS = ["EQ", "NE", "GE", "GT", "LE", "LT"]
 I8, I32, I64 = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.int64)
@@ -111,6 +113,35 @@ def test_select_against_xla(dtype: np.dtype, shape: tuple[int, ...]) -> None:
     t, f = values(dtype, 16, seed=6)[:n].reshape(shape), values(dtype, 16, seed=7)[:n].reshape(shape)
     (want,) = run_many([Call("select", (0, 1, 2), dtype, shape)], [pred, t, f])
     assert_exact(run("select", dtype, [pred, t, f], shape), want, f"select {dtype}{list(shape)}")
+
+
+@pytest.mark.parametrize("dtype", [PRED, I8, BF16, F32, F64, C64], ids=str)
+def test_a_large_select_picks_the_bits_a_small_one_picks(dtype: np.dtype) -> None:
+    # From BITWISE_SELECT_MIN elements on, select picks the operands' bits under a mask instead of
+    # calling np.where (the form checked against XLA above): every bit must be the same.
+    shape = (96, 128)
+    assert np.prod(shape) >= BITWISE_SELECT_MIN
+    n = int(np.prod(shape))
+    pred = values(PRED, n, seed=5).reshape(shape)
+    t, f = values(dtype, n, seed=6).reshape(shape), values(dtype, n, seed=7).reshape(shape)
+    want = np.where(pred, t, f)
+    assert run("select", dtype, [pred, t, f], shape).tobytes() == want.tobytes()
+
+
+def test_a_large_select_of_a_transposed_and_a_broadcast_operand() -> None:
+    module = rp.parse_hlo("""HloModule s
+ENTRY e {
+  p = pred[128,96] parameter(0)
+  t = f32[96,128] parameter(1)
+  tt = f32[128,96] transpose(t), dimensions={1,0}
+  z = f32[] constant(-0)
+  zb = f32[128,96] broadcast(z), dimensions={}
+  ROOT s = f32[128,96] select(p, tt, zb)
+}
+""")
+    pred, t = values(PRED, 128 * 96, seed=3).reshape(128, 96), values(F32, 96 * 128, seed=4).reshape(96, 128)
+    want = np.where(pred, t.T, np.float32(-0.0))
+    assert rp.evaluate(module, [pred, t]).tobytes() == want.tobytes()
 
 
 def test_select_with_scalar_pred_picks_a_whole_operand() -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from replicas.collectives.buffers import pool_of
 from replicas.collectives.hierarchy import LEADER_ROUND, Exchange, Topology
 
 SMALL_BYTES = 256 * 1024  # below this, leaders reduce in one round; above, reduce-scatter + all-gather
@@ -52,6 +53,28 @@ def reduce_in_order(parts: Sequence[Values], combine: Combine) -> Values:
         else:
             acc = combine(acc, p)
     return acc
+
+
+def reduce_into(out: Values, parts: Sequence[Values], combine: Combine) -> Values:
+    """`reduce_in_order(parts, combine)` written into `out` (arrays of the parts' shapes and dtypes),
+    the same operations in the same order: bitwise the same result, without a fresh buffer."""
+    into = getattr(combine, "into", None)
+    if into is None or len(parts) == 1:
+        for o, v in zip(out, reduce_in_order(parts, combine)):
+            np.copyto(o, v)
+        return out
+    into(out, parts[0], parts[1])
+    for p in parts[2:]:
+        combine.accumulate(out, p)  # type: ignore[attr-defined]
+    return out
+
+
+def _reduce_local(ex: Exchange, parts: Sequence[Values], combine: Combine) -> Values:
+    """The local members' operands reduced in group order (the operand itself for a lone member)."""
+    if len(parts) == 1:
+        return parts[0]
+    pool = pool_of(ex.fabric)
+    return reduce_into(tuple(pool.empty(v.shape, v.dtype) for v in parts[0]), parts, combine)
 
 
 def nbytes(values: Values) -> int:
@@ -111,23 +134,22 @@ def leaders_all_reduce(ex: Exchange, acc: Values, combine: Combine) -> Values:
         return recursive_doubling(ex, acc, combine)
     if nbytes(acc) < SMALL_BYTES:
         return reduce_in_order(ex.among_leaders(LEADER_ROUND, acc), combine)
-    # Reduce-scatter (leader k reduces shard k in process order), then all-gather into one buffer.
-    per_operand = [np.array_split(v.reshape(-1), p) for v in acc]
-    shards = [tuple(splits[k] for splits in per_operand) for k in range(p)]
-    # Settled at once: the peers' round-one buffers are free again before round two (a board
+    # Reduce-scatter (leader k reduces shard k in process order, straight into its place in the
+    # result), then all-gather: each peer's shard is copied into its place.
+    pool = pool_of(ex.fabric)
+    out = tuple(pool.empty(v.shape, v.dtype) for v in acc)
+    shards = list(zip(*(np.array_split(v.reshape(-1), p) for v in acc)))
+    places = list(zip(*(np.array_split(o.reshape(-1), p) for o in out)))
+    pos = topo.position
+    reduce_into(places[pos], ex.among_leaders(LEADER_ROUND, shards, per_destination=True), combine)
+    # Released at once: the peers' round-one buffers are free again before round two (a board
     # writer reuses its buffer of round one in its next collective's round one).
-    mine = ex.settle(reduce_in_order(ex.among_leaders(LEADER_ROUND, shards, per_destination=True), combine))
-    reduced = ex.among_leaders(LEADER_ROUND + 1, mine)
-    out = []
-    for k, v in enumerate(acc):
-        buffer = np.empty(v.shape, dtype=mine[k].dtype)
-        flat = buffer.reshape(-1)
-        start = 0
-        for shard in reduced:
-            flat[start:start + shard[k].size] = shard[k]
-            start += shard[k].size
-        out.append(buffer)
-    return tuple(out)
+    ex.release()
+    for q, shard in enumerate(ex.among_leaders(LEADER_ROUND + 1, places[pos])):
+        if q != pos:
+            for place, part in zip(places[q], shard):
+                np.copyto(place, part)
+    return out
 
 
 def leaders_gather(ex: Exchange, mine: list[Any]) -> list[Any]:
@@ -161,7 +183,7 @@ def all_reduce(ex: Exchange, values: Values, combine: Combine) -> Values:
     parts = ex.gather_local(values)
     if parts is None:
         return ex.result()
-    acc = leaders_all_reduce(ex, reduce_in_order(parts, combine), combine)
+    acc = leaders_all_reduce(ex, _reduce_local(ex, parts, combine), combine)
     return ex.scatter_local(None, _shared(acc, topo))
 
 
@@ -176,12 +198,13 @@ def all_gather(ex: Exchange, values: Values, dim: int) -> Values:
     if parts is None:
         return ex.result()
     everything = leaders_gather(ex, list(zip(topo.local, parts)))
+    pool = pool_of(ex.fabric)
     out = []
     for k, v in enumerate(values):
         shape = list(v.shape)
         width = shape[dim]
         shape[dim] = width * n
-        buffer = np.empty(shape, dtype=v.dtype)
+        buffer = pool.empty(tuple(shape), v.dtype)
         for i, part in everything:
             buffer[_slot(dim, i * width, (i + 1) * width)] = part[k]
         out.append(buffer)
@@ -202,7 +225,7 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
     parts = ex.gather_local(values)
     if parts is None:
         return ex.result()
-    acc = reduce_in_order(parts, combine)
+    acc = _reduce_local(ex, parts, combine)
     layout, pos = topo.layout, topo.position
     if len(layout.leaders) > DIRECT_MAX_PROCESSES:
         acc = leaders_all_reduce(ex, acc, combine)
@@ -210,8 +233,10 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
     if 1 < len(layout.leaders) <= DIRECT_MAX_PROCESSES:
         # Leader q receives every process's partial of its members' chunks and reduces them in process order.
         got = leaders_exchange(ex, lambda q: [chunks[i] for i in layout.processes[q]])
-        results = [reduce_in_order([chunks[i] if q == pos else got[q][k] for q in range(len(layout.leaders))],
-                                   combine) for k, i in enumerate(topo.local)]
+        pool = pool_of(ex.fabric)
+        results = [reduce_into(tuple(pool.empty(c.shape, c.dtype) for c in chunks[i]),
+                               [chunks[i] if q == pos else got[q][k] for q in range(len(layout.leaders))], combine)
+                   for k, i in enumerate(topo.local)]
     else:
         results = [chunks[i] for i in topo.local]
     return ex.scatter_local(results)
@@ -248,9 +273,10 @@ def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
     if parts is None:
         return ex.result()
     received = _addressed(ex, [_chunks(p, n, dim) for p in parts], lambda chunks, j: chunks[j])
+    pool = pool_of(ex.fabric)
     outs = []
     for k, chunks_in in enumerate(received):
-        out = tuple(np.empty_like(v) for v in parts[k])
+        out = tuple(pool.empty(v.shape, v.dtype) for v in parts[k])
         for source, chunk in enumerate(chunks_in):
             for o, c in zip(out, chunk):
                 width = c.shape[dim]

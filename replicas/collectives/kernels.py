@@ -131,7 +131,12 @@ def make_combine(inst: Instruction, ctx: KernelContext, dtypes: list[np.dtype]) 
             for (u, _), x, y in zip(pairs, acc, b):
                 u(x, y, out=x)
 
+        def into(out: alg.Values, a: alg.Values, b: alg.Values) -> None:
+            for (u, _), o, x, y in zip(pairs, out, a, b):
+                u(x, y, out=o)
+
         combine_fast.accumulate = accumulate  # type: ignore[attr-defined]
+        combine_fast.into = into  # type: ignore[attr-defined]
         return combine_fast
     fn = ctx.computation(name)
 

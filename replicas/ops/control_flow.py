@@ -72,11 +72,12 @@ def _state_donation(inst: Instruction, cond_ir: Computation) -> frozenset:
 
 def _owning(state: tuple, updated: list[int], *, entry: bool) -> tuple:
     """`state` with its elements `updated` owned by the loop: copied on entry (the caller's arrays),
-    and later when one is a view or shares its buffer with another element."""
+    and later when one is a view, is read-only (a constant's value, which every run shares) or
+    shares its buffer with another element."""
     values = list(state)
     for i in updated:
         x = values[i]
-        if entry or x.base is not None or any(
+        if entry or x.base is not None or not x.flags.writeable or any(
                 y is x or (type(y) is np.ndarray and y.base is not None and np.may_share_memory(x, y))
                 for j, y in enumerate(values) if j != i):
             values[i] = np.array(x, copy=True)

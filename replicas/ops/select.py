@@ -1,7 +1,8 @@
 """select and clamp.
 
-select(pred, on_true, on_false): an array pred picks element-wise (np.where); a scalar pred picks
-a whole operand, which may then be a tuple (no copy: values are never modified in place).
+select(pred, on_true, on_false): an array pred picks element-wise (np.where, or the operands' bits
+under a mask for large arrays); a scalar pred picks a whole operand, which may then be a tuple (no
+copy: values are never modified in place).
 clamp(min, operand, max) is min(max(operand, min), max) with XLA's maximum/minimum, so NaN in
 any argument propagates; min and max may be scalars broadcast over the operand.
 """
@@ -26,7 +27,35 @@ def make_select(inst: Instruction, ctx: KernelContext) -> Compute:
             return t if p else f
 
         return pick
-    return finish(inst, np.where)
+    unsigned = _SAME_SIZE_UNSIGNED.get(inst.shape.dtype.itemsize) if inst.shape.is_array else None
+    if unsigned is None:
+        return finish(inst, np.where)
+
+    def select(p: np.ndarray, t: np.ndarray, f: np.ndarray) -> np.ndarray:
+        if t.size < BITWISE_SELECT_MIN or not p.shape == t.shape == f.shape or t.dtype != f.dtype:
+            return np.where(p, t, f)
+        return _bitwise_select(p, t, f, unsigned)
+
+    return finish(inst, select)
+
+
+# np.where takes ~7-25 ns an element on large arrays (a branch per element: a random predicate
+# mispredicts half of them); picking bits with a mask takes ~4 passes of ~0.3 ns. Below this many
+# elements the extra ufunc calls cost more than they save.
+BITWISE_SELECT_MIN = 8192
+_SAME_SIZE_UNSIGNED = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
+                       8: np.dtype(np.uint64)}
+
+
+def _bitwise_select(p: np.ndarray, t: np.ndarray, f: np.ndarray, unsigned: np.dtype) -> np.ndarray:
+    """`np.where(p, t, f)` exactly (every bit: NaN payloads, -0), as f ^ ((t ^ f) & mask) on the
+    operands' bits, with mask all ones where p is true."""
+    tb, fb = t.view(unsigned), f.view(unsigned)
+    mask = np.subtract(unsigned.type(0), p.view(np.uint8), dtype=unsigned)  # 0 - 1 wraps to all ones
+    bits = np.bitwise_xor(tb, fb)
+    np.bitwise_and(bits, mask, out=bits)
+    np.bitwise_xor(bits, fb, out=bits)
+    return bits.view(t.dtype)
 
 
 @elementwise_kernel("clamp")

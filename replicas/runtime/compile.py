@@ -146,24 +146,34 @@ def uses_blas(executable: Executable) -> bool:
     return _any_opcode(executable, "blas", _BLAS_OPCODES.__contains__)
 
 
+# Attributes holding array literals: their bytes are digested apart (numpy's repr elides big arrays).
+_LITERAL_ATTRS = ("literal", "custom_call_literal")
+
+
 def module_fingerprint(module: Module) -> bytes:
     """A digest of everything in `module` that decides what it computes (names, opcodes, shapes,
     operands, attributes, literals' bytes), fast enough to take on every run."""
-    parts = [repr((module.name, module.entry, sorted(module.attrs.items(), key=str)))]
+    attrs = module.attrs
+    parts = [repr((module.name, module.entry, sorted(attrs.items(), key=str) if attrs else []))]
     append = parts.append
     literals = []
+    shape_texts = _SHAPE_TEXT
     for comp in module.computations.values():
         append(f"{comp.name}|{comp.root}|{comp.is_fusion}|{len(comp.instructions)}")
         for inst in comp.instructions:
+            shape = inst.shape
+            known = shape_texts.get(id(shape))
+            shape_text = known[1] if known is not None and known[0] is shape else _shape_text(shape)
             attrs = inst.attrs
             if not attrs:
-                append(f"{inst.name}|{inst.opcode}|{_shape_text(inst.shape)}|{inst.operands}|")
+                append(f"{inst.name}|{inst.opcode}|{shape_text}|{inst.operands}|")
                 continue
-            literal = attrs.get("literal") if inst.opcode == "constant" else None
-            if literal is not None:  # its bytes go after the text, in instruction order
-                attrs = {k: v for k, v in attrs.items() if k != "literal"}
-                literals.append(literal)
-            append(f"{inst.name}|{inst.opcode}|{_shape_text(inst.shape)}|{inst.operands}|{attrs}|{literal is not None}")
+            held: list[str] = []
+            if "literal" in attrs or "custom_call_literal" in attrs:  # bytes after the text, in order
+                held = [k for k in _LITERAL_ATTRS if k in attrs]
+                literals.extend(attrs[k] for k in held)
+                attrs = {k: v for k, v in attrs.items() if k not in _LITERAL_ATTRS}
+            append(f"{inst.name}|{inst.opcode}|{shape_text}|{inst.operands}|{attrs}|{held}")
     digest = hashlib.blake2b("\n".join(parts).encode(), digest_size=20)
     for literal in literals:
         _update_literal(digest.update, literal)
@@ -174,7 +184,8 @@ _SHAPE_TEXT: dict[int, tuple[Any, str]] = {}
 
 
 def _shape_text(shape: Any) -> str:
-    """`repr(shape)`, remembered per shape object (parsed modules share their shape objects)."""
+    """`repr(shape)`, remembered per shape object (parsed modules share their shape objects; shapes
+    are frozen, and the entry keeps its shape alive so its id is not reused)."""
     found = _SHAPE_TEXT.get(id(shape))
     if found is not None and found[0] is shape:
         return found[1]

@@ -17,8 +17,9 @@ from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
 from replicas.runtime.arguments import check_launch_options
-from replicas.runtime.compile import Executable
+from replicas.runtime.compile import Executable, module_fingerprint, runs_bounded_alone
 from replicas.runtime.job import Job, prepare
+from replicas.runtime.threads import ThreadBackend, run_alone
 from replicas.runtime.values import as_value
 
 BACKENDS = ("ray", "threads")
@@ -56,6 +57,27 @@ def as_program(program: Program) -> Module | Executable:
     return partition_spmd_markers(module) if has_spmd_markers(module) else module
 
 
+# Fingerprints of modules found to have no SPMD markers (`as_program` returns them as they are).
+_UNMARKED: set[bytes] = set()
+
+
+def _fingerprinted_program(module: Program) -> tuple[Module | Executable, bytes | None]:
+    """`as_program(module)` and, when that is `module` itself (a Module), its fingerprint: a warm
+    run looks for SPMD markers once per module content, and fingerprints the module once."""
+    if type(module) is not Module:
+        return as_program(module), None
+    fingerprint = module_fingerprint(module)
+    if fingerprint in _UNMARKED:
+        return module, fingerprint
+    program = as_program(module)
+    if program is not module:
+        return program, None
+    if len(_UNMARKED) > 1024:
+        _UNMARKED.clear()
+    _UNMARKED.add(fingerprint)
+    return module, fingerprint
+
+
 def _looks_like_path(text: str) -> bool:
     return "\n" not in text and not text.lstrip().startswith("HloModule") and len(text) < 4096
 
@@ -87,6 +109,8 @@ def declared_replicas(module: Module | Executable) -> int:
 def as_arguments(args: Any) -> Any:
     """Array-likes inside `args` as numpy arrays (the container itself is checked by `prepare`)."""
     if isinstance(args, (list, tuple)):
+        if all(type(a) is np.ndarray for a in args):  # the usual case: nothing to convert
+            return list(args)
         return as_value(list(args))
     if hasattr(args, "__array__") and not isinstance(args, np.ndarray):
         return np.asarray(args)  # one array instead of a list: `prepare` says to wrap it
@@ -128,7 +152,23 @@ def _launch(module: Program, args: Sequence[Any] | None, num_replicas: int | Non
             backend: str, replicas_per_actor: int | None, resources: Sequence[dict[str, float]] | None,
             record_every_instruction: bool, trace_events: int, progress: bool, run_to_end: bool) -> Job:
     """`launch`; `run_to_end`: the caller only waits for the result (see `RayBackend`)."""
-    program = as_program(module)
+    executable, per_replica = _prepared(module, args, num_replicas, timeout=timeout, address=address, infeed=infeed,
+                                        trace=trace, strict=strict, backend=backend,
+                                        replicas_per_actor=replicas_per_actor, resources=resources,
+                                        trace_events=trace_events)
+    return _start(executable, per_replica, timeout=timeout, address=address, infeed=infeed, trace=trace,
+                  strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
+                  record_every_instruction=record_every_instruction, trace_events=trace_events,
+                  progress=progress, run_to_end=run_to_end)
+
+
+def _prepared(module: Program, args: Sequence[Any] | None, num_replicas: int | None, *, timeout: float | None,
+              address: str | None, infeed: Sequence[Sequence[Any]] | None, trace: str | None, strict: bool,
+              backend: str, replicas_per_actor: int | None, resources: Sequence[dict[str, float]] | None,
+              trace_events: int) -> tuple[Executable, list[list[Any]]]:
+    """Every check of a launch, in order (the program, the options, the arguments): the executable
+    and each replica's checked arguments. Nothing has started yet."""
+    program, fingerprint = _fingerprinted_program(module)
     if num_replicas is None:
         num_replicas = declared_replicas(program)
     num_replicas = check_launch_options(num_replicas=num_replicas, timeout=timeout, infeed=infeed, trace=trace,
@@ -142,10 +182,14 @@ def _launch(module: Program, args: Sequence[Any] | None, num_replicas: int | Non
         raise ProgramError(f"infeed must have one list per replica ({num_replicas}), got {len(infeed)}")
     if resources is not None and len(resources) != num_replicas:
         raise ProgramError(f"resources must have one dict per replica ({num_replicas}), got {len(resources)}")
-    executable, per_replica = prepare(program, as_arguments(args), num_replicas)
-    if backend == "threads":
-        from replicas.runtime.threads import ThreadBackend
+    return prepare(program, as_arguments(args), num_replicas, fingerprint=fingerprint)
 
+
+def _start(executable: Executable, per_replica: list[list[Any]], *, timeout: float | None, address: str | None,
+           infeed: Sequence[Sequence[Any]] | None, trace: str | None, strict: bool, backend: str,
+           replicas_per_actor: int | None, resources: Sequence[dict[str, float]] | None,
+           record_every_instruction: bool, trace_events: int, progress: bool, run_to_end: bool) -> Job:
+    if backend == "threads":
         engine: Any = ThreadBackend(executable, per_replica, strict=strict,
                                     record_every_instruction=record_every_instruction, trace_events=trace_events)
     else:
@@ -176,10 +220,19 @@ def run(module: Program, args: Sequence[Any] | None = None, num_replicas: int | 
     seconds, a disagreement between the members of a collective raises CollectiveMismatchError,
     and `timeout` seconds of work raise ExecutionTimeout naming what each replica was doing.
     """
-    job = _launch(module, args, num_replicas, timeout=timeout, address=address, infeed=infeed, trace=trace,
-                  strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
-                  record_every_instruction=record_every_instruction, trace_events=trace_events, progress=progress,
-                  run_to_end=True)
+    executable, per_replica = _prepared(module, args, num_replicas, timeout=timeout, address=address, infeed=infeed,
+                                        trace=trace, strict=strict, backend=backend,
+                                        replicas_per_actor=replicas_per_actor, resources=resources,
+                                        trace_events=trace_events)
+    if (backend == "threads" and len(per_replica) == 1 and infeed is None and trace is None and not progress
+            and not record_every_instruction and runs_bounded_alone(executable)):
+        # Nothing of a job is needed by a replica that cannot wait, and nobody can see one: no
+        # mailbox, recorder, monitor or Job, with the same results and errors (`run_alone`).
+        return run_alone(executable, per_replica[0])
+    job = _start(executable, per_replica, timeout=timeout, address=address, infeed=infeed, trace=trace,
+                 strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
+                 record_every_instruction=record_every_instruction, trace_events=trace_events, progress=progress,
+                 run_to_end=True)
     job.close_host_input()  # run() feeds nothing beyond the preloaded infeed
     with job:
         return job.result()

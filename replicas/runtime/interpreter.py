@@ -289,7 +289,8 @@ class Interpreter:
         self.fabric.attach(fabric)
         self.mailbox = getattr(fabric, "mailbox", None)
         recorder = getattr(fabric, "recorder", None)
-        self.every_instruction_recorder = recorder if getattr(recorder, "every_instruction", False) else None
+        every = recorder is not None and getattr(recorder, "every_instruction", False)
+        self.every_instruction_recorder = recorder if every else None
         self.current = None
 
     # -- KernelContext ---------------------------------------------------------------------------
@@ -351,6 +352,7 @@ class FabricSlot:
 _POOL: OrderedDict[tuple[bytes, int, int], list[Interpreter]] = OrderedDict()
 _POOL_LIMIT = 512
 _POOL_LOCK = threading.Lock()
+_pooled = [0]  # interpreters in _POOL
 
 
 def checkout(executable: Executable, replica_id: int, fabric: Any, num_replicas: int) -> Interpreter:
@@ -360,6 +362,8 @@ def checkout(executable: Executable, replica_id: int, fabric: Any, num_replicas:
         with _POOL_LOCK:
             free = _POOL.get(key)
             interp = free.pop() if free else None
+            if interp is not None:
+                _pooled[0] -= 1
         if interp is not None:
             interp.attach(fabric)
             return interp
@@ -378,13 +382,16 @@ def checkin(interp: Interpreter) -> None:
     with _POOL_LOCK:
         _POOL.setdefault(key, []).append(interp)
         _POOL.move_to_end(key)
-        while sum(len(v) for v in _POOL.values()) > _POOL_LIMIT:
-            _POOL.popitem(last=False)
+        _pooled[0] += 1
+        while _pooled[0] > _POOL_LIMIT:
+            _pooled[0] -= len(_POOL.popitem(last=False)[1])
 
 
-def check_arguments(entry: Computation, args: Sequence[Any]) -> list[Any]:
-    """Check (and convert Python scalars/lists to) the entry parameters' shapes and dtypes."""
-    params = entry.parameters
+def check_arguments(entry: Computation, args: Sequence[Any], params: list[Instruction] | None = None) -> list[Any]:
+    """Check (and convert Python scalars/lists to) the entry parameters' shapes and dtypes
+    (`params`: `entry.parameters`, when the caller keeps them)."""
+    if params is None:
+        params = entry.parameters
     if len(args) != len(params):
         raise ProgramError(f"entry computation {entry.name} takes {len(params)} arguments "
                            f"({', '.join(str(p.shape) for p in params)}), got {len(args)}")

@@ -16,7 +16,7 @@ from replicas.diagnostics.progress import LiveStatus, Progress, host_waits, prog
 from replicas.diagnostics.report import Report
 from replicas.diagnostics.wait_for import deadlock_error
 from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError
-from replicas.hlo.ir import Module
+from replicas.hlo.ir import Instruction, Module
 from replicas.limits import Limits, check_module, check_replicas
 from replicas.limits import current as current_limits
 from replicas.records import ReplicaState
@@ -238,10 +238,7 @@ class Job:
         errors = self._backend.errors()
         # The first replica that failed on its own (not woken by an abort) names the cause.
         for r in sorted(errors):
-            e = errors[r]
-            if isinstance(e, ReplicasError):
-                return e
-            return ReplicaFailure(f"replica {r} failed: {type(e).__name__}: {e}", r, e)
+            return replica_error(r, errors[r])
         failed = [s for s in states if s.status == "failed"]
         s = failed[0]
         return ReplicaFailure(f"replica {s.replica} failed: {s.error}", s.replica, s.error)
@@ -286,6 +283,14 @@ class Job:
             self.result(0)
 
 
+def replica_error(replica: int, error: BaseException) -> ReplicasError:
+    """The job's error when `replica` failed on its own with `error`: a ReplicasError as it is
+    (the interpreter already named the instruction), anything else a ReplicaFailure wrapping it."""
+    if isinstance(error, ReplicasError):
+        return error
+    return ReplicaFailure(f"replica {replica} failed: {type(error).__name__}: {error}", replica, error)
+
+
 def _trim_events(report: Report) -> None:
     report.events = {r: evs[-EVENTS_IN_REPORT:] for r, evs in report.events.items()}
 
@@ -306,33 +311,43 @@ def per_replica_args(args: Sequence[Any] | None, num_replicas: int, num_params: 
     return [list(args) for _ in range(num_replicas)]
 
 
-# (module fingerprint, replicas, limits) -> the executable whose checks passed: a warm run of a
-# program repeats none of them (the fingerprint is taken on every run: a module edited in place
-# is new content).
-_PREPARED: dict[tuple[bytes, int, Limits], Executable] = {}
+# (module fingerprint, replicas, limits) -> the executable whose checks passed and its entry's
+# parameters in order: a warm run of a program repeats none of them (the fingerprint is taken on
+# every run: a module edited in place is new content). An executable serves another module of its
+# content only while its own module still has that content (interpreters bound from it are pooled
+# under the fingerprint).
+_PREPARED: dict[tuple[bytes, int, Limits], tuple[Executable, list[Instruction]]] = {}
 _PREPARED_SIZE = 64
 
 
-def prepare(module: Module | Executable, args: Sequence[Any] | None, num_replicas: int
-            ) -> tuple[Executable, list[list[Any]]]:
+def prepare(module: Module | Executable, args: Sequence[Any] | None, num_replicas: int, *,
+            fingerprint: bytes | None = None) -> tuple[Executable, list[list[Any]]]:
+    """The executable of `module` checked for `num_replicas`, and each replica's checked arguments.
+    `fingerprint`: `module_fingerprint(module)` when the caller has just taken it."""
     if type(num_replicas) is not int or not 1 <= num_replicas <= current_limits().max_replicas:
         num_replicas = check_replicas(num_replicas)  # before any per-replica list is built
     if type(module) is Module:
-        key = (module_fingerprint(module), num_replicas, current_limits())
-        executable = _PREPARED.get(key)
-        if executable is None:
+        key = (fingerprint or module_fingerprint(module), num_replicas, current_limits())
+        prepared = _PREPARED.get(key)
+        if prepared is not None and prepared[0].module is not module and module_fingerprint(
+                prepared[0].module) != key[0]:
+            prepared = None  # the module it was compiled from has been edited in place since
+        if prepared is None:
             executable = _checked(module, num_replicas)
+            prepared = (executable, executable.module.entry_computation.parameters)
             if len(_PREPARED) >= _PREPARED_SIZE:
                 _PREPARED.clear()
-            _PREPARED[key] = executable
+            _PREPARED[key] = prepared
+        executable, params = prepared
     else:
         executable = _checked(module, num_replicas)
+        params = executable.module.entry_computation.parameters
     entry = executable.module.entry_computation
-    per_replica = per_replica_args(args, num_replicas, len(entry.parameters))
+    per_replica = per_replica_args(args, num_replicas, len(params))
     checked = []
     for r, a in enumerate(per_replica):
         try:
-            checked.append(check_arguments(entry, a))
+            checked.append(check_arguments(entry, a, params))
         except ProgramError as e:
             raise ProgramError(f"replica {r}: {e}") from None
     return executable, checked

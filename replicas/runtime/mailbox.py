@@ -190,7 +190,7 @@ class Mailbox:
             if status == "blocked" and (not self._missing if external is None else external[0]()):
                 # Everything arrived; the waiting thread has not woken yet to take it: it is running.
                 status, block = "running", None
-            elif block is not None and len(block.waits_for) > 1 and block.needs != "group":
+            elif external is None and block is not None and len(block.waits_for) > 1 and block.needs != "group":
                 # A Send-done acked by some of its targets: name only those still missing.
                 block = dataclasses.replace(block, waits_for=tuple(dict.fromkeys(src for src, _ in self._missing)))
             # A bare copy of the fields: ~10x cheaper than copy.copy (py-spy: the monitor's copies were 7%

@@ -22,6 +22,7 @@ from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime import board as shared_board
+from replicas.runtime import channel_ring
 from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
 from replicas.runtime.faults import is_memory_error
@@ -47,12 +48,31 @@ class RayFabric(MailboxFabric):
         self.outbox: Outbox | None = None  # this actor's shared-memory arena (peers on its node)
         self.same_node: frozenset[int] = frozenset()  # replicas whose actors share this node
         self.shm_sent: dict[int, int] = {}  # dst -> messages sent through shared memory
+        self.rings: channel_ring.ChannelRings | None = None  # channel messages to this node's other actors
+        self.ring_declined: dict[int, int] = {}  # dst -> channel messages a ring could not take
+
+    def recv(self, src: int, key: Hashable, block: Any) -> Any:
+        return self.recv_all([(src, key)], block)[0]
+
+    def recv_all(self, wanted: list[tuple[int, Hashable]], block: Any) -> list[Any]:
+        rings = self.rings
+        if rings is not None and any(src in rings.peers and channel_ring.is_channel_key(key) for src, key in wanted):
+            rings.wait(self.replica_id, self.mailbox, wanted, block)  # on the doorbell, reading the rings
+        return self.mailbox.take_all(wanted, block)
 
     def _post(self, dst: int, key: Hashable, value: Any) -> None:
         box = self._local.get(dst)
+        rings = self.rings
         if box is not None:
             box.deliver(self.replica_id, key, value)
+            if rings is not None and channel_ring.is_channel_key(key):
+                rings.ring_doorbell(dst)  # it may wait on its doorbell for a peer's ring too
             return
+        if rings is not None and dst in rings.peers and channel_ring.is_channel_key(key):
+            if rings.send(dst, self.replica_id, key, value, self.outbox):
+                self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
+                return
+            self.ring_declined[dst] = self.ring_declined.get(dst, 0) + 1
         if self.outbox is not None and dst in self.same_node:
             shared = self.outbox.encode(value, key)
             if shared is not None:  # a descriptor over the socket; the bytes wait in the arena
@@ -80,6 +100,8 @@ class ReplicaHost:
         self._outbox: Outbox | None = None  # this job's shared-memory arena, when it has peers
         self._inbox: Inbox | None = None
         self._board: shared_board.Board | None = None  # this job's same-node board, when it has peers
+        self._rings: channel_ring.ChannelRings | None = None  # this job's channel rings, when it has peers
+        self._ring_report: dict[int, dict[int, int]] = {}
         self._shm_report: dict[int, dict[int, int]] = {}
         self._bounds: MessageBounds | None = None  # what peers' messages may hold in the current job
         self._bounds_of: tuple[bytes, int] | None = None  # (program digest, replicas) `_bounds` is for
@@ -130,6 +152,14 @@ class ReplicaHost:
             self._bounds.check_shared(src, key, value)  # before any block is mapped
             value = inbox.decode(value)
         box.deliver(src, key, value)
+        self._ring_doorbell(dst, key)
+
+    def _ring_doorbell(self, dst: int, key: Hashable) -> None:
+        """A channel message came by a socket or the object store: its replica may be waiting on its
+        doorbell (runtime/channel_ring.py) rather than on its mailbox."""
+        rings = self._rings
+        if rings is not None and channel_ring.is_channel_key(key):
+            rings.ring_doorbell(dst)
 
     def _on_wire_fault(self, error: BaseException) -> None:
         """A peer's message was refused: this actor's replicas fail, naming it (never a silent
@@ -204,8 +234,9 @@ class ReplicaHost:
         if self._wire is not None:
             self._wire.drop_peers()
         self._shm_report = self.shm_sent()
+        self._ring_report = self.ring_declined()
         for fabric in self._fabrics:
-            fabric.outbox = fabric.board = None  # closed below, whatever still holds a fabric
+            fabric.outbox = fabric.board = fabric.rings = None  # closed below, whatever still holds a fabric
         token = self._token
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
@@ -225,8 +256,10 @@ class ReplicaHost:
             # Results never keep views of the board (`Exchange.settle` copies them): a collection
             # is needed only if a failed collective left one in a cycle.
             used = not self._board.close() or used
+        if self._rings is not None:
+            self._rings.close()  # values read from a ring were copied out: nothing keeps a view
         remove_job_segments(token)
-        self._outbox = self._inbox = self._board = None
+        self._outbox = self._inbox = self._board = self._rings = None
         if used:
             # Received arrays left in the finished job's reference cycles (interpreter, kernels,
             # mailboxes) keep their mappings until the cycle collector runs: run it now, so an
@@ -237,6 +270,11 @@ class ReplicaHost:
         """Per hosted replica: messages it sent through shared memory, by destination (the
         running job's, or the last job's once it was reset)."""
         return {f.replica_id: dict(f.shm_sent) for f in self._fabrics} or self._shm_report
+
+    def ring_declined(self) -> dict[int, dict[int, int]]:
+        """Per hosted replica: channel messages to this node's other actors that a ring could not take
+        (they went by the socket or the arena), by destination; the last job's once it was reset."""
+        return {f.replica_id: dict(f.ring_declined) for f in self._fabrics} or self._ring_report
 
     def ping(self) -> bool:
         return True
@@ -260,6 +298,25 @@ class ReplicaHost:
                 fabric.placement = placement
         if self._board is not None and placement is not None:
             self._board.locate(placement)
+        if placement is not None and self._fabrics:
+            self._open_rings(placement, same_node)
+
+    def _open_rings(self, placement: list[int], same_node: frozenset[int]) -> None:
+        """This actor's channel rings, when the program has channels and another actor of the job is
+        on this node (runtime/channel_ring.py); the sockets and the arena remain without them."""
+        me = placement[min(self._mailboxes)]
+        if (self._rings is not None or not self._bounds.acknowledged or not channel_ring.available()
+                or all(placement[r] == me for r in same_node)):
+            return
+        try:
+            rings = channel_ring.ChannelRings(self._token, sorted(self._mailboxes), placement, same_node,
+                                              self._bounds, self._mailboxes, self._on_wire_fault)
+        except OSError:  # no room or no rights under /dev/shm
+            return
+        rings.use_inbox(self._inbox)
+        self._rings = rings
+        for fabric in self._fabrics:
+            fabric.rings = rings
 
     def start(self, args: dict[int, list[Any]]) -> None:
         for r, a in args.items():
@@ -341,10 +398,13 @@ class ReplicaHost:
                     self._on_wire_fault(RefusedMessage(f"replica {src!r}'s actor (through the object store)", e))
                     return
             box.deliver(src, key, value)
+            self._ring_doorbell(dst, key)
 
     def states(self) -> list[ReplicaState]:
         import ray
 
+        if self._rings is not None:
+            self._rings.drain()  # what waits in a ring is delivered: in flight until this poll, no longer
         node = ray.get_runtime_context().get_node_id()
         out = []
         for r, runner in self._runners.items():

@@ -15,6 +15,8 @@ from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable, runs_bounded_alone, uses_blas
 from replicas.runtime.cores import release, share_cores
 from replicas.runtime.fabric import MailboxFabric
+from replicas.runtime.interpreter import checkin, checkout
+from replicas.runtime.job import replica_error
 from replicas.runtime.mailbox import Mailbox
 from replicas.runtime.replica_runner import ReplicaRunner
 
@@ -105,3 +107,41 @@ class ThreadBackend:
 
     def events(self) -> dict[int, list[dict[str, Any]]]:
         return {rep.replica_id: rep.recorder.events() for rep in self._replicas}
+
+
+class _Alone:
+    """What a replica running alone in the caller's thread has of a job (`run_alone`): no peer, no
+    host, no mailbox (nothing can abort it: nobody holds its job), no recorder (a program that cannot
+    wait records nothing unless every instruction is recorded)."""
+
+    __slots__ = ("kernel_state",)
+    replica_id = 0
+    num_replicas = 1
+    placement = (0,)
+    strict = True
+    mailbox = None
+    recorder = None
+
+    def __init__(self) -> None:
+        self.kernel_state: dict[str, Any] = {}
+
+
+def run_alone(executable: Executable, args: list[Any]) -> list[Any]:
+    """`rp.run` of one replica of a program that cannot wait (`runs_bounded_alone`), in the caller's
+    thread, without a `ThreadBackend` or `Job`: what they would do for it (BLAS pools sized for the
+    run, a pooled interpreter, the result list, the job's error for whatever the replica raised,
+    KeyboardInterrupt included) and nothing they would only record. `args` passed `job.prepare`."""
+    cores = share_cores(1) if uses_blas(executable) else None
+    try:
+        interpreter = checkout(executable, 0, _Alone(), 1)
+        failure: BaseException | None = None
+        try:
+            result = interpreter.run(args, checked=True)
+        except BaseException as e:  # noqa: BLE001 - becomes the job's error, as under a Job
+            failure = e
+        checkin(interpreter)
+    finally:
+        release(cores)
+    if failure is not None:
+        raise replica_error(0, failure)
+    return [result]

@@ -1,0 +1,394 @@
+"""Send/Recv between replica actors of one node: a shared-memory ring per ordered pair of actors.
+
+Why (bench/README.md, "Channels on shared-memory rings"): over the sockets, each of a ping-pong's
+four messages per round trip (data and the channel's acknowledgement, each way) was a pickle, a
+write, a reader thread's wake-up in the peer, a mailbox hand-off and the replica thread's wake-up,
+each waiting for the GIL: ~100 us per message. Through a ring, the sending replica's thread writes
+the record into the receiver's shared memory, bumps the receiving replica's doorbell word and
+wakes it with one `FUTEX_WAKE`; the receiving replica's own thread, waiting on that word
+(`FUTEX_WAIT` through ctypes, GIL released, in slices so aborts and timeouts keep working), reads
+the record itself: no socket, no reader thread, no pickling of array bytes.
+
+Why not the board (runtime/board.py): a board writer waits until its readers released its
+previous buffer, but a channel value may be received long after it was sent while the sender goes
+on sending, and a Send must never block (the monitor could not tell a blocked Send from a hang).
+A ring holds any number of values in flight up to its size; when it is full, or a value cannot
+travel through it, the sender posts the message through the fabric's other paths instead. Order
+needs nothing more: every channel message has its own key (channel, sequence number) and the
+receiver takes exactly the key it waits for, whichever path brought it.
+
+Layout: each actor of a multi-actor job on this node owns one segment (`rpl-<token>-c<first
+replica>`, sparse, mode 0600, removed with the job's other segments by `shm.remove_job_segments`):
+a 64-byte doorbell line per hosted replica, then one inbound ring per other actor of the node
+(in actor order). A ring is a line with `head` (bytes ever written; its writer's) and a line with
+`tail` (bytes ever consumed; its reader's), then `RING_BYTES` of records. Each word has one
+writer process (a lock orders the threads of that process), and x86-64 keeps stores in order, so
+a reader that sees `head` sees the record before it.
+
+A record is a header (length, destination, source, form, channel, sequence number, lengths) and
+its bytes: an acknowledgement has none; an array smaller than `shm.MIN_BYTES` is its layout and
+raw bytes (copied in by the sender and out by the receiver); any other small value is a pickle;
+a larger value goes into the sender's shared-memory arena (runtime/shm.py, copied once, read in
+place) and the record carries its descriptor. The receiver judges every record by its key and
+size before it reads the value (runtime/message_bounds.py), like a socket frame.
+
+Accounting: a record is counted sent by the sender's fabric before it is written and received
+when a reader delivers it to the destination's mailbox. Readers are the waiting replicas
+themselves, and `ReplicaHost.states` drains the rings before every snapshot, so a value that sits
+in a ring is in flight for the monitor until the next poll delivers it (no false alarm), and a
+replica blocked elsewhere never keeps a delivered value in flight (the deadlock is still found).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import struct
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+
+from replicas.runtime import keys, shm
+from replicas.runtime.board import _Mapping, futex_wait, futex_wake
+from replicas.runtime.board import available as futex_available
+from replicas.runtime.mailbox import Mailbox
+from replicas.runtime.message_bounds import MessageBounds
+from replicas.runtime.wire import RefusedMessage, WireError, payload_bytes
+
+RING_BYTES = int(os.environ.get("REPLICAS_CHANNEL_RING_BYTES", str(1 << 20)))  # per ordered pair of actors
+_LINE = 64
+# length, destination, source, form, channel, sequence number, meta length, data length
+_RECORD = struct.Struct("<IIIIqqIQ")
+ACK, ARRAY, PICKLED, SHARED, WRAP = 0, 1, 2, 3, 4
+CHANNEL_KINDS = (keys.CHANNEL, keys.CHANNEL_ACK)
+FIRST_NAP = 0.001  # seconds of the first futex wait of a receive (doubling up to the mailbox's slice)
+
+
+def available() -> bool:
+    return futex_available()
+
+
+def segment_name(token: str, first_replica: int) -> str:
+    return f"{shm.PREFIX}{token}-c{first_replica}"
+
+
+def _round8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+def is_channel_key(key: Hashable) -> bool:
+    return type(key) is tuple and len(key) == 3 and key[0] in CHANNEL_KINDS
+
+
+def _bell(mapping: _Mapping, index: int, always: bool = False) -> None:
+    """Bump the doorbell word `index` of `mapping`, and wake its replica if it sleeps there (the word
+    after it says so: a wake-up is a system call, and most messages find their receiver awake)."""
+    words = mapping.words
+    if words.size:
+        words[index] = (int(words[index]) + 1) & 0xFFFFFFFF
+        if always or words[index + 1]:
+            futex_wake(mapping.address + 4 * index)
+
+
+class _Ring:
+    """One ring inside a mapped segment: where its words and records are."""
+
+    __slots__ = ("mapping", "head", "tail", "start", "capacity", "lock", "refused")
+
+    def __init__(self, mapping: _Mapping, offset: int, capacity: int) -> None:
+        self.mapping = mapping
+        self.head = offset // 8  # u64 index
+        self.tail = (offset + _LINE) // 8
+        self.start = offset + 2 * _LINE
+        self.capacity = capacity
+        self.lock = threading.Lock()
+        self.refused = False  # a record was refused: the ring is read no more (its actor's replicas fail)
+
+
+class ChannelRings:
+    """This actor's channel rings for one job: its inbound rings and doorbells (its own segment) and
+    its mappings of the other actors' segments of this node (to write to them).
+
+    `placement[r]` is the actor index hosting replica r; `same_node` the replicas on this node."""
+
+    def __init__(self, token: str, hosted: list[int], placement: list[int], same_node: frozenset[int],
+                 bounds: MessageBounds, mailboxes: dict[int, Mailbox],
+                 on_fault: Callable[[BaseException], None], capacity: int = RING_BYTES) -> None:
+        self.token = token
+        self.capacity = capacity // 8 * 8
+        self.me = placement[hosted[0]]
+        self._bounds = bounds
+        self._mailboxes = mailboxes
+        self._on_fault = on_fault
+        first: dict[int, int] = {}
+        rank: dict[int, int] = {}  # replica -> its position among its actor's replicas
+        count: dict[int, int] = {}
+        for r, actor in enumerate(placement):
+            first.setdefault(actor, r)
+            rank[r] = count.get(actor, 0)
+            count[actor] = rank[r] + 1
+        self._first, self._rank, self._count = first, rank, count
+        self._placement = placement
+        self.actors = sorted({placement[r] for r in same_node} | {self.me})  # this node's actors
+        # The replicas whose messages may come through a ring: the node's, in other actors.
+        self.peers = frozenset(r for r in same_node if placement[r] != self.me)
+        self._own = _Mapping(os.path.join(shm.SHM_DIR, segment_name(token, first[self.me])),
+                             self._segment_bytes(self.me))
+        self._inbound = [self._ring(self._own, self.me, writer) for writer in self.actors if writer != self.me]
+        self._outbound: dict[int, _Ring] = {}  # receiving actor -> my ring in its segment
+        self._peer_maps: list[_Mapping] = []
+        self._map_lock = threading.Lock()
+        self._layouts: dict[tuple, bytes] = {}  # (dtype, shape) -> its pickle
+        self._layouts_read: dict[bytes, tuple] = {}
+        self._inbox: shm.Inbox | None = None
+        self.closed = False
+
+    # -- where things are --------------------------------------------------------------------------
+    def _segment_bytes(self, actor: int) -> int:
+        return _LINE * self._count[actor] + (len(self.actors) - 1) * (2 * _LINE + self.capacity)
+
+    def _ring(self, mapping: _Mapping, reader: int, writer: int) -> _Ring:
+        k = [a for a in self.actors if a != reader].index(writer)
+        return _Ring(mapping, _LINE * self._count[reader] + k * (2 * _LINE + self.capacity), self.capacity)
+
+    def _outbound_ring(self, actor: int) -> _Ring | None:
+        ring = self._outbound.get(actor)
+        if ring is None:
+            with self._map_lock:
+                ring = self._outbound.get(actor)
+                if ring is None and not self.closed:
+                    try:
+                        mapping = _Mapping(os.path.join(shm.SHM_DIR, segment_name(self.token, self._first[actor])))
+                    except OSError:  # not created (yet), or gone with its actor: the fabric's other paths
+                        return None
+                    self._peer_maps.append(mapping)
+                    ring = self._outbound[actor] = self._ring(mapping, actor, self.me)
+        return ring
+
+    # -- doorbells -------------------------------------------------------------------------------
+    def ring_doorbell(self, replica: int, always: bool = False) -> None:
+        """Wake `replica` (hosted here) if it sleeps on its doorbell: something was delivered to it."""
+        if not self.closed:
+            _bell(self._own, _LINE // 4 * self._rank[replica], always)
+
+    # -- sending -----------------------------------------------------------------------------------
+    def send(self, dst: int, src: int, key: tuple, value: Any, outbox: shm.Outbox | None) -> bool:
+        """Write the channel message (src -> dst, `key`) into the ring to dst's actor; False when it
+        cannot go this way (a full ring, a value the arena cannot take, no segment): the caller
+        posts it by the fabric's other paths. Never waits."""
+        actor = self._placement[dst]
+        ring = self._outbound_ring(actor)
+        if ring is None:
+            return False
+        kind, channel, seq = key
+        meta, raw, form = self._encode(kind, value, key, outbox)
+        if form is None:
+            return False
+        meta_len = len(meta)
+        data_at = _round8(_RECORD.size + meta_len)
+        data_len = 0 if raw is None else raw.nbytes
+        length = _round8(data_at + data_len)
+        capacity = ring.capacity
+        if length > capacity // 2:
+            return False
+        mapping = ring.mapping
+        with ring.lock:
+            if self.closed or not mapping.words.size:
+                return False
+            words64 = mapping.words.view(np.uint64)
+            head = int(words64[ring.head])
+            tail = int(words64[ring.tail])
+            at = head % capacity
+            skip = capacity - at if capacity - at < length else 0
+            if head + skip + length - tail > capacity:
+                return False  # full: the receiver has not read what is there yet
+            mm = mapping.mm
+            if skip:
+                if skip >= _RECORD.size:
+                    _RECORD.pack_into(mm, ring.start + at, skip, 0, 0, WRAP, 0, 0, 0, 0)
+                at = 0
+            base = ring.start + at
+            _RECORD.pack_into(mm, base, length, dst, src, form, channel, seq, meta_len, data_len)
+            mm[base + _RECORD.size:base + _RECORD.size + meta_len] = meta
+            if raw is not None and data_len:
+                out = np.ndarray(raw.shape, raw.dtype, buffer=mm, offset=base + data_at)
+                np.copyto(out, raw, casting="no")
+            words64[ring.head] = head + skip + length  # publishes the record (stores stay in order)
+        _bell(mapping, _LINE // 4 * self._rank[dst])
+        return True
+
+    def _encode(self, kind: str, value: Any, key: tuple, outbox: shm.Outbox | None
+                ) -> tuple[bytes, np.ndarray | None, int | None]:
+        """(meta bytes, array to copy or None, form), form None when the value cannot go by the ring."""
+        if kind == keys.CHANNEL_ACK:
+            return b"", None, ACK if value is True else None
+        if type(value) is np.ndarray and not value.dtype.hasobject:
+            if value.nbytes < shm.MIN_BYTES:
+                layout = (value.dtype, value.shape)
+                meta = self._layouts.get(layout)
+                if meta is None:
+                    if len(self._layouts) > 4096:
+                        self._layouts.clear()
+                    meta = self._layouts[layout] = pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
+                return meta, value, ARRAY
+        if payload_bytes(value) >= shm.MIN_BYTES:
+            shared = outbox.encode(value, key) if outbox is not None else None
+            if shared is None:  # no arena, or it is full: the fabric's other paths
+                return b"", None, None
+            return pickle.dumps(shared, protocol=pickle.HIGHEST_PROTOCOL), None, SHARED
+        try:
+            return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), None, PICKLED
+        except (pickle.PicklingError, TypeError, AttributeError):
+            return b"", None, None
+
+    # -- receiving ---------------------------------------------------------------------------------
+    def drain(self, reader: int | None = None) -> None:
+        """Deliver every record waiting in this actor's inbound rings to its replica's mailbox (and
+        wake that replica, unless it is `reader`, the one draining). A record refused by the
+        message bounds fails this actor's replicas."""
+        for ring in self._inbound:
+            words64 = ring.mapping.words
+            if self.closed or not words64.size:
+                return
+            words64 = words64.view(np.uint64)
+            if ring.refused or int(words64[ring.head]) == int(words64[ring.tail]):
+                continue
+            try:
+                with ring.lock:
+                    if not ring.refused:
+                        self._drain_ring(ring, words64, reader)
+            except (WireError, ValueError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
+                ring.refused = True
+                self._on_fault(RefusedMessage("a peer actor of this node (through a channel ring)", e))
+
+    def _drain_ring(self, ring: _Ring, words64: np.ndarray, reader: int | None) -> None:
+        capacity, mm = ring.capacity, ring.mapping.mm
+        tail = int(words64[ring.tail])
+        head = int(words64[ring.head])
+        while tail < head:
+            at = tail % capacity
+            if capacity - at < _RECORD.size:  # too little room for a header: the writer wrapped
+                tail += capacity - at
+                continue
+            base = ring.start + at
+            length, dst, src, form, channel, seq, meta_len, data_len = _RECORD.unpack_from(mm, base)
+            if form == WRAP:
+                if length != capacity - at:
+                    raise WireError(f"a channel ring record wraps by {length} bytes at {at} of {capacity}")
+                tail += length
+                continue
+            data_at = _round8(_RECORD.size + meta_len)
+            if length % 8 or length > capacity - at or length < _round8(data_at + data_len) or length > head - tail:
+                raise WireError(f"a malformed channel ring record ({length} bytes, meta {meta_len}, data {data_len})")
+            box = self._mailboxes.get(dst)
+            if box is None:
+                raise WireError(f"replica {src} sent a channel message for replica {dst}, which this actor "
+                                "does not run")
+            key = (keys.CHANNEL_ACK if form == ACK else keys.CHANNEL, channel, seq)
+            value = self._decode(form, src, key, mm, base, meta_len, data_at, data_len)
+            tail += length
+            words64[ring.tail] = tail  # the writer may reuse the bytes: the value is out
+            box.deliver(src, key, value)
+            if dst != reader:
+                self.ring_doorbell(dst)
+
+    def _decode(self, form: int, src: int, key: tuple, mm: Any, base: int, meta_len: int, data_at: int,
+                data_len: int) -> Any:
+        """The value of a record, judged by its key and size first (runtime/message_bounds.py)."""
+        bounds = self._bounds
+        meta_at = base + _RECORD.size
+        if form == ACK:
+            if key[1] not in bounds.acknowledged:
+                bounds.check_frame(src, key, 0)
+            return True
+        if form == ARRAY:
+            if data_len > bounds.channels.get(key[1], -1):
+                bounds.check_frame(src, key, data_len)  # raises: over the channel's bound, or no such channel
+            meta = bytes(mm[meta_at:meta_at + meta_len])
+            layout = self._layouts_read.get(meta)
+            if layout is None:
+                layout = pickle.loads(meta)  # noqa: S301 - this job's actors only (see the module doc)
+                if not (type(layout) is tuple and len(layout) == 2 and isinstance(layout[0], np.dtype)
+                        and not layout[0].hasobject and type(layout[1]) is tuple):
+                    raise WireError(f"a channel ring record with the layout {layout!r}")
+                if len(self._layouts_read) > 4096:
+                    self._layouts_read.clear()
+                self._layouts_read[meta] = layout
+            dtype, shape = layout
+            count = math.prod(shape)
+            if count * dtype.itemsize != data_len:
+                raise WireError(f"a channel ring record of {data_len} bytes for {dtype}{list(shape)}")
+            return np.frombuffer(mm, dtype, count, base + data_at).reshape(shape).copy()
+        if form == PICKLED:
+            bounds.check_frame(src, key, meta_len)
+            return pickle.loads(mm[meta_at:meta_at + meta_len])  # noqa: S301 - this job's actors only
+        if form == SHARED:
+            shared = pickle.loads(mm[meta_at:meta_at + meta_len])  # noqa: S301 - this job's actors only
+            if type(shared) is not shm.Shared:
+                raise WireError(f"a channel ring record of form {form} holding {type(shared).__name__}")
+            bounds.check_shared(src, key, shared)  # before any block is mapped
+            if self._inbox is None:
+                raise WireError("a shared-memory descriptor through a channel ring, but this actor has no inbox")
+            return self._inbox.decode(shared)
+        raise WireError(f"a channel ring record of unknown form {form}")
+
+    def use_inbox(self, inbox: shm.Inbox | None) -> None:
+        self._inbox = inbox
+
+    def wait(self, replica: int, box: Mailbox, wanted: list[tuple[int, Hashable]], block: Any) -> None:
+        """Wait (on `replica`'s doorbell) until every (src, key) of `wanted` is in `box`, delivering what
+        the rings hold meanwhile; `block` is published while waiting (as a mailbox wait would)."""
+        self.drain(replica)
+        if len(wanted) == 1:
+            (src, key), = wanted
+
+            def ready() -> bool:  # also the monitor's question, under the mailbox's lock: never drains
+                return box.poll(src, key)
+        else:
+            def ready() -> bool:
+                return all(box.poll(src, key) for src, key in wanted)
+
+        if ready():
+            return
+        index = _LINE // 4 * self._rank[replica]
+        own = self._own
+        address = own.address + 4 * index
+        if block is not None and block.needs != "group":
+            block.waits_for = tuple(dict.fromkeys(src for src, key in wanted if not box.poll(src, key)))
+        nap = [FIRST_NAP]
+
+        def sleep(timeout: float) -> None:
+            words = own.words
+            if not words.size:
+                return
+            words[index + 1] = 1  # "asleep": writers wake it (see `_bell`)
+            seen = int(words[index])
+            self.drain(replica)
+            if not ready():
+                # The flag and the doorbell are stores read in the opposite order on the other side,
+                # which x86 may reorder, so a wake-up can be missed: the first naps are short.
+                futex_wait(address, seen, min(timeout, nap[0]))
+                nap[0] = min(2 * nap[0], timeout)
+                self.drain(replica)  # what woke it, read before the caller asks again
+            words[index + 1] = 0
+
+        box.wait_external(block, ready, sleep, lambda: self.ring_doorbell(replica, always=True))
+
+    # -- closing -----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unlink this actor's segment and unmap every mapping (values read were copied out)."""
+        with self._map_lock:
+            self.closed = True
+            maps, self._peer_maps, self._outbound = self._peer_maps, [], {}
+        for ring in self._inbound:
+            with ring.lock:
+                pass  # a drain in progress finishes before the mapping goes
+        for mapping in [self._own, *maps]:
+            mapping.close()
+        try:
+            os.unlink(os.path.join(shm.SHM_DIR, segment_name(self.token, self._first[self.me])))
+        except FileNotFoundError:
+            pass
