@@ -287,20 +287,9 @@ class Exchange:
     def settle(self, value: Any) -> Any:
         """`value` with every array that is a view of a peer's board buffer copied out, then the
         buffers released to their writers (the collective is done with them)."""
-        reads = self._reads
-        if not reads:
+        if not self._reads:
             return value
-
-        def own(v: Any) -> Any:
-            if isinstance(v, np.ndarray) and any(np.may_share_memory(v, r.region) for r in reads):
-                return v.copy()
-            if isinstance(v, tuple):
-                return tuple(own(x) for x in v)
-            if isinstance(v, list):
-                return [own(x) for x in v]
-            return v
-
-        value = own(value)
+        value = _copied_out(value, self._reads)
         self.release()
         return value
 
@@ -352,3 +341,14 @@ class Exchange:
             self.send(group[local[k + 1]], RESULT, payload)
         results, shared = payload
         return shared if results is None else results[k]
+
+def _copied_out(value: Any, reads: list[shared_board.Read]) -> Any:
+    """`value` with the arrays that share memory with `reads` copied. (A module function: a nested
+    recursive one is a reference cycle that kept the board's buffers mapped until a collection.)"""
+    if isinstance(value, np.ndarray) and any(np.may_share_memory(value, r.region) for r in reads):
+        return value.copy()
+    if isinstance(value, tuple):
+        return tuple(_copied_out(x, reads) for x in value)
+    if isinstance(value, list):
+        return [_copied_out(x, reads) for x in value]
+    return value
