@@ -1,7 +1,8 @@
 """Collectives on N replicas next to anchors measured in the same run (a benchmark, never a test).
 
     python bench/collectives.py [--replicas 4] [--sizes 4KiB,1MiB,16MiB,64MiB] [--ops all-reduce,...]
-                                [--backend ray|threads|both] [--skip jax,mpi,gloo,naive] [--json out.json]
+                                [--backend ray|threads|both] [--packing 1,2] [--skip jax,mpi,gloo,naive]
+                                [--json out.json]
     python bench/collectives.py --memory [--iterations 10000]     # leak check under Ray
     python bench/collectives.py --startup 32                       # start time of 32 replicas only
 
@@ -67,18 +68,24 @@ def log(msg: str) -> None:
 
 # -- replicas ------------------------------------------------------------------------------------------
 
-def warm_up(n: int, backend: str) -> None:
+def parse_config(config: str) -> tuple[str, int | None]:
+    """`ray`, `ray/2` (2 replicas per actor) or `threads` -> (backend, replicas per actor or None)."""
+    backend, _, per = config.partition("/")
+    return backend, int(per) if per else None
+
+
+def warm_up(n: int, config: str) -> None:
     m = collective_program("all-reduce", 1024, n)
     for _ in range(2):
-        run_loop(m, np.ones(1024, np.float32), 2, n, backend)
+        run_loop(m, np.ones(1024, np.float32), 2, n, *parse_config(config))
 
 
-def time_replicas(op: str, nbytes: int, n: int, backend: str, repeat: int) -> Timing:
+def time_replicas(op: str, nbytes: int, n: int, config: str, repeat: int) -> Timing:
     elements = nbytes // 4
     module = collective_program(op, elements, n)
     x = np.ones(elements, np.float32)
     k1, k2 = iterations_for(nbytes)
-    return per_iteration(lambda k: run_loop(module, x, k, n, backend), k1, k2, repeat)
+    return per_iteration(lambda k: run_loop(module, x, k, n, *parse_config(config)), k1, k2, repeat)
 
 
 # -- startup -------------------------------------------------------------------------------------------
@@ -184,6 +191,8 @@ def table(args: argparse.Namespace) -> None:
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     n = args.replicas
     backends = ["ray", "threads"] if args.backend == "both" else [args.backend]
+    if args.packing:  # one column per packing of the Ray actors
+        backends = [c for b in backends for c in ([f"ray/{p}" for p in args.packing] if b == "ray" else [b])]
     print(f"# replicas collectives, {n} replicas, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} cores, load average at start {load_average()}")
     floors = {s: memory_floor(s) for s in sizes}
@@ -193,6 +202,11 @@ def table(args: argparse.Namespace) -> None:
 
     log("Ray start and warm-up")
     ensure_ray()
+    if any(b.startswith("ray") for b in backends):
+        from replicas.runtime.ray_backend import _default_packing
+
+        print(f"packing: `ray` = the default, {_default_packing(n, None)} replica(s) per actor here; "
+              f"`ray/k` = k replicas per actor")
     for b in backends:
         warm_up(n, b)
     echo = ray_echo_actor()
@@ -238,21 +252,23 @@ def cell(value: Timing | float | None) -> str:
 
 def print_table(rows: list[dict], backends: list[str], n: int, startup: dict | None) -> None:
     """Times per op: median ±half the spread of the repetitions, `?` where the spread exceeds the
-    median (unreliable: the machine was busier than the op is long)."""
+    median (unreliable: the machine was busier than the op is long). One ratio per replicas column."""
     cols = [f"replicas-{b}" for b in backends] + list(PEERS) + ["round_trip", "floor"]
-    head = f"{'op':20}{'size':>9}" + "".join(f"{c:>24}" for c in cols) + f"{'ratio/best':>12}{'best peer':>11}"
+    head = (f"{'op':20}{'size':>9}" + "".join(f"{c:>24}" for c in cols)
+            + "".join(f"{'ratio ' + b:>14}" for b in backends) + f"{'best peer':>11}")
     print()
     print(head)
     print("-" * len(head))
     for row in rows:
         peers = {p: seconds(row.get(p)) for p in PEERS if seconds(row.get(p))}
         best = min(peers, key=peers.get) if peers else None
-        main = row[f"replicas-{backends[0]}"]
-        ratio = f"{main.median / peers[best]:.1f}x" if best and main.median > 0 else "-"
-        if best and main.unreliable:
-            ratio += "?"
+        ratios = []
+        for b in backends:
+            timing = row[f"replicas-{b}"]
+            ratio = f"{timing.median / peers[best]:.1f}x" if best and timing.median > 0 else "-"
+            ratios.append(ratio + ("?" if best and timing.unreliable else ""))
         print(f"{row['op']:20}{size_label(row['bytes']):>9}" + "".join(f"{cell(row.get(c)):>24}" for c in cols)
-              + f"{ratio:>12}{best or '-':>11}")
+              + "".join(f"{r:>14}" for r in ratios) + f"{best or '-':>11}")
     print(f"(load average at end {load_average()}; ± is half the spread of the repetitions, ? marks a spread "
           f"larger than the median)")
     print()
@@ -277,6 +293,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="4KiB,1MiB,16MiB,64MiB")
     parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--backend", choices=["ray", "threads", "both"], default="ray")
+    parser.add_argument("--packing", default="", help="Ray replicas per actor, one column each (e.g. 1,2); "
+                        "default: the runtime's default packing")
     parser.add_argument("--skip", default="", help="anchors to leave out: jax,mpi,gloo,naive")
     parser.add_argument("--startup-replicas", type=int, default=32, help="0 to skip the start-time measurement")
     parser.add_argument("--json", help="also write the rows here")
@@ -287,6 +305,7 @@ def main() -> None:
     parser.add_argument("--startup-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.skip = set(filter(None, args.skip.split(",")))
+    args.packing = [int(p) for p in args.packing.split(",") if p]
     for op in args.ops.split(","):
         if op not in OPS:
             parser.error(f"unknown op {op!r}; choose from {', '.join(OPS)}")

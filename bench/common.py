@@ -96,10 +96,12 @@ def collective_program(op: str, elements: int, n: int) -> rp.Module:
     return rp.parse_hlo(text)
 
 
-def run_loop(module: rp.Module, x: np.ndarray, k: int, n: int, backend: str) -> float:
+def run_loop(module: rp.Module, x: np.ndarray, k: int, n: int, backend: str,
+             replicas_per_actor: int | None = None) -> float:
     args = [x, np.asarray(k, np.int32)]
+    packing = {"replicas_per_actor": replicas_per_actor} if backend == "ray" else {}
     t0 = time.perf_counter()
-    rp.run(module, args, num_replicas=n, backend=backend, timeout=600)
+    rp.run(module, args, num_replicas=n, backend=backend, timeout=600, **packing)
     return time.perf_counter() - t0
 
 

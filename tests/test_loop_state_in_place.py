@@ -74,3 +74,39 @@ def test_scan_accumulators_are_right_and_the_arguments_untouched(form):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(xs, keep[0])
     np.testing.assert_array_equal(h0, keep[1])
+
+
+CONSTANT_STATE = """HloModule constant_state
+cond {
+  s = (s32[], f32[4], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  n = s32[] constant(3)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+body {
+  s = (s32[], f32[4], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  x = f32[4] get-tuple-element(s), index=1
+  one = s32[] constant(1)
+  j = s32[] add(i, one)
+  u = f32[1] constant({7})
+  y = f32[4] dynamic-update-slice(x, u, i)
+  k = f32[4] constant({1, 2, 3, 4})
+  ROOT t = (s32[], f32[4], f32[4]) tuple(j, k, y)
+}
+ENTRY main {
+  x = f32[4] parameter(0)
+  z = s32[] constant(0)
+  s = (s32[], f32[4], f32[4]) tuple(z, x, x)
+  w = (s32[], f32[4], f32[4]) while(s), condition=cond, body=body
+  ROOT r = f32[4] get-tuple-element(w), index=2
+}
+"""
+
+
+def test_a_constant_that_becomes_loop_state_is_updated_in_a_copy():
+    # From the second iteration on, the element updated in place is the body's constant k: a value
+    # every run shares (read-only), so the loop copies it instead of writing into it.
+    module = rp.parse_hlo(CONSTANT_STATE)
+    for _ in range(2):
+        np.testing.assert_array_equal(rp.evaluate(module, [np.zeros(4, np.float32)]), [1, 2, 7, 4])

@@ -19,7 +19,7 @@ from replicas.hlo.ir import Module
 from replicas.runtime.arguments import check_launch_options
 from replicas.runtime.compile import Executable, module_fingerprint, runs_bounded_alone
 from replicas.runtime.job import Job, prepare
-from replicas.runtime.threads import run_alone
+from replicas.runtime.threads import ThreadBackend, run_alone
 from replicas.runtime.values import as_value
 
 BACKENDS = ("ray", "threads")
@@ -190,8 +190,6 @@ def _start(executable: Executable, per_replica: list[list[Any]], *, timeout: flo
            replicas_per_actor: int | None, resources: Sequence[dict[str, float]] | None,
            record_every_instruction: bool, trace_events: int, progress: bool, run_to_end: bool) -> Job:
     if backend == "threads":
-        from replicas.runtime.threads import ThreadBackend
-
         engine: Any = ThreadBackend(executable, per_replica, strict=strict,
                                     record_every_instruction=record_every_instruction, trace_events=trace_events)
     else:

@@ -9,10 +9,17 @@ Why this mechanism (measured, `bench/shm_mechanisms.py` and bench/README.md "Sam
   writer/reader pair: a write blocks until every reader has read the previous one. A fabric send
   must never block (a blocked sender the monitor cannot see would turn a deadlock into a hang),
   and a reader must read values in write order on a thread of its own; values are Ray-serialized.
-- A segment under /dev/shm that the sending actor creates once per job (sparse, so untouched pages
-  cost nothing) and reuses block by block: a message costs one copy into the arena; the receiver
-  maps the arena once and gets a read-only view of the block, pinned until the last view of that
-  array is gone. No Ray task, no pickling of array bytes, no page faults after the first use.
+- A shared-memory arena of the sending actor (sparse, so untouched pages cost nothing), reused
+  block by block: a message costs one copy into the arena; the receiver maps the arena once per
+  job and gets a read-only view of the block, pinned until the last view of that array is gone.
+  No Ray task, no pickling of array bytes, no page faults after the first use.
+
+The arena's memory is an unnamed tmpfs file (`memfd_create`) the actor keeps across its jobs; the
+peers of a job open it through `/proc/<pid>/fd/<fd>`. Why: writing a fresh tmpfs page costs 6-9x
+rewriting one (64 MiB: 60-90 ms against 9-20 ms, bench/README.md "Copies per collective"), and an
+arena made per job paid that again in every job. Unnamed, it leaves nothing under /dev/shm and
+dies with its actor; an idle pooled actor keeps at most `KEEP_BYTES` of it (the rest is returned
+to the kernel when a job ends).
 
 Layout: the arena is a sequence of blocks; each block is a 64-byte header (one release word per
 receiver of the block) followed by the array bytes. The sender allocates first-fit below the
@@ -22,15 +29,19 @@ sweeps the words on its next allocation. A sender never writes a block while any
 unset, so a receiver never sees its data change. When the arena is full (receivers hold too
 much), the caller falls back to the object store: sends never wait for space.
 
-Segments are named `rpl-<job token>-<first replica of the actor>`: the token is the job's random
-secret, so a job only opens its own segments, and everything of a job is removed by name when it
-ends (`remove_job_segments`), by the actors and by the driver, whatever happened to the actors.
+A job names its arenas `rpl-<job token>-<first replica of the actor>@<pid>.<fd>` in descriptors:
+the token is the job's random secret, so a job only opens its own, and the release words a
+receiver sets carry the job's stamp (`job_stamp`), so a late release by an earlier job's receiver
+never frees a block of the next one. The job's named segments (the boards, runtime/board.py) are
+removed by name when it ends (`remove_job_segments`), by the actors and by the driver, whatever
+happened to the actors.
 Plain `os.open` + `mmap` (not `multiprocessing.shared_memory`, whose resource tracker unlinks or
 warns about segments another process attached to).
 """
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import threading
@@ -49,8 +60,15 @@ WORDS = HEADER // 8  # receivers one block can be handed to
 MIN_BYTES = 64 * 1024
 # Virtual size of an arena: tmpfs only backs pages that were written, so this bounds, not costs.
 CAPACITY = int(os.environ.get("REPLICAS_SHM_ARENA_BYTES", str(1 << 30)))
+# What an idle actor keeps of its arena's written pages between jobs (the rest goes back to the kernel).
+KEEP_BYTES = int(os.environ.get("REPLICAS_SHM_KEEP_BYTES", str(256 << 20)))
 
-_HELD, _RELEASED = 0, 1
+_HELD = 0
+
+
+def job_stamp(token: str) -> int:
+    """The value a receiver of job `token` writes into a release word (never `_HELD`)."""
+    return int.from_bytes(hashlib.blake2b(token.encode(), digest_size=8).digest(), "little") | 1
 
 
 def segment_name(token: str, owner: int) -> str:
@@ -160,6 +178,49 @@ def _eligible(x: Any) -> bool:
     return isinstance(x, np.ndarray) and x.nbytes >= MIN_BYTES and not x.dtype.hasobject
 
 
+class _Backing:
+    """An actor's arena memory, kept across its jobs: an unnamed tmpfs file, mapped once."""
+
+    _spare: dict[int, _Backing] = {}  # by capacity: the memory of the last closed arena, for the next
+    _lock = threading.Lock()
+
+    def __init__(self, capacity: int) -> None:
+        fd = os.memfd_create("rpl-arena", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, capacity)
+            self.mm = mmap.mmap(fd, capacity)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd, self.capacity = fd, capacity
+        self.high = 0  # bytes from offset 0 that may have been written
+
+    @classmethod
+    def take(cls, capacity: int) -> _Backing:
+        with cls._lock:
+            spare = cls._spare.pop(capacity, None)
+        return spare if spare is not None else cls(capacity)
+
+    def give_back(self) -> None:
+        """Keep for the next arena (at most `KEEP_BYTES` of written pages), or close if one is kept."""
+        if self.high > KEEP_BYTES:
+            keep = KEEP_BYTES // mmap.PAGESIZE * mmap.PAGESIZE
+            self.mm.madvise(mmap.MADV_REMOVE, keep, self.high - keep)
+            self.high = keep
+        with self._lock:
+            if self.capacity not in self._spare:
+                self._spare[self.capacity] = self
+                return
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still alive: the collector unmaps it with the view
+            pass
+        os.close(self.fd)
+
+
 class Outbox:
     """The sending actor's arena for one job. Thread-safe: the actor's replicas share it.
 
@@ -170,15 +231,11 @@ class Outbox:
     place between rounds: the same object under another key is copied again."""
 
     def __init__(self, token: str, owner: int, capacity: int = CAPACITY) -> None:
-        self.name = segment_name(token, owner)
-        self.path = os.path.join(SHM_DIR, self.name)
+        self._backing: _Backing | None = _Backing.take(capacity)
+        self.name = f"{segment_name(token, owner)}@{os.getpid()}.{self._backing.fd}"
         self.capacity = capacity
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, capacity)
-            self._mm = mmap.mmap(fd, capacity)
-        finally:
-            os.close(fd)
+        self._mm = self._backing.mm
+        self._stamp = job_stamp(token)
         self._words = np.frombuffer(self._mm, np.uint64)  # block header words
         self._blocks: dict[int, list[int]] = {}  # offset -> [size, readers] of blocks not yet free
         self._last: tuple[Any, Hashable, int] | None = None  # (weakref to the last array placed, key, block)
@@ -187,9 +244,12 @@ class Outbox:
 
     def _held(self, offset: int, readers: int) -> bool:
         first = offset // 8
-        return bool((self._words[first:first + readers] != _RELEASED).any())
+        return bool((self._words[first:first + readers] != self._stamp).any())
 
     def _allocate(self, size: int) -> int | None:
+        backing = self._backing
+        if backing is None:  # closed: the job is over
+            return None
         blocks = self._blocks
         for off in [o for o, (_, readers) in blocks.items() if not self._held(o, readers)]:
             del blocks[off]
@@ -205,10 +265,11 @@ class Outbox:
         blocks[pos] = [size, 1]
         self._words[pos // 8] = _HELD
         self._used = True
+        backing.high = max(backing.high, pos + size)
         return pos
 
     def _free(self, ref: ShmArray) -> None:
-        self._words[ref.offset // 8 + ref.slot] = _RELEASED
+        self._words[ref.offset // 8 + ref.slot] = self._stamp
 
     def put(self, x: np.ndarray, key: Hashable = None) -> ShmArray | None:
         """`x` in a block (copied unless it was placed last, under `key`); None when there is no room."""
@@ -263,20 +324,17 @@ class Outbox:
             return sum(size for off, (size, readers) in self._blocks.items() if self._held(off, readers))
 
     def close(self) -> bool:
-        """Unlink the segment and unmap it; True if anything was ever placed in it."""
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        """End of the job: every block is free again (its receivers were reset or died with
+        their actors) and the memory goes to this process's next arena; True if anything was
+        ever placed in it."""
         with self._lock:
             used = self._used
             self._blocks.clear()
             self._last = None
             self._words = np.empty(0, np.uint64)
-        try:
-            self._mm.close()
-        except BufferError:  # a replica that never stopped is still copying: the collector unmaps it
-            pass
+            backing, self._backing = self._backing, None
+        if backing is not None:
+            backing.give_back()
         return used
 
 
@@ -295,6 +353,7 @@ class Inbox:
 
     def __init__(self, token: str) -> None:
         self._prefix = f"{PREFIX}{token}-"
+        self._stamp = job_stamp(token)
         self._maps: dict[str, tuple[mmap.mmap, np.ndarray]] = {}
         self._lock = threading.Lock()
 
@@ -306,7 +365,7 @@ class Inbox:
             with self._lock:
                 entry = self._maps.get(name)
                 if entry is None:
-                    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+                    fd = os.open(_arena_path(name), os.O_RDWR)
                     try:
                         mm = mmap.mmap(fd, 0)
                     finally:
@@ -320,7 +379,7 @@ class Inbox:
             raise ValueError(f"bad shared-memory descriptor {ref!r}")
         mm, flags = self._map(ref.segment)
         pinned = _Pinned(ref.shape, ref.dtype, buffer=mm, offset=ref.offset + HEADER)
-        weakref.finalize(pinned, _release, flags, ref.offset // 8 + ref.slot)
+        weakref.finalize(pinned, _release, flags, ref.offset // 8 + ref.slot, self._stamp)
         out = pinned.view(np.ndarray)
         out.flags.writeable = False
         return out
@@ -342,7 +401,7 @@ class Inbox:
         def walk(v: Any) -> None:
             if isinstance(v, ShmArray):
                 try:
-                    _release(self._map(v.segment)[1], v.offset // 8 + v.slot)
+                    _release(self._map(v.segment)[1], v.offset // 8 + v.slot, self._stamp)
                 except (OSError, ValueError):
                     pass
             elif isinstance(v, (tuple, list)):
@@ -358,5 +417,14 @@ class Inbox:
         return used
 
 
-def _release(flags: np.ndarray, word: int) -> None:
-    flags[word] = _RELEASED
+def _release(flags: np.ndarray, word: int, stamp: int) -> None:
+    flags[word] = stamp
+
+
+def _arena_path(name: str) -> str:
+    """Where the arena a descriptor names is: its actor's unnamed file (`...@<pid>.<fd>`)."""
+    _, at, where = name.rpartition("@")
+    pid, dot, fd = where.partition(".")
+    if not (at and dot and pid.isdigit() and fd.isdigit()):
+        raise ValueError(f"segment {name!r} names no arena")
+    return f"/proc/{int(pid)}/fd/{int(fd)}"
