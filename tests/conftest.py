@@ -118,8 +118,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "ray_session" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)
+
     def place(item: pytest.Item) -> int:
         fixtures = getattr(item, "fixturenames", ())
         return 2 if "two_node_cluster_to_break" in fixtures else int("two_node_cluster" in fixtures)
 
     items.sort(key=place)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A test without the `ray` marker must not start Ray (`-m "not ray"` would start it anyway)."""
+    ray_before = _ray_running()
+    yield
+    if not ray_before and _ray_running() and not item.get_closest_marker("ray"):
+        pytest.fail(f"{item.nodeid} started Ray without the ray_session fixture or the ray marker")
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from replicas.collectives import algorithms
 from replicas.collectives.fingerprint import FIELDS, Fingerprint, diff, make_fingerprint
+from replicas.collectives.hierarchy import RESULT_LANES
 from replicas.errors import CollectiveMismatchError, DeadlockError, ProgramError
 from replicas.hlo.ir import Instruction, Module
 from replicas.runtime.compile import compile_module
@@ -316,17 +317,21 @@ def test_spmd_groups_name_partitions():
     assert [o[0] for o in out] == [1, 2, 3, 4]
 
 
-def test_all_reduce_in_one_process_moves_two_messages_per_member():
-    """Members hand their operand to the leader; the result goes down the chain of members:
-    2 (n - 1) messages, at most 2 sent and 2 received per replica, not n (n - 1)."""
-    n, size = 4, 100_000
+@pytest.mark.parametrize("n", [4, 3 + 2 * RESULT_LANES])
+def test_all_reduce_in_one_process_moves_two_messages_per_member(n):
+    """Members hand their operand to the leader; the result goes down RESULT_LANES chains of
+    members (the leader starts each, a member forwards to the next of its chain): 2 (n - 1)
+    messages, not n (n - 1)."""
+    size = 100_000
     m = one_op("all-reduce", f"f32[{size}]", [f"f32[{size}]"], [reducer("add", "f32")], to_apply="add_f32")
     with launch_threads(m, [[np.full(size, r, np.float32)] for r in range(n)], n) as job:
         out = job.result()
         states = job.states()
-    assert all((o == 6).all() for o in out)
-    assert [s.sent for s in states] == [1, 2, 2, 1]  # leader: the result; members: deposit, forward
-    assert [s.received for s in states] == [n - 1, 1, 1, 1]  # leader: the deposits; members: the result
+    assert all((o == n * (n - 1) // 2).all() for o in out)
+    forwards = [1 if r + RESULT_LANES < n else 0 for r in range(1, n)]
+    assert [s.sent for s in states] == [min(n - 1, RESULT_LANES)] + [1 + f for f in forwards]
+    assert [s.received for s in states] == [n - 1] + [1] * (n - 1)  # leader: the deposits; members: the result
+    assert sum(s.sent for s in states) == 2 * (n - 1)
 
 
 def test_flight_recorder_and_sequence_numbers():

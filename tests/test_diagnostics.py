@@ -251,3 +251,19 @@ def test_buggy_program_is_reported_under_ray(case: Case, ray_session) -> None:
     with pytest.raises(case.error) as info:
         run_case(case, backend="ray")
     check_error(case, info.value)
+
+
+def test_recorders_of_one_process_share_one_clock(monkeypatch):
+    """A preemption between the monotonic and the wall-clock read (here: the wall clock jumping 5 ms
+    at every read) must not shift one replica's times against another's in the same process."""
+    import time
+
+    from replicas.diagnostics import recorder
+
+    wall = iter(range(time.time_ns(), time.time_ns() + 10**12, 5_000_000))
+    monkeypatch.setattr(recorder.time, "time_ns", lambda: next(wall))
+    monkeypatch.setattr(recorder, "_anchor", None)
+    first, second = recorder.FlightRecorder(0), recorder.FlightRecorder(1)
+    earlier = second.begin("collective", "a", "all-reduce")
+    later = first.begin("collective", "b", "all-reduce")
+    assert earlier["start_us"] <= later["start_us"]

@@ -84,3 +84,16 @@ def test_the_cycle_finder_sees_function_level_imports():
     assert cycles(graph) == [["a", "b"]]
     tree = ast.parse("def f():\n    import replicas.shapes\nif TYPE_CHECKING:\n    import replicas.layout\n")
     assert [ast.unparse(n) for n in _runtime_imports(tree)] == ["import replicas.shapes"]
+
+
+def test_importing_the_runtime_leaves_the_heavy_optional_libraries_out():
+    """Every Ray actor imports the runtime when it starts: scipy (one LAPACK kernel), jax (the front
+    door) and ray itself on the threads backend are imported where they are used, not at import time."""
+    import subprocess
+    import sys
+
+    code = ("import sys, replicas, replicas.runtime.driver, replicas.runtime.threads\n"
+            "print(sorted(m for m in ('scipy', 'jax', 'ray', 'torch') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=ROOT.parent, check=True)
+    assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr

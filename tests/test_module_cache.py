@@ -63,6 +63,32 @@ def test_a_second_run_reuses_the_bound_interpreters(monkeypatch):
     assert not built
 
 
+FED_ADD = """HloModule fed_add
+ENTRY main {
+  x = f32[4] parameter(0)
+  tok = token[] after-all()
+  in = (f32[4], token[]) infeed(tok)
+  v = f32[4] get-tuple-element(in), index=0
+  ROOT s = f32[4] add(x, v)
+}
+"""
+
+
+def test_a_module_edited_after_its_run_does_not_change_what_an_equal_module_computes():
+    x = np.arange(4, dtype=np.float32)
+    edited = rp.parse_hlo(FED_ADD)
+    np.testing.assert_array_equal(rp.run(edited, [x], backend="threads", infeed=[[x]])[0], 2 * x)
+    edited.computations["main"].instructions[-1].opcode = "multiply"  # after its executable was kept
+    # While the first job holds the pooled interpreter, the second binds a new one: from the add.
+    with rp.launch(rp.parse_hlo(FED_ADD), [x], backend="threads") as first:
+        second = rp.launch(rp.parse_hlo(FED_ADD), [x], backend="threads")
+        second.infeed(0, x)
+        np.testing.assert_array_equal(second.result()[0], 2 * x)
+        first.infeed(0, x)
+        np.testing.assert_array_equal(first.result()[0], 2 * x)
+    np.testing.assert_array_equal(rp.run(edited, [x], backend="threads", infeed=[[x]])[0], x * x)
+
+
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.ray
 def test_pooled_interpreters_follow_a_new_placement_under_ray():

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 DEPOSIT = 0  # member -> its leader: the member's operand
 LEADER_ROUND = 1  # first round among leaders; the cross-process algorithms number up from here
-RESULT = 1 << 20  # down the chain of local members: their results (a round no leader algorithm reaches)
+RESULT = 1 << 20  # down the chains of local members: their results (a round no leader algorithm reaches)
+RESULT_LANES = 16  # chains the leader starts (see `scatter_local`)
 _VIA_FABRIC = object()  # a board buffer announcing that its payload follows as a message
 
 
@@ -287,20 +288,9 @@ class Exchange:
     def settle(self, value: Any) -> Any:
         """`value` with every array that is a view of a peer's board buffer copied out, then the
         buffers released to their writers (the collective is done with them)."""
-        reads = self._reads
-        if not reads:
+        if not self._reads:
             return value
-
-        def own(v: Any) -> Any:
-            if isinstance(v, np.ndarray) and any(np.may_share_memory(v, r.region) for r in reads):
-                return v.copy()
-            if isinstance(v, tuple):
-                return tuple(own(x) for x in v)
-            if isinstance(v, list):
-                return [own(x) for x in v]
-            return v
-
-        value = own(value)
+        value = _copied_out(value, self._reads)
         self.release()
         return value
 
@@ -327,10 +317,13 @@ class Exchange:
         """On the leader: start handing each other local member its result (`results[k]` for local
         member k, or `shared` for all) and return the leader's own.
 
-        The results travel down a chain of the local members, each forwarding to the next before
-        it goes on with its own work: a thread at a time becomes runnable, instead of every member
-        waking at once and queueing for the GIL (whose waiters each poll every switch interval: a
-        cost that grows with the square of the threads waiting, measured 2x at 1024 members)."""
+        The results travel down `RESULT_LANES` chains of the local members (member k forwards to
+        member k + RESULT_LANES before it goes on with its own work): a few threads at a time become
+        runnable, instead of every member waking at once and queueing for the GIL (whose waiters each
+        poll every switch interval: a cost that grows with the square of the threads waiting,
+        measured 2x at 1024 members); and the last member waits for N / RESULT_LANES wake-ups in a
+        row, not N (each a wait for a core on a loaded machine: at load 100, one chain of 1024 members
+        took 40 s)."""
         topo = self.topo
         if self._reads:
             results, shared = self.settle((results, shared))
@@ -338,17 +331,31 @@ class Exchange:
                 for v in shared if isinstance(shared, tuple) else (shared,):
                     if isinstance(v, np.ndarray):
                         v.setflags(write=False)
-        if len(topo.local) > 1:
-            self.send(topo.layout.group[topo.local[1]], RESULT, (results, shared))
+        group, local = topo.layout.group, topo.local
+        for k in range(1, min(1 + RESULT_LANES, len(local))):
+            self.send(group[local[k]], RESULT, (results, shared))
         return shared if results is None else results[0]
 
     def result(self) -> Any:
-        """On a non-leader member: its result, from the previous member of the chain (passed on first)."""
+        """On a non-leader member: its result, from the previous member of its chain (passed on first)."""
         topo = self.topo
         group, local = topo.layout.group, topo.local
         k = topo.rank
-        payload = self.recv([group[local[k - 1]]], RESULT)[0]
-        if k + 1 < len(local):
-            self.send(group[local[k + 1]], RESULT, payload)
+        previous = k - RESULT_LANES if k > RESULT_LANES else 0
+        payload = self.recv([group[local[previous]]], RESULT)[0]
+        if k + RESULT_LANES < len(local):
+            self.send(group[local[k + RESULT_LANES]], RESULT, payload)
         results, shared = payload
         return shared if results is None else results[k]
+
+
+def _copied_out(value: Any, reads: list[shared_board.Read]) -> Any:
+    """`value` with the arrays that share memory with `reads` copied. (A module function: a nested
+    recursive one is a reference cycle that kept the board's buffers mapped until a collection.)"""
+    if isinstance(value, np.ndarray) and any(np.may_share_memory(value, r.region) for r in reads):
+        return value.copy()
+    if isinstance(value, tuple):
+        return tuple(_copied_out(x, reads) for x in value)
+    if isinstance(value, list):
+        return [_copied_out(x, reads) for x in value]
+    return value

@@ -11,6 +11,30 @@ from typing import Any
 DEFAULT_CAPACITY = 4096  # events kept per replica (`trace_events=` / `--trace-events`)
 
 
+def clock_anchor() -> tuple[int, float]:
+    """(monotonic ns, wall-clock us) read at one instant. Shared by the recorders a process makes
+    within a few minutes, so replicas of one process compare exactly (one anchor per recorder put a
+    preemption between its two reads into that replica's times: milliseconds under load, enough to
+    show a recv-done ending before the matching send started); re-read after a while, so a long-lived
+    actor follows the wall clock that lines its times up with other processes'."""
+    global _anchor
+    now = time.perf_counter_ns()
+    if _anchor is None or now - _anchor[0] > ANCHOR_LIFETIME_NS:
+        best = None
+        for _ in range(5):  # the read least likely to have been preempted in between
+            before = time.perf_counter_ns()
+            wall = time.time_ns()
+            gap = time.perf_counter_ns() - before
+            if best is None or gap < best[0]:
+                best = (gap, before + gap // 2, wall / 1000)
+        _anchor = best[1], best[2]
+    return _anchor
+
+
+ANCHOR_LIFETIME_NS = 600 * 10**9
+_anchor: tuple[int, float] | None = None
+
+
 class FlightRecorder:
     """Records events with start/end times. `every_instruction` also records local ops."""
 
@@ -18,12 +42,11 @@ class FlightRecorder:
         self.replica = replica
         self.capacity = capacity
         self.every_instruction = every_instruction
-        self.recorded = 0  # every event begun, kept or since dropped
-        self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
         # Times are microseconds on the wall clock (so replicas in different processes line up),
         # advanced by the monotonic clock (so durations are exact).
-        self._t0 = time.perf_counter_ns()
-        self._epoch_us = time.time_ns() / 1000
+        self._t0, self._epoch_us = clock_anchor()
+        self.recorded = 0  # every event begun, kept or since dropped
+        self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
 
     def begin(self, kind: str, instruction: str, opcode: str, **info: Any) -> dict[str, Any]:
         event = {"kind": kind, "instruction": instruction, "opcode": opcode,

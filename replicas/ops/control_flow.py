@@ -75,11 +75,22 @@ def _owning(state: tuple, updated: list[int], *, entry: bool) -> tuple:
     and later when one is a view, is read-only (a constant's value, which every run shares) or
     shares its buffer with another element."""
     values = list(state)
+    if entry:
+        for i in updated:
+            values[i] = np.array(values[i], copy=True)
+        return tuple(values)
+    # One pass over the state per iteration (not one per updated element): how many elements are
+    # each object, and which elements are views (only those can share a buffer they do not own).
+    count: dict[int, int] = {}
+    for y in values:
+        count[id(y)] = count.get(id(y), 0) + 1
+    views = {j: y for j, y in enumerate(values) if type(y) is np.ndarray and y.base is not None}
     for i in updated:
         x = values[i]
-        if entry or x.base is not None or not x.flags.writeable or any(
-                y is x or (type(y) is np.ndarray and y.base is not None and np.may_share_memory(x, y))
-                for j, y in enumerate(values) if j != i):
+        if (x.base is not None or not x.flags.writeable or count[id(x)] > 1
+                or any(np.may_share_memory(x, y) for y in views.values())):
+            count[id(x)] -= 1
+            views.pop(i, None)
             values[i] = np.array(x, copy=True)
     return tuple(values)
 

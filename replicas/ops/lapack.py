@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import scipy.linalg
 
 from replicas.hlo.ir import Instruction
 from replicas.ops.custom_call import builtin_target
@@ -187,6 +186,7 @@ def make_getrf(inst: Instruction, ctx: KernelContext) -> Callable[[np.ndarray], 
     batch, m, n = _matrices(inst, shape)
     _results(inst, 3)
     k = min(m, n)
+    import scipy.linalg  # here, not at the top: it doubles the package's import time (every actor's start)
 
     def getrf(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if a.size == 0:

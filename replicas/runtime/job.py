@@ -313,7 +313,9 @@ def per_replica_args(args: Sequence[Any] | None, num_replicas: int, num_params: 
 
 # (module fingerprint, replicas, limits) -> the executable whose checks passed and its entry's
 # parameters in order: a warm run of a program repeats none of them (the fingerprint is taken on
-# every run: a module edited in place is new content).
+# every run: a module edited in place is new content). An executable serves another module of its
+# content only while its own module still has that content (interpreters bound from it are pooled
+# under the fingerprint).
 _PREPARED: dict[tuple[bytes, int, Limits], tuple[Executable, list[Instruction]]] = {}
 _PREPARED_SIZE = 64
 
@@ -327,6 +329,9 @@ def prepare(module: Module | Executable, args: Sequence[Any] | None, num_replica
     if type(module) is Module:
         key = (fingerprint or module_fingerprint(module), num_replicas, current_limits())
         prepared = _PREPARED.get(key)
+        if prepared is not None and prepared[0].module is not module and module_fingerprint(
+                prepared[0].module) != key[0]:
+            prepared = None  # the module it was compiled from has been edited in place since
         if prepared is None:
             executable = _checked(module, num_replicas)
             prepared = (executable, executable.module.entry_computation.parameters)
