@@ -112,20 +112,24 @@ def _paths(job: rp.Job) -> tuple[dict, dict]:
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_channels_between_actors_go_through_the_rings_and_equal_the_threads_backend_bitwise():
+@pytest.mark.parametrize("per_actor", [1, 2])
+def test_channels_between_actors_go_through_the_rings_and_equal_the_threads_backend_bitwise(per_actor):
     m = rp.parse_hlo(MIXED)
     args = _mixed_inputs()
     want = rp.run(m, args, num_replicas=3, backend="threads")
-    job = rp.launch(m, args, num_replicas=3, timeout=120)
+    job = rp.launch(m, args, num_replicas=3, timeout=120, replicas_per_actor=per_actor)
     got = job.result()
     for r in range(3):
         _same(got[r], want[r])
         # Replica r got replica r-1's values; the loop's value went round TRIPS times, +1 per hop.
         np.testing.assert_array_equal(got[r][0], args[(r - 1) % 3][0])
     sent, declined = _paths(job)
-    # Per pair: data on 5 channels + TRIPS, and the acknowledgements the other way.
+    # Per pair of actors: data on 5 channels + TRIPS, and the acknowledgements the other way; replicas
+    # of one actor hand theirs over in-process.
+    actor = [r // per_actor for r in range(3)]
     for r in range(3):
-        assert sent[r][(r + 1) % 3] == 5 + TRIPS and sent[r][(r - 1) % 3] == 5 + TRIPS, sent
+        for peer in ((r + 1) % 3, (r - 1) % 3):
+            assert sent[r].get(peer, 0) == (5 + TRIPS if actor[peer] != actor[r] else 0), sent
     assert declined == {0: {}, 1: {}, 2: {}}
     assert job_segments(job._backend._token) == []
     # The flight recorder still has every send and recv.
@@ -265,14 +269,17 @@ def _pair(capacity: int) -> tuple[channel_ring.ChannelRings, channel_ring.Channe
     bounds = MessageBounds(rp.parse_hlo(SMALL), 2)
     box, faults = Mailbox(1), []
     placement, node = [0, 1], frozenset({0, 1})
-    writer = channel_ring.ChannelRings(token, [0], placement, node, bounds, {0: Mailbox(0)}, faults.append, capacity)
-    reader = channel_ring.ChannelRings(token, [1], placement, node, bounds, {1: box}, faults.append, capacity)
+    writer = channel_ring.ChannelRings(token, [0], placement, node, bounds, {0: Mailbox(0)}, faults.append,
+                                        capacity=capacity)
+    reader = channel_ring.ChannelRings(token, [1], placement, node, bounds, {1: box}, faults.append, capacity=capacity)
     return writer, reader, box, faults
 
 
 @pytest.mark.skipif(not channel_ring.available(), reason="needs Linux x86-64 futexes and /dev/shm")
 def test_a_full_ring_declines_wraps_around_and_keeps_order():
     writer, reader, box, faults = _pair(64 << 10)
+    # Named like the job's other segments: removed with them (and as orphans of a killed driver).
+    assert len(job_segments(writer.token)) == 2
     try:
         values = [np.full(1000, k, np.float32) for k in range(40)]
         taken = sent = 0

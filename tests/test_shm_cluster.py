@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+from test_channel_ring import exchange, route
 
 DRIVER = textwrap.dedent("""
     import json, sys
@@ -32,9 +33,31 @@ DRIVER = textwrap.dedent("""
     sent = {}
     for part in ray.get([a.shm_sent.remote() for a in job._backend._actors]):
         sent.update(part)
-    print(json.dumps({"equal": equal, "nodes": nodes, "left": job_segments(job._backend._token),
-                      "shm": {str(r): {str(d): n for d, n in v.items()} for r, v in sent.items()}}))
+    report = {"equal": equal, "nodes": nodes, "left": job_segments(job._backend._token),
+              "shm": {str(r): {str(d): n for d, n in v.items()} for r, v in sent.items()}}
+    # Channels: same-node pairs through the channel rings, pairs across nodes over the sockets.
+    m = rp.parse_hlo(open(sys.argv[4]).read())
+    xs = [rng.standard_normal(1024).astype(np.float32) for _ in range(4)]
+    want = rp.run(m, [[x] for x in xs], num_replicas=4, backend="threads")
+    job = rp.launch(m, [[x] for x in xs], num_replicas=4, address=sys.argv[1], resources=placement, timeout=120)
+    got = job.result()
+    report["channels_equal"] = all(a.tobytes() == b.tobytes() for r in range(4) for a, b in zip(got[r], want[r]))
+    sent = {}
+    for part in ray.get([a.shm_sent.remote() for a in job._backend._actors]):
+        sent.update(part)
+    report["channels_shm"] = {str(r): {str(d): n for d, n in v.items()} for r, v in sent.items()}
+    report["channels_left"] = job_segments(job._backend._token)
+    print(json.dumps(report))
 """)
+
+
+# Each replica sends to a replica of the other node (channel 1) and of its own node (channel 2).
+CHANNELS = "\n".join([
+    "HloModule channels, replica_count=4", "ENTRY main {", "  x = f32[1024] parameter(0)",
+    "  tok = token[] after-all()",
+    *exchange("across", "x", "f32[1024]", 1, route((0, 1), (1, 0), (2, 3), (3, 2))),
+    *exchange("within", "x", "f32[1024]", 2, route((0, 2), (2, 0), (1, 3), (3, 1))),
+    "  ROOT out = (f32[1024], f32[1024]) tuple(across, within)", "}"])
 
 
 @pytest.mark.cluster
@@ -45,7 +68,10 @@ def test_same_node_pairs_use_shared_memory_and_cross_node_pairs_do_not(tmp_path,
     program.write_text(COLLECTIVES.format(e=SIZE, g=4 * SIZE, q=SIZE // 4))
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
-    out = subprocess.run([sys.executable, str(driver), two_node_cluster.address, str(program), str(SIZE)],
+    channels = tmp_path / "channels.hlo"
+    channels.write_text(CHANNELS)
+    out = subprocess.run([sys.executable, str(driver), two_node_cluster.address, str(program), str(SIZE),
+                          str(channels)],
                          env=two_node_cluster.env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -59,3 +85,8 @@ def test_same_node_pairs_use_shared_memory_and_cross_node_pairs_do_not(tmp_path,
                 used = shm[str(src)].get(str(dst), 0)
                 assert (used > 0) == (nodes[str(src)] == nodes[str(dst)]), (src, dst, shm)
     assert report["left"] == []
+    assert report["channels_equal"] and report["channels_left"] == []
+    for src in range(4):
+        for dst in range(4):
+            used = report["channels_shm"][str(src)].get(str(dst), 0)
+            assert (used > 0) == (src != dst and nodes[str(src)] == nodes[str(dst)]), (src, dst, report)

@@ -91,8 +91,10 @@ def _record(fabric: Fabric, kind: str, inst: Instruction, **info: Any) -> None:
         recorder.end(recorder.begin(kind, inst.name, inst.opcode, **info))
 
 
-class _Wait:
-    """Record a blocking wait (begin before, end after) when the fabric has a recorder."""
+class _Span:
+    """Record a step as an event that begins before it and ends after it (a blocking wait, or a
+    message posted: a peer's reply can then never seem to end before the post began), when the
+    fabric has a recorder."""
 
     __slots__ = ("recorder", "event")
 
@@ -100,9 +102,9 @@ class _Wait:
         self.recorder = fabric.recorder
         self.event = self.recorder.begin(kind, inst.name, inst.opcode, **info) if self.recorder is not None else None
 
-    def done(self) -> None:
+    def done(self, **info: Any) -> None:
         if self.event is not None:
-            self.recorder.end(self.event)
+            self.recorder.end(self.event, **info)
 
 
 # -- send / send-done ------------------------------------------------------------------------------
@@ -126,13 +128,14 @@ def make_send(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     def send(data: Any, *token: Any) -> Any:
         k = fabric.next_seq(("send-context", channel))
         posted = []
+        span = _Span(fabric, "send", inst, channel_id=channel) if targets else None
         for t in targets:
             seq = fabric.next_seq(("chan-send", channel, t))
             fabric.send(t, keys.channel(channel, seq), data)
             posted.append((t, seq))
         if posted:
             state[("send", channel, k)] = posted
-            _record(fabric, "send", inst, channel_id=channel, peers=[t for t, _ in posted], seq=posted[0][1])
+            span.done(peers=[t for t, _ in posted], seq=posted[0][1])
         return (data, np.asarray(k, dtype=ctx_dtype), TOKEN)
 
     return send
@@ -154,7 +157,7 @@ def make_send_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
             seq = posted[0][1]
             block = BlockInfo("send-done", name, opcode, tuple(t for t, _ in posted), needs="one", seq=seq,
                               channel_id=channel, computation=computation)
-            wait = _Wait(fabric, "send-done", inst, channel_id=channel, seq=seq)
+            wait = _Span(fabric, "send-done", inst, channel_id=channel, seq=seq)
             fabric.recv_all([(t, keys.channel_ack(channel, s)) for t, s in posted], block)
             wait.done()
         return TOKEN
@@ -187,9 +190,10 @@ def make_recv(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         k = fabric.next_seq(("recv-context", channel))
         if source is not None:
             seq = fabric.next_seq(("chan-recv", channel, source))
+            span = _Span(fabric, "recv", inst, channel_id=channel, peer=source, seq=seq)
             fabric.send(source, keys.channel_ack(channel, seq), True)
             state[("recv", channel, k)] = (source, seq)
-            _record(fabric, "recv", inst, channel_id=channel, peer=source, seq=seq)
+            span.done()
         return (zeros, np.asarray(k, dtype=ctx_dtype), TOKEN)
 
     return recv
@@ -208,7 +212,7 @@ def make_recv_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
 
         def recv_done_from_host(started: Any) -> Any:
             block = BlockInfo("recv-done", name, opcode, needs="one", channel_id=channel, computation=computation)
-            wait = _Wait(fabric, "recv-done", inst, channel_id=channel, peer="host")
+            wait = _Span(fabric, "recv-done", inst, channel_id=channel, peer="host")
             value = fabric.from_host(channel, block)
             wait.done()
             return (check(value), TOKEN)
@@ -224,7 +228,7 @@ def make_recv_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         source, seq = pending
         block = BlockInfo("recv-done", name, opcode, (source,), needs="one", seq=seq, channel_id=channel,
                           computation=computation)
-        wait = _Wait(fabric, "recv-done", inst, channel_id=channel, peer=source, seq=seq)
+        wait = _Span(fabric, "recv-done", inst, channel_id=channel, peer=source, seq=seq)
         data = fabric.recv(source, keys.channel(channel, seq), block)
         wait.done()
         check(data, source)

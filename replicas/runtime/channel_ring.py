@@ -116,7 +116,8 @@ class ChannelRings:
 
     def __init__(self, token: str, hosted: list[int], placement: list[int], same_node: frozenset[int],
                  bounds: MessageBounds, mailboxes: dict[int, Mailbox],
-                 on_fault: Callable[[BaseException], None], capacity: int = RING_BYTES) -> None:
+                 on_fault: Callable[[BaseException], None], inbox: shm.Inbox | None = None,
+                 capacity: int = RING_BYTES) -> None:
         self.token = token
         self.capacity = capacity // 8 * 8
         self.me = placement[hosted[0]]
@@ -143,7 +144,7 @@ class ChannelRings:
         self._map_lock = threading.Lock()
         self._layouts: dict[tuple, bytes] = {}  # (dtype, shape) -> its pickle
         self._layouts_read: dict[bytes, tuple] = {}
-        self._inbox: shm.Inbox | None = None
+        self._inbox = inbox  # maps the peers' arenas: large values come as their descriptors
         self.closed = False
 
     # -- where things are --------------------------------------------------------------------------
@@ -163,6 +164,9 @@ class ChannelRings:
                     try:
                         mapping = _Mapping(os.path.join(shm.SHM_DIR, segment_name(self.token, self._first[actor])))
                     except OSError:  # not created (yet), or gone with its actor: the fabric's other paths
+                        return None
+                    if len(mapping.mm) != self._segment_bytes(actor):  # laid out otherwise (another ring size)
+                        mapping.close()
                         return None
                     self._peer_maps.append(mapping)
                     ring = self._outbound[actor] = self._ring(mapping, actor, self.me)
@@ -334,9 +338,6 @@ class ChannelRings:
                 raise WireError("a shared-memory descriptor through a channel ring, but this actor has no inbox")
             return self._inbox.decode(shared)
         raise WireError(f"a channel ring record of unknown form {form}")
-
-    def use_inbox(self, inbox: shm.Inbox | None) -> None:
-        self._inbox = inbox
 
     def wait(self, replica: int, box: Mailbox, wanted: list[tuple[int, Hashable]], block: Any) -> None:
         """Wait (on `replica`'s doorbell) until every (src, key) of `wanted` is in `box`, delivering what

@@ -2,8 +2,9 @@
 their mailboxes and this job's data paths; `RayFabric` chooses the path per peer pair.
 
 Replicas of one actor share its mailboxes; a peer on the same node gets collective rounds through
-the board (runtime/board.py) and large arrays through this job's shared memory (runtime/shm.py:
-the bytes go into the sender's arena, a descriptor over the socket); small messages, and any to
+the board (runtime/board.py), Send/Recv messages through the channel rings (runtime/channel_ring.py)
+and other large arrays through this job's shared memory (runtime/shm.py: the bytes go into the
+sender's arena, a descriptor over the socket); small messages, and any to
 other nodes up to the wire's frame size, go over the direct sockets (runtime/wire.py); the rest is
 a `deliver` call on the peer's actor through Ray's object store. `RayBackend`
 (runtime/ray_backend.py) drives these actors from the driver.
@@ -310,10 +311,9 @@ class ReplicaHost:
             return
         try:
             rings = channel_ring.ChannelRings(self._token, sorted(self._mailboxes), placement, same_node,
-                                              self._bounds, self._mailboxes, self._on_wire_fault)
+                                              self._bounds, self._mailboxes, self._on_wire_fault, self._inbox)
         except OSError:  # no room or no rights under /dev/shm
             return
-        rings.use_inbox(self._inbox)
         self._rings = rings
         for fabric in self._fabrics:
             fabric.rings = rings
