@@ -262,9 +262,9 @@ class ChannelRings:
                 continue
             try:
                 with ring.lock:
-                    if not ring.refused:
+                    if not (ring.refused or self.closed):
                         self._drain_ring(ring, words64, reader)
-            except (WireError, ValueError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
+            except (WireError, ValueError, TypeError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
                 ring.refused = True
                 self._on_fault(RefusedMessage("a peer actor of this node (through a channel ring)", e))
 
