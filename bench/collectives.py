@@ -260,7 +260,8 @@ def print_table(rows: list[dict], backends: list[str], n: int, startup: dict | N
     print(head)
     print("-" * len(head))
     for row in rows:
-        peers = {p: seconds(row.get(p)) for p in PEERS if seconds(row.get(p))}
+        # A peer whose differenced time came out at or below zero measured nothing: no ratio against it.
+        peers = {p: seconds(row.get(p)) for p in PEERS if (seconds(row.get(p)) or 0) > 0}
         best = min(peers, key=peers.get) if peers else None
         ratios = []
         for b in backends:

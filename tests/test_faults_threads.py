@@ -58,6 +58,37 @@ def test_ctrl_c_while_waiting_cancels_the_job_and_propagates():
     assert_next_job_works()
 
 
+def test_ctrl_c_during_a_one_replica_run_in_the_callers_thread_propagates():
+    """`rp.run` of one replica of a program without loops runs in the caller's thread
+    (threads.run_alone); Ctrl-C there is a KeyboardInterrupt too, not a replica's failure."""
+
+    def interrupt():
+        if _eventually(lambda: _main_thread_in("run_alone", "threads.py")):
+            _thread.interrupt_main()
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        rp.run(*_dot_chain(512, 120), backend="threads")  # ~0.5 s of BLAS: the interrupt lands in it
+    assert rp.run(*_dot_chain(8, 2), backend="threads")[0].shape == (8, 8)  # the next run is not disturbed
+
+
+def _dot_chain(n: int, length: int) -> tuple[str, list[np.ndarray]]:
+    dots = "\n".join(f"  d{k} = f32[{n},{n}] dot(d{k - 1}, w), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}"
+                     for k in range(1, length))
+    text = (f"HloModule chain\n\nENTRY main {{\n  d0 = f32[{n},{n}] parameter(0)\n  w = f32[{n},{n}] parameter(1)\n"
+            f"{dots}\n  ROOT r = f32[{n},{n}] copy(d{length - 1})\n}}\n")
+    return text, [np.zeros((n, n), np.float32), np.eye(n, dtype=np.float32)]
+
+
+def _main_thread_in(function: str, filename: str) -> bool:
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        if frame.f_code.co_name == function and frame.f_code.co_filename.endswith(filename):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _main_thread_waits_for_a_job() -> bool:
     """The main thread is inside `Job._wait` (so an interrupt lands there, not in the test's code)."""
     frame = sys._current_frames().get(threading.main_thread().ident)

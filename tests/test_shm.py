@@ -86,7 +86,7 @@ def test_collectives_through_shared_memory_equal_the_threads_backend_bitwise():
     m = rp.parse_hlo(COLLECTIVES.format(e=SIZE, g=4 * SIZE, q=SIZE // 4))
     args = _inputs(4)
     want = rp.run(m, args, num_replicas=4, backend="threads")
-    job = rp.launch(m, args, num_replicas=4, timeout=120)
+    job = rp.launch(m, args, num_replicas=4, timeout=120, replicas_per_actor=1)  # every pair across actors
     token = job._backend._token
     got = job.result()
     for r in range(4):

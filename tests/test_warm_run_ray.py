@@ -66,8 +66,9 @@ def run_counted(module: rp.Module, n: int, args=(X,), **kwargs):
 def test_a_warm_run_is_one_call_per_actor(n):
     module = sum_module(n)
     want = n * X + n * (n - 1) / 2
-    run_counted(module, n)  # the actors start, learn their addresses and the program
-    results, calls = run_counted(module, n)
+    # One actor per replica (the default packs 4 replicas on 2 CPUs into 2 actors).
+    run_counted(module, n, replicas_per_actor=1)  # the actors start, learn their addresses and the program
+    results, calls = run_counted(module, n, replicas_per_actor=1)
     for got in results:
         np.testing.assert_array_equal(got, want)
     # Several actors: set up (waited for: a peer's first message must find its mailbox), then begin

@@ -132,9 +132,11 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
     infeed: values preloaded into each replica's infeed queue (one list per replica).
     backend: "ray" (actors; `address` joins a cluster) or "threads" (one process, no Ray).
     resources: per-replica Ray custom resources, to place replicas on chosen nodes.
-    replicas_per_actor: how many replicas share one actor process. By default one each, until N
-        exceeds twice the cluster's CPUs: then they are packed so about that many processes start
-        (each costs ~2 s of CPU to start; 32 replicas on 2 cores start in ~4 s instead of ~32 s).
+    replicas_per_actor: how many replicas share one actor process. By default one each up to the
+        cluster's CPUs, two each up to twice that (about one process per CPU: collectives meet
+        in-process first, 1.3-5.5x faster at N=4 on 2 cores), then packed so that at most twice as many
+        processes as CPUs start (each costs ~2 s of CPU to start; 32 replicas on 2 cores start in ~4 s
+        instead of ~32 s). `replicas_per_actor=1` gives every replica its own actor.
     record_every_instruction: the flight recorder (and `trace`) also records local ops.
     trace_events: events each replica's flight recorder keeps (the last ones); a trace of a job
         that recorded more says it is truncated, in the file and as a RuntimeWarning.

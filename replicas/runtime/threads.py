@@ -129,14 +129,17 @@ class _Alone:
 def run_alone(executable: Executable, args: list[Any]) -> list[Any]:
     """`rp.run` of one replica of a program that cannot wait (`runs_bounded_alone`), in the caller's
     thread, without a `ThreadBackend` or `Job`: what they would do for it (BLAS pools sized for the
-    run, a pooled interpreter, the result list, the job's error for whatever the replica raised,
-    KeyboardInterrupt included) and nothing they would only record. `args` passed `job.prepare`."""
+    run, a pooled interpreter, the result list, the job's error for whatever the replica raised)
+    and nothing they would only record. `args` passed `job.prepare`. Ctrl-C propagates as
+    KeyboardInterrupt, as it does from a job's `result()`."""
     cores = share_cores(1) if uses_blas(executable) else None
     try:
         interpreter = checkout(executable, 0, _Alone(), 1)
         failure: BaseException | None = None
         try:
             result = interpreter.run(args, checked=True)
+        except KeyboardInterrupt:
+            raise  # the interrupted interpreter is not pooled again
         except BaseException as e:  # noqa: BLE001 - becomes the job's error, as under a Job
             failure = e
         checkin(interpreter)
