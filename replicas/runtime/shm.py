@@ -35,8 +35,8 @@ receiver sets carry the job's stamp (`job_stamp`), so a late release by an earli
 never frees a block of the next one. The job's named segments (the boards, runtime/board.py) are
 removed by name when it ends (`remove_job_segments`), by the actors and by the driver, whatever
 happened to the actors.
-Plain `os.open` + `mmap` (not `multiprocessing.shared_memory`, whose resource tracker unlinks or
-warns about segments another process attached to).
+Plain `memfd_create` + `mmap` (not `multiprocessing.shared_memory`, whose resource tracker unlinks
+or warns about segments another process attached to).
 """
 
 from __future__ import annotations
@@ -205,8 +205,12 @@ class _Backing:
         """Keep for the next arena (at most `KEEP_BYTES` of written pages), or close if one is kept."""
         if self.high > KEEP_BYTES:
             keep = KEEP_BYTES // mmap.PAGESIZE * mmap.PAGESIZE
-            self.mm.madvise(mmap.MADV_REMOVE, keep, self.high - keep)
-            self.high = keep
+            try:
+                self.mm.madvise(mmap.MADV_REMOVE, keep, self.high - keep)
+                self.high = keep
+            except OSError:  # cannot return them: this memory is not kept for the next arena
+                self.close()
+                return
         with self._lock:
             if self.capacity not in self._spare:
                 self._spare[self.capacity] = self
