@@ -131,18 +131,13 @@ def mpi_pingpong(sizes: list[int]) -> tuple[dict | None, str]:
     return (data["results"]["pingpong"] if data else None), msg
 
 
-def fmt(seconds: float) -> str:
-    """fmt_time, with nanoseconds below a microsecond (a 4 KiB copy is real work, never "0 us")."""
-    return f"{seconds * 1e9:.0f} ns" if 0 < seconds < 1e-6 else fmt_time(seconds)
-
-
 def summary(samples: list[float]) -> str:
     """median [min - max], marked unreliable when the spread is larger than the median."""
     if not samples:
         return "-"
     med, lo, hi = float(np.median(samples)), min(samples), max(samples)
     mark = " UNRELIABLE" if lo <= 0 or hi - lo > med else ""
-    return f"{fmt(med)} [{fmt(lo)}-{fmt(hi)}]{mark}"
+    return f"{fmt_time(med)} [{fmt_time(lo)}-{fmt_time(hi)}]{mark}"
 
 
 def main() -> None:
@@ -191,7 +186,7 @@ def main() -> None:
         bandwidth = 2 * s / t / (1 << 20)
         cells = [summary(samples.get((c, s), [])) for c in backends + ["mpi", "ray-round-trip"]]
         print(f"| {size_label(s)} | " + " | ".join(cells)
-              + f" | {fmt(floors[s])} | {bandwidth:.0f} MiB/s | {vs_mpi} |")
+              + f" | {fmt_time(floors[s])} | {bandwidth:.0f} MiB/s | {vs_mpi} |")
     print(f"(load average at end {load_average()}; bandwidth = 2 x size per round trip of replicas-{backends[0]})")
 
 

@@ -180,8 +180,11 @@ def size_label(nbytes: int) -> str:
 
 
 def fmt_time(seconds: float | None) -> str:
+    """Nanoseconds below a microsecond: a 4 KiB copy is real work, never "0 us"."""
     if seconds is None:
         return "-"
+    if 0 < seconds < 1e-6:
+        return f"{seconds * 1e9:.0f} ns"
     if seconds < 1e-3:
         return f"{seconds * 1e6:.0f} us"
     if seconds < 1:

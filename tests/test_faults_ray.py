@@ -204,8 +204,7 @@ def test_a_killed_actor_is_named_with_what_it_was_doing():
     import ray
 
     job = rp.launch(rp.parse_hlo(FED), [], num_replicas=2, timeout=60)
-    states = job.states()
-    assert states[0].status == "blocked"
+    assert _eventually(lambda: job.states()[0].status == "blocked")  # in its infeed (it may still be starting)
     ray.kill(job._backend._actor_of[0], no_restart=True)  # noqa: SLF001 - the fault under test
     with pytest.raises(rp.ReplicaFailure) as info:
         job.result()
