@@ -266,9 +266,9 @@ def test_replicas_that_cannot_be_placed_in_time_end_within_the_timeout():
     import ray
 
     cpus = ray.cluster_resources()["CPU"]
-    with pytest.raises(rp.ExecutionTimeout, match="did not start within timeout=3"):
+    with pytest.raises(rp.ExecutionTimeout, match="did not start within timeout=1.5 s"):
         # Each asks for every CPU of the only node: the second can never start while the first runs.
-        run_with(healthy, timeout=3, resources=[{"CPU": cpus}, {"CPU": cpus}])
+        run_with(healthy, timeout=1.5, resources=[{"CPU": cpus}, {"CPU": cpus}])
     assert_next_job_works()
 
 
@@ -279,8 +279,8 @@ def test_a_full_node_ends_the_start_within_the_timeout_naming_the_resource():
     holder = ray.remote(num_cpus=free)(_Holder).remote()  # takes every free CPU of the session
     try:
         assert ray.get(holder.ping.remote(), timeout=60)
-        with pytest.raises(rp.ExecutionTimeout, match=r"did not start within timeout=3 s.*asks for CPU=1 \(0 free"):
-            run_with(healthy, timeout=3, resources=[{"CPU": 1}, {"CPU": 1}])
+        with pytest.raises(rp.ExecutionTimeout, match=r"did not start within timeout=1.5 s.*asks for CPU=1 \(0 free"):
+            run_with(healthy, timeout=1.5, resources=[{"CPU": 1}, {"CPU": 1}])
     finally:
         ray.kill(holder, no_restart=True)
     assert_next_job_works()
