@@ -53,12 +53,23 @@ case "${1:-}" in
   stop)
     # Only this cluster's processes (their command lines name $BASE): `ray stop` would also end
     # every other Ray session on the machine, such as a test run's own.
+    # Ray's agents rename themselves ("ray::DashboardAgent"): found by the logs they hold open.
+    agents() {
+      for pid in $(pgrep -f -- "^ray::" || true); do
+        ls -l "/proc/$pid/fd" 2>/dev/null | grep -q -- "$BASE/ray" && echo "$pid"
+      done
+      return 0
+    }
+    stray="$(agents)"
     pkill -TERM -f -- "$BASE/ray" >/dev/null 2>&1 || true
-    for _ in 1 2 3 4 5; do
-      pgrep -f -- "$BASE/ray" >/dev/null || break
-      sleep 1
+    [ -z "$stray" ] || kill -TERM $stray 2>/dev/null || true
+    for _ in $(seq 25); do
+      pgrep -f -- "$BASE/ray" >/dev/null || [ -n "$(agents)" ] || break
+      sleep 0.2
     done
     pkill -KILL -f -- "$BASE/ray" >/dev/null 2>&1 || true
+    stray="$(agents)"
+    [ -z "$stray" ] || kill -KILL $stray 2>/dev/null || true
     if [ -f "$BASE/address" ] && [ "$(cat "$CURRENT" 2>/dev/null)" = "$(cat "$BASE/address")" ]; then
       rm -f "$CURRENT"
     fi
