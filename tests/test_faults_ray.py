@@ -7,6 +7,7 @@ from __future__ import annotations
 import _thread
 import glob
 import os
+import sys
 import tempfile
 import threading
 
@@ -376,8 +377,8 @@ def test_exception_in_with_block_ctrl_c_and_two_threads():
     job = rp.launch(m, [], num_replicas=2, timeout=None)
 
     def interrupt():
-        _eventually(lambda: bool(job._backend._last))  # noqa: SLF001 - the main thread is in result()
-        _thread.interrupt_main()
+        if _eventually(lambda: main_thread_in("_wait", "job.py")):  # the interrupt lands there
+            _thread.interrupt_main()
 
     threading.Thread(target=interrupt, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
@@ -429,3 +430,12 @@ def _eventually(predicate, limit: float = 30) -> bool:
         event.wait(0.05)
     return False
 
+
+def main_thread_in(function: str, filename: str) -> bool:
+    """The main thread is inside `function` of `filename` (so an interrupt lands there, not in the test)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        if frame.f_code.co_name == function and frame.f_code.co_filename.endswith(filename):
+            return True
+        frame = frame.f_back
+    return False

@@ -5,12 +5,22 @@ raises: the error says what happened, every replica stops, and the next job work
 from __future__ import annotations
 
 import _thread
-import sys
 import threading
 
 import numpy as np
 import pytest
-from test_faults_ray import CALL, FED, HOST_SEND, X, _blocked_in, _eventually, _raise, _replica_one, healthy
+from test_faults_ray import (
+    CALL,
+    FED,
+    HOST_SEND,
+    X,
+    _blocked_in,
+    _eventually,
+    _raise,
+    _replica_one,
+    healthy,
+    main_thread_in,
+)
 
 import replicas as rp
 from replicas.ops.custom_call import unregister_custom_call
@@ -46,7 +56,7 @@ def test_ctrl_c_while_waiting_cancels_the_job_and_propagates():
     assert _eventually(lambda: all(_blocked_in(s, "infeed") for s in job.states()))
 
     def interrupt():
-        if _eventually(_main_thread_waits_for_a_job):
+        if _eventually(lambda: main_thread_in("_wait", "job.py")):  # the interrupt lands there
             _thread.interrupt_main()
 
     threading.Thread(target=interrupt, daemon=True).start()
@@ -63,7 +73,7 @@ def test_ctrl_c_during_a_one_replica_run_in_the_callers_thread_propagates():
     (threads.run_alone); Ctrl-C there is a KeyboardInterrupt too, not a replica's failure."""
 
     def interrupt():
-        if _eventually(lambda: _main_thread_in("run_alone", "threads.py")):
+        if _eventually(lambda: main_thread_in("run_alone", "threads.py")):
             _thread.interrupt_main()
 
     threading.Thread(target=interrupt, daemon=True).start()
@@ -78,25 +88,6 @@ def _dot_chain(n: int, length: int) -> tuple[str, list[np.ndarray]]:
     text = (f"HloModule chain\n\nENTRY main {{\n  d0 = f32[{n},{n}] parameter(0)\n  w = f32[{n},{n}] parameter(1)\n"
             f"{dots}\n  ROOT r = f32[{n},{n}] copy(d{length - 1})\n}}\n")
     return text, [np.zeros((n, n), np.float32), np.eye(n, dtype=np.float32)]
-
-
-def _main_thread_in(function: str, filename: str) -> bool:
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    while frame is not None:
-        if frame.f_code.co_name == function and frame.f_code.co_filename.endswith(filename):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _main_thread_waits_for_a_job() -> bool:
-    """The main thread is inside `Job._wait` (so an interrupt lands there, not in the test's code)."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    while frame is not None:
-        if frame.f_code.co_name == "_wait" and frame.f_code.co_filename.endswith("job.py"):
-            return True
-        frame = frame.f_back
-    return False
 
 
 def test_cancel_keeps_what_the_replicas_sent_the_host():
