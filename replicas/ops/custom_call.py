@@ -22,6 +22,7 @@ import numpy as np
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Instruction
+from replicas.name_table import registrar
 from replicas.ops.registry import KernelContext, KernelFactory, kernel
 from replicas.shapes import TOKEN, Shape
 
@@ -37,17 +38,9 @@ PASS_THROUGH_TARGETS = frozenset({
 })
 
 
-def builtin_target(*names: str) -> Callable[[KernelFactory], KernelFactory]:
-    """Register a kernel factory for custom calls naming one of `names` (built in, not user code)."""
-
-    def register(factory: KernelFactory) -> KernelFactory:
-        for name in names:
-            if name in _BUILTIN_TARGETS:
-                raise RuntimeError(f"built-in custom-call target {name!r} registered twice")
-            _BUILTIN_TARGETS[name] = factory
-        return factory
-
-    return register
+# `@builtin_target("lapack_sgetrf_ffi")` registers a kernel factory for custom calls naming that
+# target (built in, not user code).
+builtin_target = registrar(_BUILTIN_TARGETS, "built-in custom-call target")
 
 
 def register_custom_call(name: str, fn: CustomCallFunction) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
+from replicas.name_table import registrar
 from replicas.shapes import Shape
 
 if TYPE_CHECKING:
@@ -48,17 +49,8 @@ KernelFactory = Callable[[Instruction, KernelContext], Kernel]
 _REGISTRY: dict[str, KernelFactory] = {}
 
 
-def kernel(*opcodes: str) -> Callable[[KernelFactory], KernelFactory]:
-    """Register a kernel factory for one or more opcodes."""
-
-    def register(factory: KernelFactory) -> KernelFactory:
-        for opcode in opcodes:
-            if opcode in _REGISTRY:
-                raise RuntimeError(f"kernel for {opcode!r} registered twice")
-            _REGISTRY[opcode] = factory
-        return factory
-
-    return register
+# `@kernel("add", "subtract")` registers a kernel factory for those opcodes.
+kernel = registrar(_REGISTRY, "kernel")
 
 
 def lookup(inst: Instruction) -> KernelFactory:

@@ -14,6 +14,7 @@ from typing import Any
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation
 from replicas.limits import missing_ids, short_text
+from replicas.name_table import registrar
 from replicas.shapes import PrimitiveType, Shape
 
 PRED = PrimitiveType.PRED
@@ -90,15 +91,7 @@ Rule = Callable[[Ctx], "Shape | None"]
 RULES: dict[str, Rule] = {}
 
 
-def rule(*opcodes: str) -> Callable[[Rule], Rule]:
-    def register(fn: Rule) -> Rule:
-        for op in opcodes:
-            if op in RULES:
-                raise RuntimeError(f"shape rule for {op!r} registered twice")
-            RULES[op] = fn
-        return fn
-
-    return register
+rule = registrar(RULES, "shape rule")
 
 
 # -- small helpers ------------------------------------------------------------------------------
