@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-import replicas.channels.channels  # noqa: F401  (registers send/recv kernels)
 import replicas.channels.feeds  # noqa: F401  (registers infeed/outfeed)
+import replicas.channels.send_recv  # noqa: F401  (registers send/recv kernels)
 import replicas.collectives.kernels  # noqa: F401  (registers the collective kernels)
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.runtime.compile import compile_module

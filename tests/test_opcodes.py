@@ -27,7 +27,8 @@ def test_family_names_the_module_of_the_kernel():
     for name, factory in _REGISTRY.items():
         module = factory.__module__.removeprefix("replicas.")
         family = OPCODES[name].family
-        assert module in (f"ops.{family}", f"{family}.kernels", f"{family}.{family}", f"{family}.feeds"), name
+        # An op family of replicas/ops/ has its module; collectives and channels have a package.
+        assert module == f"ops.{family}" or module.startswith(f"{family}."), name
 
 
 def test_every_known_opcode_parses():

@@ -3,4 +3,4 @@
 Importing the package registers their kernels.
 """
 
-from replicas.channels import channels, feeds  # noqa: F401  (registers the kernels)
+from replicas.channels import feeds, send_recv  # noqa: F401  (registers the kernels)
