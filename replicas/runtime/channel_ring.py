@@ -7,7 +7,10 @@ each waiting for the GIL: ~100 us per message. Through a ring, the sending repli
 the record into the receiver's shared memory, bumps the receiving replica's doorbell word and
 wakes it with one `FUTEX_WAKE`; the receiving replica's own thread, waiting on that word
 (`FUTEX_WAIT` through ctypes, GIL released, in slices so aborts and timeouts keep working), reads
-the record itself: no socket, no reader thread, no pickling of array bytes.
+the record itself: no socket, no reader thread, no pickling of array bytes. When the job's
+processes on this node fit its cores, the receiver first watches its doorbell for a bounded,
+adaptive while (runtime/spin.py): a peer that is running then writes without a `FUTEX_WAKE` and
+the receiver goes on without a wake-up.
 
 Why not the board (runtime/board.py): a board writer waits until its readers released its
 previous buffer, but a channel value may be received long after it was sent while the sender goes
