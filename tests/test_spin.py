@@ -54,6 +54,25 @@ def test_failed_spins_in_a_row_make_it_rest_then_try_again():
     assert spinner.spin(lambda: True) and spinner.hits == 1
 
 
+def test_it_rests_when_fewer_than_half_the_spins_pay():
+    spinner = spin.Spinner(1e-9)
+    outcomes = iter([True, False, False] * spin._FAILURES)
+    rested = False
+    for _ in range(3 * spin._FAILURES):
+        before = spinner.spins
+        spinner.spin(lambda: next(outcomes))
+        rested = rested or spinner.spins == before
+        if rested:
+            break
+    assert rested  # one hit in three: failures outran the hits
+
+    steady = spin.Spinner(1e-9)
+    pattern = iter([True, False] * 4 * spin._FAILURES)
+    for _ in range(8 * spin._FAILURES):
+        steady.spin(lambda: next(pattern))
+    assert steady.spins == 8 * spin._FAILURES  # every other spin pays: it never rests
+
+
 def test_never_spins():
     assert not spin.NEVER.spin(lambda: True)
     assert spin.NEVER.spins == 0

@@ -11,9 +11,10 @@ only a reader that said it sleeps).
 When it must not spin: with more of the job's processes on the node than cores (packed N=1024,
 one actor per replica at N=4 on 2 cores: a spinning process takes the core its peer needs), and
 on a machine whose other work keeps the peers from running. The first is decided per job
-(`Spinner(processes)`); the second by the outcome: a spin that ends without the word changing
-counts as a failure, and after `_FAILURES` failures in a row the spinner stops spinning for
-`_REST` waits, then tries again (one failed spin per `_REST` waits at most when it never pays).
+(`budget_for(processes)`); the second by the outcome: a spin that ends without the word changing
+counts as a failure and a hit takes one back, so once failures outnumber hits by `_FAILURES`
+(fewer than half the spins pay) the spinner stops spinning for `_REST` waits, then tries again
+(`_FAILURES` failed spins per `_REST` waits at most when it never pays).
 A spin holds the GIL: it is bounded (`budget`), so a thread of the same process that needs the
 GIL (a transport's reader, the host's poll) waits at most that long, far below Python's switch
 interval. Nothing depends on a spin: the futex wait that follows is the same as without it.
@@ -70,7 +71,8 @@ class Spinner:
         while True:
             if changed():
                 self.hits += 1
-                self._failures = 0
+                if self._failures:
+                    self._failures -= 1  # a hit pays for one failure: it rests below half hits
                 return True
             if perf_counter() > deadline:
                 break
