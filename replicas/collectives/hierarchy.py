@@ -127,6 +127,11 @@ class Exchange:
 
     def __init__(self, fabric: Fabric, seq: int, fingerprint: Fingerprint, block: BlockInfo,
                  topo: Topology | None) -> None:
+        # Kernels hold the interpreter's `FabricSlot`, whose every attribute is a forwarding call:
+        # a collective reads a dozen of them, so it keeps the fabric the slot stands for.
+        inner = getattr(type(fabric), "_fabric", None)
+        if inner is not None:
+            fabric = inner.__get__(fabric)
         self.fabric = fabric
         self.seq = seq
         self.me = fabric.replica_id
@@ -150,6 +155,12 @@ class Exchange:
         if not sources:
             return []
         key = keys.collective(self.seq, round_)
+        if len(sources) == 1:  # the usual case (a result, a leader's peer): no lists to zip
+            src = sources[0]
+            theirs, payload = self.fabric.recv_all([(src, key)], self.block)[0]
+            if theirs is not self.fingerprint.wire:
+                self._check(src, theirs)
+            return [payload]
         values = self.fabric.recv_all([(s, key) for s in sources], self.block)
         payloads = []
         for src, (theirs, payload) in zip(sources, values):
@@ -260,6 +271,23 @@ class Exchange:
         mapping, word = board.counter(writer)
         address = mapping.address + 4 * word
         words = mapping.words
+        spinner = getattr(self.fabric, "spinner", None)
+        if spinner is not None and spinner.budget:
+            seen = [int(words[word])]
+
+            def published() -> bool:
+                if not mapping.words.size:  # closed: the wait below ends it
+                    return True
+                counter = int(words[word])
+                if counter == seen[0]:
+                    return False
+                seen[0] = counter
+                return board.find(writer, tag) is not None
+
+            if spinner.spin(published):
+                found = board.find(writer, tag)
+                if found is not None:
+                    return found
 
         def ready() -> bool:
             return board.find(writer, tag) is not None

@@ -23,10 +23,11 @@ buffer's previous use set its release word to the previous tag (a reader release
 longer uses the views it got, at the end of its collective at the latest; the writer's previous
 round is complete, so its readers are past waiting and never need the writer to go on), writes
 the buffer, then the tag, then bumps the counter and wakes. A reader waits until either buffer
-carries the tag it wants, compares fingerprints before it looks at the payload, and gets
-read-only views of the arrays. A payload too large for the slot is announced with a flag and
-travels over the fabric as before, so every leader agrees on where the bytes are whatever their
-size, and a fingerprint mismatch is always found on the board first.
+carries the tag it wants (watching the writer's counter for a bounded, adaptive while first when
+the job's processes on this node fit its cores: runtime/spin.py), compares fingerprints before it
+looks at the payload, and gets read-only views of the arrays. A payload too large for the slot
+is announced with a flag and travels over the fabric as before, so every leader agrees on where
+the bytes are whatever their size, and a fingerprint mismatch is always found on the board first.
 """
 
 from __future__ import annotations

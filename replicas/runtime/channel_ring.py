@@ -7,7 +7,10 @@ each waiting for the GIL: ~100 us per message. Through a ring, the sending repli
 the record into the receiver's shared memory, bumps the receiving replica's doorbell word and
 wakes it with one `FUTEX_WAKE`; the receiving replica's own thread, waiting on that word
 (`FUTEX_WAIT` through ctypes, GIL released, in slices so aborts and timeouts keep working), reads
-the record itself: no socket, no reader thread, no pickling of array bytes.
+the record itself: no socket, no reader thread, no pickling of array bytes. When the job's
+processes on this node fit its cores, the receiver first watches its doorbell for a bounded,
+adaptive while (runtime/spin.py): a peer that is running then writes without a `FUTEX_WAKE` and
+the receiver goes on without a wake-up.
 
 Why not the board (runtime/board.py): a board writer waits until its readers released its
 previous buffer, but a channel value may be received long after it was sent while the sender goes
@@ -56,6 +59,7 @@ from replicas.runtime.board import _Mapping, futex_wait, futex_wake
 from replicas.runtime.board import available as futex_available
 from replicas.runtime.mailbox import Mailbox
 from replicas.runtime.message_bounds import MessageBounds
+from replicas.runtime.spin import NEVER, Spinner
 from replicas.runtime.wire import RefusedMessage, WireError, payload_bytes
 
 RING_BYTES = int(os.environ.get("REPLICAS_CHANNEL_RING_BYTES", str(1 << 20)))  # per ordered pair of actors
@@ -339,9 +343,11 @@ class ChannelRings:
             return self._inbox.decode(shared)
         raise WireError(f"a channel ring record of unknown form {form}")
 
-    def wait(self, replica: int, box: Mailbox, wanted: list[tuple[int, Hashable]], block: Any) -> None:
+    def wait(self, replica: int, box: Mailbox, wanted: list[tuple[int, Hashable]], block: Any,
+             spinner: Spinner = NEVER) -> None:
         """Wait (on `replica`'s doorbell) until every (src, key) of `wanted` is in `box`, delivering what
-        the rings hold meanwhile; `block` is published while waiting (as a mailbox wait would)."""
+        the rings hold meanwhile; `block` is published while waiting (as a mailbox wait would). With a
+        `spinner`, the doorbell is watched for a while before the replica sleeps (runtime/spin.py)."""
         self.drain(replica)
         if len(wanted) == 1:
             (src, key), = wanted
@@ -356,6 +362,22 @@ class ChannelRings:
             return
         index = _LINE // 4 * self._rank[replica]
         own = self._own
+        if spinner.budget:
+            seen = [int(own.words[index])]
+
+            def rang() -> bool:
+                words = own.words
+                if not words.size:  # closed: the wait below ends it
+                    return True
+                bell = int(words[index])
+                if bell == seen[0]:
+                    return False
+                seen[0] = bell
+                self.drain(replica)
+                return ready()
+
+            if spinner.spin(rang) and ready():
+                return
         address = own.address + 4 * index
         if block is not None and block.needs != "group":
             block.waits_for = tuple(dict.fromkeys(src for src, key in wanted if not box.poll(src, key)))

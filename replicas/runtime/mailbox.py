@@ -28,7 +28,16 @@ class Mailbox:
     def __init__(self, replica: int) -> None:
         self.state = ReplicaState(replica)
         self._messages: dict[tuple[int, Hashable], Any] = {}
-        self._cond = threading.Condition()
+        # Reentrant: `snapshot` asks an outside wait's `ready()` under it, which may poll this mailbox.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)  # the host's waits (outfeed, channels to the host)
+        # The replica's own thread sleeps on `_wake` (a lock used as a binary semaphore) while
+        # `_sleeping`; a delivery that completes what it waits for releases it once. Cheaper than a
+        # Condition (whose wait allocates a lock and runs a dozen lines of Python per hand-off: py-spy
+        # had `Condition.notify` as the largest line of a packed actor, bench/README.md "small").
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        self._sleeping = False
         self._abort: BaseException | None = None
         self._outfeed: deque[Any] = deque()
         self._to_host: dict[int, deque[Any]] = {}  # channel id -> values sent to the host
@@ -40,29 +49,39 @@ class Mailbox:
 
     # -- delivery (any thread) -------------------------------------------------------------------
     def deliver(self, src: int, key: Hashable, value: Any) -> None:
-        with self._cond:
-            if (src, key) in self._messages:
+        message = (src, key)
+        with self._lock:
+            messages = self._messages
+            if message in messages:
                 raise RuntimeError(f"replica {self.state.replica}: duplicate message {key} from {src}")
-            self._messages[(src, key)] = value
+            messages[message] = value
             state = self.state
             if src >= 0:  # from a replica (the host's feeds are not in the sent/received balance)
                 state.received += 1
             state.progress += 1
             missing = self._missing
             if missing:
-                missing.discard((src, key))
-                if not missing:
-                    self._cond.notify_all()
+                missing.discard(message)
+                if not missing and self._sleeping:
+                    self._sleeping = False
+                    self._wake.release()
 
     def count_sent(self) -> None:
-        with self._cond:
+        with self._lock:
             self.state.sent += 1
 
+    def _wake_replica(self) -> None:
+        """Wake the replica's thread if it sleeps in `take_all` (the caller holds `_lock`)."""
+        if self._sleeping:
+            self._sleeping = False
+            self._wake.release()
+
     def abort(self, exc: BaseException) -> None:
-        with self._cond:
+        with self._lock:
             if self._abort is None:
                 self._abort = exc
             self._cond.notify_all()
+            self._wake_replica()
             external = self._external
         if external is not None:
             external[1]()
@@ -76,7 +95,7 @@ class Mailbox:
         if ready():
             return
         state = self.state
-        with self._cond:
+        with self._lock:
             if self._abort is not None:
                 raise self._abort
             self._external = (ready, wake)
@@ -89,7 +108,7 @@ class Mailbox:
                     raise self._abort
                 sleep(slice_)
         finally:
-            with self._cond:
+            with self._lock:
                 self._external = None
                 if block is not None:
                     state.block = None
@@ -108,32 +127,45 @@ class Mailbox:
     def take_all(self, wanted: list[tuple[int, Hashable]], block: BlockInfo) -> list[Any]:
         """Block until every (src, key) in `wanted` has arrived; return the values in order."""
         msgs = self._messages
-        with self._cond:
+        lock = self._lock
+        with lock:
             if self._abort is not None:
                 raise self._abort
             missing = self._missing
-            missing.update(w for w in wanted if w not in msgs)
+            for w in wanted:
+                if w not in msgs:
+                    missing.add(w)
+            state = self.state
             if missing:
-                state = self.state
                 if block.needs != "group" and not block.waits_for:
                     block.waits_for = tuple(dict.fromkeys(src for src, _ in missing))
                 state.block = block
                 state.status = "blocked"
+                wake = self._wake
                 try:
                     while missing:
                         if self._abort is not None:
                             raise self._abort
-                        self._cond.wait(_POLL)
+                        wake.acquire(False)  # a release left by a wait that timed out as it came
+                        self._sleeping = True
+                        lock.release()
+                        try:
+                            wake.acquire(True, _POLL)
+                        finally:
+                            lock.acquire()
+                            self._sleeping = False
                 finally:
                     missing.clear()
                     state.block = None
                     if state.status == "blocked":
                         state.status = "running"
-            self.state.progress += 1
+            state.progress += 1
+            if len(wanted) == 1:
+                return [msgs.pop(wanted[0])]
             return [msgs.pop(w) for w in wanted]
 
     def poll(self, src: int, key: Hashable) -> bool:
-        with self._cond:
+        with self._lock:
             return (src, key) in self._messages
 
     def check_abort(self) -> None:
@@ -142,17 +174,17 @@ class Mailbox:
 
     def leftovers(self) -> dict[tuple[int, Hashable], Any]:
         """The messages nobody took (a finished job's evidence for `replicas check`)."""
-        with self._cond:
+        with self._lock:
             return dict(self._messages)
 
     # -- host side ---------------------------------------------------------------------------------
     def put_outfeed(self, value: Any) -> None:
-        with self._cond:
+        with self._lock:
             self._outfeed.append(value)
             self._cond.notify_all()
 
     def put_to_host(self, channel_id: int, value: Any) -> None:
-        with self._cond:
+        with self._lock:
             self._to_host.setdefault(channel_id, deque()).append(value)
             self._cond.notify_all()
 
@@ -164,7 +196,7 @@ class Mailbox:
 
     def drain_host(self) -> tuple[list[Any], dict[int, list[Any]]]:
         """Take every outfeed value and host-channel message not read yet (kept when a job ends)."""
-        with self._cond:
+        with self._lock:
             outfeed, self._outfeed = list(self._outfeed), deque()
             channels = {ch: list(q) for ch, q in self._to_host.items() if q}
             self._to_host = {}
@@ -172,7 +204,7 @@ class Mailbox:
 
     def _host_get(self, queue_of: Any, timeout: float | None) -> Any:
         """Pop the oldest value; raise TimeoutError if none arrives within `timeout` seconds."""
-        with self._cond:
+        with self._lock:
             ended = ("finished", "failed", "cancelled")  # a cancelled replica writes nothing more either
             ok = self._cond.wait_for(lambda: bool(queue_of()) or self.state.status in ended, timeout)
             if queue_of():
@@ -183,7 +215,7 @@ class Mailbox:
 
     def snapshot(self) -> ReplicaState:
         """A copy of the state, O(1): the block is shared (it never changes once published)."""
-        with self._cond:
+        with self._lock:
             s = self.state
             status, block = s.status, s.block
             external = self._external
@@ -201,7 +233,7 @@ class Mailbox:
             return out
 
     def set_status(self, status: str, error: str | None = None) -> None:
-        with self._cond:
+        with self._lock:
             self.state.status = status
             self.state.error = error
             self._cond.notify_all()

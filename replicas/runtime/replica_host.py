@@ -23,7 +23,7 @@ from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime import board as shared_board
-from replicas.runtime import channel_ring
+from replicas.runtime import channel_ring, spin
 from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
 from replicas.runtime.faults import is_memory_error
@@ -51,6 +51,8 @@ class RayFabric(MailboxFabric):
         self.shm_sent: dict[int, int] = {}  # dst -> messages sent through shared memory
         self.rings: channel_ring.ChannelRings | None = None  # channel messages to this node's other actors
         self.ring_declined: dict[int, int] = {}  # dst -> channel messages a ring could not take
+        # Spins before its waits on shared memory sleep (runtime/spin.py): set per job by `connect`.
+        self.spinner: spin.Spinner = spin.NEVER
 
     def recv(self, src: int, key: Hashable, block: Any) -> Any:
         return self.recv_all([(src, key)], block)[0]
@@ -58,7 +60,7 @@ class RayFabric(MailboxFabric):
     def recv_all(self, wanted: list[tuple[int, Hashable]], block: Any) -> list[Any]:
         rings = self.rings
         if rings is not None and any(src in rings.peers and channel_ring.is_channel_key(key) for src, key in wanted):
-            rings.wait(self.replica_id, self.mailbox, wanted, block)  # on the doorbell, reading the rings
+            rings.wait(self.replica_id, self.mailbox, wanted, block, self.spinner)  # on the doorbell, reading the rings
         return self.mailbox.take_all(wanted, block)
 
     def _post(self, dst: int, key: Hashable, value: Any) -> None:
@@ -291,7 +293,11 @@ class ReplicaHost:
                 placement: list[int] | None = None) -> None:
         node = self._wire.address["node"] if self._wire is not None else None
         same_node = frozenset(r for r, address in wire_routes.items() if address["node"] == node)
+        # The job's processes on this node: when each can have a core, waits on shared memory spin first.
+        processes = len({placement[r] for r in same_node}) if placement is not None else 0
+        budget = spin.budget_for(processes) if processes > 1 else 0.0
         for fabric in self._fabrics:
+            fabric.spinner = spin.Spinner(budget) if budget else spin.NEVER
             fabric.routes = routes
             fabric.wire_routes = wire_routes
             fabric.same_node = same_node

@@ -1,0 +1,86 @@
+"""Bounded, adaptive spinning before a futex sleep on shared memory (the board, the channel rings).
+
+Why (bench/README.md, "small"): a replica that sleeps on a futex costs its peer a `FUTEX_WAKE`
+system call and itself a wake-up (~15 us for the call and tens of microseconds before the woken
+thread runs again in this virtual machine), twice per round trip of a ping-pong and once per
+leader and all-reduce. MPI's ranks never sleep: they poll. When every process of the job on
+this node can have a core of its own, the peer is running and publishes within microseconds, so
+watching the shared word for a short while finds it without either system call (a writer wakes
+only a reader that said it sleeps).
+
+When it must not spin: with more of the job's processes on the node than cores (packed N=1024,
+one actor per replica at N=4 on 2 cores: a spinning process takes the core its peer needs), and
+on a machine whose other work keeps the peers from running. The first is decided per job
+(`budget_for(processes)`); the second by the outcome: a spin that ends without the word changing
+counts as a failure and a hit takes one back, so once failures outnumber hits by `_FAILURES`
+(fewer than half the spins pay) the spinner stops spinning for `_REST` waits, then tries again
+(`_FAILURES` failed spins per `_REST` waits at most when it never pays).
+A spin holds the GIL: it is bounded (`budget`), so a thread of the same process that needs the
+GIL (a transport's reader, the host's poll) waits at most that long, far below Python's switch
+interval. Nothing depends on a spin: the futex wait that follows is the same as without it.
+
+`REPLICAS_SPIN_US` sets the budget in microseconds (0: never spin), whatever the processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from time import perf_counter
+
+from replicas.runtime.cores import cores
+
+ENV = "REPLICAS_SPIN_US"
+BUDGET = 100e-6  # seconds a wait may spin before it sleeps
+_FAILURES = 8  # failed spins in a row before the spinner rests
+_REST = 256  # waits without spinning after that
+
+
+def budget_for(processes: int) -> float:
+    """Seconds to spin before sleeping, for a job with `processes` processes on this node."""
+    setting = os.environ.get(ENV, "").strip()
+    if setting:
+        try:
+            return max(0.0, float(setting) * 1e-6)
+        except ValueError:
+            raise ValueError(f"{ENV}={setting!r}: expected a number of microseconds") from None
+    return BUDGET if processes <= cores() else 0.0
+
+
+class Spinner:
+    """Per replica (one thread uses it): `spin(changed)` polls `changed()` for at most the budget."""
+
+    __slots__ = ("budget", "_failures", "_rest", "spins", "hits")
+
+    def __init__(self, budget: float) -> None:
+        self.budget = budget
+        self._failures = 0
+        self._rest = 0
+        self.spins = 0  # spins tried, and how many saw the change (tests and benchmarks read them)
+        self.hits = 0
+
+    def spin(self, changed: Callable[[], bool]) -> bool:
+        """True as soon as `changed()` holds; False after the budget (or at once while resting)."""
+        if self.budget <= 0.0:
+            return False
+        if self._rest:
+            self._rest -= 1
+            return False
+        self.spins += 1
+        deadline = perf_counter() + self.budget
+        while True:
+            if changed():
+                self.hits += 1
+                if self._failures:
+                    self._failures -= 1  # a hit pays for one failure: it rests below half hits
+                return True
+            if perf_counter() > deadline:
+                break
+        self._failures += 1
+        if self._failures >= _FAILURES:
+            self._failures = 0
+            self._rest = _REST
+        return False
+
+
+NEVER = Spinner(0.0)  # for waits outside a job with peers on this node
