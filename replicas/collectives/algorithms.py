@@ -190,6 +190,9 @@ def all_reduce(ex: Exchange, values: Values, combine: Combine) -> Values:
 # -- all-gather, reduce-scatter, all-to-all ----------------------------------------------------------
 
 def all_gather(ex: Exchange, values: Values, dim: int) -> Values:
+    """The leader copies its local members' operands into their places in the result, then sends
+    those places themselves (under Ray, a leased buffer of the arena goes to a peer without another
+    copy: collectives/buffers.py), and copies what the other leaders sent into theirs."""
     topo = ex.topo
     n = len(topo.group)
     if n == 1:
@@ -197,18 +200,41 @@ def all_gather(ex: Exchange, values: Values, dim: int) -> Values:
     parts = ex.gather_local(values)
     if parts is None:
         return ex.result()
-    everything = leaders_gather(ex, list(zip(topo.local, parts)))
     pool = pool_of(ex.fabric)
     out = []
-    for k, v in enumerate(values):
+    for v in values:
         shape = list(v.shape)
-        width = shape[dim]
-        shape[dim] = width * n
-        buffer = pool.empty(tuple(shape), v.dtype)
-        for i, part in everything:
-            buffer[_slot(dim, i * width, (i + 1) * width)] = part[k]
-        out.append(buffer)
+        shape[dim] *= n
+        out.append(pool.empty(tuple(shape), v.dtype))
+    widths = [v.shape[dim] for v in values]
+
+    def place(k: int, first: int, count: int) -> np.ndarray:
+        return out[k][_slot(dim, first * widths[k], (first + count) * widths[k])]
+
+    for i, part in zip(topo.local, parts):
+        for k, x in enumerate(part):
+            place(k, i, 1)[...] = x
+    # (first member, members, their places): one item for a run of consecutive group indices.
+    mine = []
+    for first, count in _runs(topo.local):
+        mine.append((first, count, tuple(place(k, first, count) for k in range(len(out)))))
+    for first, count, arrays in leaders_gather(ex, mine):
+        if first in topo.local:
+            continue
+        for k, x in enumerate(arrays):
+            place(k, first, count)[...] = x
     return ex.scatter_local(None, _shared(tuple(out), topo))
+
+
+def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted `indices` as (first, count) runs of consecutive integers."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
 
 
 def _chunks(values: Values, n: int, dim: int) -> list[Values]:
