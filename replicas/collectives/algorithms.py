@@ -251,20 +251,45 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
     parts = ex.gather_local(values)
     if parts is None:
         return ex.result()
-    acc = _reduce_local(ex, parts, combine)
     layout, pos = topo.layout, topo.position
-    if len(layout.leaders) > DIRECT_MAX_PROCESSES:
-        acc = leaders_all_reduce(ex, acc, combine)
-    chunks = _chunks(acc, n, dim)
-    if 1 < len(layout.leaders) <= DIRECT_MAX_PROCESSES:
-        # Leader q receives every process's partial of its members' chunks and reduces them in process order.
-        got = leaders_exchange(ex, lambda q: [chunks[i] for i in layout.processes[q]])
-        pool = pool_of(ex.fabric)
-        results = [reduce_into(tuple(pool.empty(c.shape, c.dtype) for c in chunks[i]),
-                               [chunks[i] if q == pos else got[q][k] for q in range(len(layout.leaders))], combine)
-                   for k, i in enumerate(topo.local)]
-    else:
-        results = [chunks[i] for i in topo.local]
+    p = len(layout.leaders)
+    if p == 1 or p > DIRECT_MAX_PROCESSES:
+        acc = _reduce_local(ex, parts, combine)
+        if p > 1:
+            acc = leaders_all_reduce(ex, acc, combine)
+        chunks = _chunks(acc, n, dim)
+        return ex.scatter_local([chunks[i] for i in topo.local])
+    # Leader q receives every process's partial of its members' chunks and reduces them in process
+    # order. Only the chunks other processes need are reduced into buffers of their own (sent from
+    # there: leased buffers go to a peer without a copy); each local member's chunk is reduced
+    # straight into its result, which then takes the other processes' partials.
+    pool = pool_of(ex.fabric)
+    member_chunks = [_chunks(v, n, dim) for v in parts]
+
+    def partial(i: int) -> Values:
+        cs = [mc[i] for mc in member_chunks]
+        if len(cs) == 1:
+            return cs[0]
+        return reduce_into(tuple(pool.empty(c.shape, c.dtype) for c in cs[0]), cs, combine)
+
+    got = leaders_exchange(ex, lambda q: [partial(i) for i in layout.processes[q]])
+    into = getattr(combine, "into", None)
+    results = []
+    for k, i in enumerate(topo.local):
+        out = tuple(pool.empty(c.shape, c.dtype) for c in member_chunks[0][i])
+        if into is not None and len(parts) > 1 and pos <= 1:
+            # ((p0 + p1) + p2) + ...: this process's partial is p0 or p1, so it can be summed into
+            # the result first (p0 + p1 then written over it): the same operations in the same order.
+            reduce_into(out, [mc[i] for mc in member_chunks], combine)
+            rest = [got[q][k] for q in range(p) if q != pos]
+            if pos == 1:
+                into(out, rest[0], out)
+                rest = rest[1:]
+            for r in rest:
+                combine.accumulate(out, r)  # type: ignore[attr-defined]
+        else:
+            reduce_into(out, [partial(i) if q == pos else got[q][k] for q in range(p)], combine)
+        results.append(out)
     return ex.scatter_local(results)
 
 
