@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from replicas.collectives.buffers import pool_of
+from replicas.collectives.buffers import pool_of, sendable_in_place
 from replicas.collectives.hierarchy import LEADER_ROUND, Exchange, Topology
 
 SMALL_BYTES = 256 * 1024  # below this, leaders reduce in one round; above, reduce-scatter + all-gather
@@ -183,8 +183,90 @@ def all_reduce(ex: Exchange, values: Values, combine: Combine) -> Values:
     parts = ex.gather_local(values)
     if parts is None:
         return ex.result()
-    acc = leaders_all_reduce(ex, _reduce_local(ex, parts, combine), combine)
+    p = len(topo.layout.leaders)
+    if 1 < p <= DIRECT_MAX_PROCESSES and nbytes(values) >= SMALL_BYTES and hasattr(combine, "into"):
+        acc = _sharded_all_reduce(ex, parts, combine)
+    else:
+        acc = leaders_all_reduce(ex, _reduce_local(ex, parts, combine), combine)
     return ex.scatter_local(None, _shared(acc, topo))
+
+
+# Blocks of the sharded all-reduce's own shard: a process's partial sum of a block stays in cache
+# between being summed and being added (1 MiB: twice the L2 of the development machine's cores,
+# ~30 blocks for a 64 MiB buffer on 2 processes, each a few numpy calls).
+BLOCK_BYTES = 1 << 20
+# Below this, a round's payloads may fit the same-node board's slots (runtime/board.py, 4 MiB), which
+# copy them: sending the members' shards there instead of their partial would copy more.
+IN_PLACE_MIN_BYTES = 8 << 20
+
+
+def _sharded_all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> Values:
+    """Reduce-scatter then all-gather among the process leaders, shard q reduced by leader q in
+    process order, each process's partial of it in group order.
+
+    What leader q gets from another process is that process's partial of shard q, or, when the
+    process's operands already lie in its shared-memory arena (earlier results: leased buffers,
+    collectives/buffers.py), the members' shards themselves, sent in place: leader q then sums them
+    in group order itself, block by block, with no partial written anywhere. The own shard's
+    partial is summed the same way, straight into the result; only its place there is written.
+    Same additions in the same order either way: the bits do not depend on what was sent."""
+    topo = ex.topo
+    p, pos = len(topo.layout.leaders), topo.position
+    pool = pool_of(ex.fabric)
+    out = tuple(pool.empty(v.shape, v.dtype) for v in parts[0])
+    places = list(zip(*(np.array_split(o.reshape(-1), p) for o in out)))
+    # member_shards[m][q]: local member m's shard q (a view of its operand).
+    member_shards = [list(zip(*(np.array_split(v.reshape(-1), p) for v in part))) for part in parts]
+    # (Members' shards rather than a partial: more bytes, so only where no board slot copies them.)
+    in_place = (len(parts) > 1 and nbytes(parts[0]) * len(parts) > IN_PLACE_MIN_BYTES
+                and all(sendable_in_place(ex.fabric, part) for part in parts))
+
+    def payload(q: int) -> list[Values]:
+        shards = [ms[q] for ms in member_shards]
+        if len(shards) == 1 or in_place:
+            return shards
+        return [reduce_into(tuple(pool.empty(x.shape, x.dtype) for x in shards[0]), shards, combine)]
+
+    got = ex.among_leaders(LEADER_ROUND, [None if q == pos else payload(q) for q in range(p)],
+                           per_destination=True)
+    got[pos] = [ms[pos] for ms in member_shards]
+    _reduce_specs_into(places[pos], got, combine)
+    del got
+    # Released at once: the peers' round-one buffers are free again before round two (a board
+    # writer reuses its buffer of round one in its next collective's round one).
+    ex.release()
+    for q, shard in enumerate(ex.among_leaders(LEADER_ROUND + 1, places[pos])):
+        if q != pos:
+            for place, part in zip(places[q], shard):
+                np.copyto(place, part)
+    return out
+
+
+def _reduce_specs_into(out: Values, specs: list[list[Values]], combine: Combine) -> None:
+    """out = ((s0 + s1) + s2) + ... where s_q = reduce_in_order(specs[q]) (1-D arrays), computed
+    block by block so each process's partial of a block stays in cache: elementwise operations,
+    so the blocks give the same bits as whole arrays."""
+    lengths = [o.shape[0] for o in out]
+    blocks = max(1, -(-max(o.nbytes for o in out) // BLOCK_BYTES))
+    scratch = [tuple(np.empty(-(-n // blocks), o.dtype) for n, o in zip(lengths, out)) if len(spec) > 1 and q
+               else None for q, spec in enumerate(specs)]
+    accumulate = combine.accumulate  # type: ignore[attr-defined]
+    for j in range(blocks):
+        cuts = [slice(n * j // blocks, n * (j + 1) // blocks) for n in lengths]
+
+        def cut(values: Values, cuts: list[slice] = cuts) -> Values:
+            return tuple(x[c] for x, c in zip(values, cuts))
+
+        o = cut(out)
+        reduce_into(o, [cut(v) for v in specs[0]], combine)
+        for q in range(1, len(specs)):
+            spec = specs[q]
+            if len(spec) == 1:
+                accumulate(o, cut(spec[0]))
+            else:
+                t = reduce_into(tuple(x[:c.stop - c.start] for x, c in zip(scratch[q], cuts)),
+                                [cut(v) for v in spec], combine)
+                accumulate(o, t)
 
 
 # -- all-gather, reduce-scatter, all-to-all ----------------------------------------------------------

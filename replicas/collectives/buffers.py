@@ -164,3 +164,10 @@ def pool_of(fabric: Any) -> BufferPool:
         if outbox is not None:
             outbox.on_close(pool.retire)
     return pool
+
+
+def sendable_in_place(fabric: Any, values: Any) -> bool:
+    """Whether every array of `values` lies in a leased buffer of `fabric`'s shared-memory arena
+    (sent to a peer of the node as a descriptor of where it is, without a copy)."""
+    outbox = getattr(fabric, "outbox", None)
+    return outbox is not None and all(outbox.leases(v) for v in values)

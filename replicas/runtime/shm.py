@@ -308,6 +308,17 @@ class Outbox:
                 block[2] = 0
                 self._leased_bytes -= block[0]
 
+    def leases(self, x: np.ndarray) -> bool:
+        """Whether `x` (C-contiguous) lies in a leased block: `put` would send it in place."""
+        if not (isinstance(x, np.ndarray) and x.flags.c_contiguous and x.nbytes and self._leased_bytes):
+            return False
+        at = x.ctypes.data - self._base
+        if not 0 <= at < self.capacity:
+            return False
+        with self._lock:
+            return any(leased and offset + HEADER <= at and at + x.nbytes <= offset + size
+                       for offset, (size, _, leased) in self._blocks.items())
+
     def _lend(self, x: np.ndarray) -> ShmArray | None:
         """A descriptor of `x` in place, if it lies in a leased block with a free word (caller holds
         the lock)."""
