@@ -35,7 +35,10 @@ def documented_sum(operands: list[np.ndarray], placement: list[int]) -> np.ndarr
 @pytest.mark.parametrize("placement", [[0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], [0, 0, 1, 1, 2, 2],
                                        [0, 1, 1, 2, 2, 0], [0, 0, 0, 0], [0, 1, 2, 3]])
 @pytest.mark.parametrize("size", [96, 96_000])  # one round / reduce-scatter + all-gather among leaders
-def test_reductions_follow_the_documented_order_bitwise(placement, size):
+@pytest.mark.parametrize("block_bytes", [None, 4096])  # whole arrays / many blocks summed in cache
+def test_reductions_follow_the_documented_order_bitwise(placement, size, block_bytes, monkeypatch):
+    if block_bytes is not None:
+        monkeypatch.setattr(algorithms, "BLOCK_BYTES", block_bytes)
     n = len(placement)
     width = size * n
     assert (width * 4 >= algorithms.SMALL_BYTES) == (size == 96_000)

@@ -74,7 +74,10 @@ def _reduce_local(ex: Exchange, parts: Sequence[Values], combine: Combine) -> Va
     if len(parts) == 1:
         return parts[0]
     pool = pool_of(ex.fabric)
-    return reduce_into(tuple(pool.empty(v.shape, v.dtype) for v in parts[0]), parts, combine)
+    out = tuple(pool.empty(v.shape, v.dtype) for v in parts[0])
+    if len(parts) > 2 and hasattr(combine, "into"):
+        return _reduce_specs_into(out, [list(parts)], combine)  # the sum of a block stays in cache
+    return reduce_into(out, parts, combine)
 
 
 def nbytes(values: Values) -> int:
@@ -242,31 +245,38 @@ def _sharded_all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> 
     return out
 
 
-def _reduce_specs_into(out: Values, specs: list[list[Values]], combine: Combine) -> None:
-    """out = ((s0 + s1) + s2) + ... where s_q = reduce_in_order(specs[q]) (1-D arrays), computed
-    block by block so each process's partial of a block stays in cache: elementwise operations,
-    so the blocks give the same bits as whole arrays."""
-    lengths = [o.shape[0] for o in out]
-    blocks = max(1, -(-max(o.nbytes for o in out) // BLOCK_BYTES))
-    scratch = [tuple(np.empty(-(-n // blocks), o.dtype) for n, o in zip(lengths, out)) if len(spec) > 1 and q
-               else None for q, spec in enumerate(specs)]
+def _reduce_specs_into(out: Values, specs: list[list[Values]], combine: Combine) -> Values:
+    """out = ((s0 + s1) + s2) + ... where s_q = reduce_in_order(specs[q]), for a combine with
+    `into` (numpy ufuncs). When every array is C-contiguous, computed block by block so each
+    partial of a block stays in cache and `out` is written once: elementwise operations, so the
+    blocks give the same bits as whole arrays."""
+    arrays = [*out, *(x for spec in specs for v in spec for x in v)]
+    if all(x.flags.c_contiguous for x in arrays):
+        flat = [o.reshape(-1) for o in out]
+        specs = [[tuple(x.reshape(-1) for x in v) for v in spec] for spec in specs]
+        blocks = max(1, -(-max(o.nbytes for o in out) // BLOCK_BYTES))
+    else:
+        flat, blocks = list(out), 1
+    lengths = [o.shape[0] if o.ndim else 1 for o in flat]
+    scratch = [tuple(np.empty(o.shape if blocks == 1 else -(-n // blocks), o.dtype) for n, o in zip(lengths, flat))
+               if len(spec) > 1 and q else None for q, spec in enumerate(specs)]
     accumulate = combine.accumulate  # type: ignore[attr-defined]
     for j in range(blocks):
-        cuts = [slice(n * j // blocks, n * (j + 1) // blocks) for n in lengths]
+        cuts = [slice(n * j // blocks, n * (j + 1) // blocks) for n in lengths] if blocks > 1 else None
 
-        def cut(values: Values, cuts: list[slice] = cuts) -> Values:
-            return tuple(x[c] for x, c in zip(values, cuts))
+        def cut(values: Values, cuts: list[slice] | None = cuts) -> Values:
+            return values if cuts is None else tuple(x[c] for x, c in zip(values, cuts))
 
-        o = cut(out)
+        o = cut(tuple(flat))
         reduce_into(o, [cut(v) for v in specs[0]], combine)
         for q in range(1, len(specs)):
             spec = specs[q]
             if len(spec) == 1:
                 accumulate(o, cut(spec[0]))
             else:
-                t = reduce_into(tuple(x[:c.stop - c.start] for x, c in zip(scratch[q], cuts)),
-                                [cut(v) for v in spec], combine)
-                accumulate(o, t)
+                t = scratch[q] if cuts is None else tuple(x[:c.stop - c.start] for x, c in zip(scratch[q], cuts))
+                accumulate(o, reduce_into(t, [cut(v) for v in spec], combine))
+    return out
 
 
 # -- all-gather, reduce-scatter, all-to-all ----------------------------------------------------------
@@ -359,16 +369,10 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
     results = []
     for k, i in enumerate(topo.local):
         out = tuple(pool.empty(c.shape, c.dtype) for c in member_chunks[0][i])
-        if into is not None and len(parts) > 1 and pos <= 1:
-            # ((p0 + p1) + p2) + ...: this process's partial is p0 or p1, so it can be summed into
-            # the result first (p0 + p1 then written over it): the same operations in the same order.
-            reduce_into(out, [mc[i] for mc in member_chunks], combine)
-            rest = [got[q][k] for q in range(p) if q != pos]
-            if pos == 1:
-                into(out, rest[0], out)
-                rest = rest[1:]
-            for r in rest:
-                combine.accumulate(out, r)  # type: ignore[attr-defined]
+        if into is not None:
+            # This process's partial summed block by block on its way into the result.
+            _reduce_specs_into(out, [[mc[i] for mc in member_chunks] if q == pos else [got[q][k]]
+                                     for q in range(p)], combine)
         else:
             reduce_into(out, [partial(i) if q == pos else got[q][k] for q in range(p)], combine)
         results.append(out)
