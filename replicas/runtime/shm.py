@@ -29,6 +29,14 @@ sweeps the words on its next allocation. A sender never writes a block while any
 unset, so a receiver never sees its data change. When the arena is full (receivers hold too
 much), the caller falls back to the object store: sends never wait for space.
 
+Leased blocks (`Outbox.lease`): the collectives' result buffers of an actor with peers on its
+node live in its arena too (collectives/buffers.py). Such a block belongs to its owner until given
+back; an array lying in it is sent as a descriptor of that place (`ShmArray.start`), each
+receiver taking one of the block's free words, so a result or partial sum sent to a peer costs no
+copy. The owner reuses the block only when nothing of its own refers to it and every word is free.
+Numpy arrays over an mmap hold no buffer export, so an arena with a leased block still referred
+to at the end of a job is abandoned (unmapped with its last array), never reused or closed.
+
 A job names its arenas `rpl-<job token>-<first replica of the actor>@<pid>.<fd>` in descriptors:
 the token is the job's random secret, so a job only opens its own, and the release words a
 receiver sets carry the job's stamp (`job_stamp`), so a late release by an earlier job's receiver
