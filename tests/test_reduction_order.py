@@ -58,3 +58,22 @@ def test_reductions_follow_the_documented_order_bitwise(placement, size, block_b
     for r, (ar_r, rs_r) in enumerate(out):
         assert bits(ar_r) == bits(want), f"all-reduce on replica {r}"
         assert bits(rs_r) == bits(want[r * size:(r + 1) * size]), f"reduce-scatter on replica {r}"
+
+
+@pytest.mark.parametrize("placement", [[0, 0, 1, 1], [0, 1, 0, 1], [0, 0, 0, 0], [0, 1, 1, 2, 2, 0]])
+@pytest.mark.parametrize("assembly_bytes", [None, 0])  # the leader / each member copies the results
+def test_all_to_all_results_whoever_assembles_them(placement, assembly_bytes, monkeypatch):
+    if assembly_bytes is not None:
+        monkeypatch.setattr(algorithms, "MEMBER_ASSEMBLY_MIN_BYTES", assembly_bytes)
+    n = len(placement)
+    c = Comp("main")
+    x = c.param(f"s32[{n},{6 * n}]")
+    a2a = c.op("all-to-all", f"s32[{n},{6 * n}]", [x], replica_groups=[], dimensions=[1])
+    m = module(c.done(a2a))
+    rng = np.random.default_rng(3)
+    args = [[rng.integers(-1000, 1000, (n, 6 * n), dtype=np.int32)] for _ in range(n)]
+    backend = ThreadBackend(compile_module(m), args, placement=placement)
+    out = Job(backend, None, timeout=60, host_may_send=False).result()
+    for r in range(n):
+        want = np.concatenate([np.split(args[j][0], n, axis=1)[r] for j in range(n)], axis=1)
+        np.testing.assert_array_equal(out[r], want)

@@ -175,7 +175,9 @@ ENTRY main {{
 def test_results_fed_back_through_leased_buffers_equal_the_threads_backend_bitwise(per_actor):
     """Every iteration's all-reduce, all-to-all and all-gather read operands that are earlier
     results (in the arena, sent in place) and write into reused buffers: same bits as threads."""
-    e = (5 << 20) // 4  # f32 elements: every part sent is >= MIN_BYTES; the all-reduce sends members in place
+    # f32 elements: every part sent is >= MIN_BYTES, the all-reduce sends members in place and the
+    # all-to-all results are assembled by each member (algorithms.MEMBER_ASSEMBLY_MIN_BYTES)
+    e = (9 << 20) // 4
     module = rp.parse_hlo(LOOP.format(e=e, g=4 * e))
     rng = np.random.default_rng(5)
     args = [[rng.standard_normal(e).astype(np.float32)] for _ in range(4)]

@@ -399,6 +399,13 @@ def _addressed(ex: Exchange, parts: list[Any], item: Callable[[Any, int], Any]) 
     return out
 
 
+# From this size on, each local member copies its own all-to-all result together (in its own thread,
+# on another core if there is one: numpy copies without the GIL) instead of its leader copying all
+# of them; below, a round's payloads may still be on the board, whose views the leader then has to
+# copy out before handing them on (`Exchange.settle`).
+MEMBER_ASSEMBLY_MIN_BYTES = 8 << 20
+
+
 def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
     """Array form: split along `dim` into group-size chunks, chunk j to member j, written into
     each receiver's result at the sender's position."""
@@ -406,20 +413,31 @@ def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
     n = len(topo.group)
     if n == 1:
         return values
+    members_assemble = len(topo.local) > 1 and nbytes(values) >= MEMBER_ASSEMBLY_MIN_BYTES
     parts = ex.gather_local(values)
     if parts is None:
-        return ex.result()
+        got = ex.result()
+        return _assembled(ex, got, dim) if members_assemble else got
     received = _addressed(ex, [_chunks(p, n, dim) for p in parts], lambda chunks, j: chunks[j])
+    if members_assemble:
+        return _assembled(ex, ex.scatter_local(received), dim)
+    return ex.scatter_local([_assembled(ex, chunks_in, dim) for chunks_in in received])
+
+
+def _assembled(ex: Exchange, chunks_in: list[Values], dim: int) -> Values:
+    """One member's all-to-all result: the chunk from each source at its position, in a buffer of
+    its pool (a leased one under Ray: sent on without a copy)."""
     pool = pool_of(ex.fabric)
-    outs = []
-    for k, chunks_in in enumerate(received):
-        out = tuple(pool.empty(v.shape, v.dtype) for v in parts[k])
+    out = []
+    for k, first in enumerate(chunks_in[0]):
+        shape = list(first.shape)
+        width = shape[dim]
+        shape[dim] = width * len(chunks_in)
+        o = pool.empty(tuple(shape), first.dtype)
         for source, chunk in enumerate(chunks_in):
-            for o, c in zip(out, chunk):
-                width = c.shape[dim]
-                o[_slot(dim, source * width, (source + 1) * width)] = c
-        outs.append(out)
-    return ex.scatter_local(outs)
+            o[_slot(dim, source * width, (source + 1) * width)] = chunk[k]
+        out.append(o)
+    return tuple(out)
 
 
 def all_to_all_tuple(ex: Exchange, values: Values) -> Values:
