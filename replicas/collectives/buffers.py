@@ -32,8 +32,9 @@ import numpy as np
 # Below this, malloc reuses freed memory by itself and a pool's bookkeeping costs more than it saves.
 MIN_BYTES = 256 * 1024
 # Buffers kept per (shape, dtype): a loop's results and its previous ones (still the next operands
-# while the new ones are written) alternate, one per local member (all-to-all, reduce-scatter).
-PER_SHAPE = 8
+# while the new ones are written) alternate, one per local member (all-to-all, reduce-scatter),
+# and under Ray partial sums a peer still reads (a reduce-scatter's chunks share their results' shape).
+PER_SHAPE = 16
 # Bytes a pool keeps at most; beyond, buffers are allocated as before and left to the allocator.
 BUDGET = 1 << 30
 _KEY = __name__
