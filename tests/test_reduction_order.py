@@ -72,6 +72,8 @@ def test_all_to_all_results_whoever_assembles_them(placement, assembly_bytes, mo
     m = module(c.done(a2a))
     rng = np.random.default_rng(3)
     args = [[rng.integers(-1000, 1000, (n, 6 * n), dtype=np.int32)] for _ in range(n)]
+    for a in args:
+        a[0].flags.writeable = False  # operands nobody can change: members may read them late
     backend = ThreadBackend(compile_module(m), args, placement=placement)
     out = Job(backend, None, timeout=60, host_may_send=False).result()
     for r in range(n):

@@ -406,6 +406,19 @@ def _addressed(ex: Exchange, parts: list[Any], item: Callable[[Any, int], Any]) 
 MEMBER_ASSEMBLY_MIN_BYTES = 8 << 20
 
 
+# Marks (_ASSEMBLE, chunks) from the leader: the chunks a local member copies into its all-to-all
+# result itself (a pair, which `Exchange.settle` rebuilds with the marker kept, copying any chunk
+# still on the board).
+_ASSEMBLE = object()
+
+
+def _unchanging(fabric: Any, part: Values) -> bool:
+    """Whether a member's operands stay as they are after it left the collective: read-only, or in
+    a leased buffer (never written in place: a loop copies a view before it updates it in place).
+    Only then may another member still read them after their owner went on."""
+    return all(not x.flags.writeable for x in part) or sendable_in_place(fabric, part)
+
+
 def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
     """Array form: split along `dim` into group-size chunks, chunk j to member j, written into
     each receiver's result at the sender's position."""
@@ -413,14 +426,14 @@ def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
     n = len(topo.group)
     if n == 1:
         return values
-    members_assemble = len(topo.local) > 1 and nbytes(values) >= MEMBER_ASSEMBLY_MIN_BYTES
     parts = ex.gather_local(values)
     if parts is None:
         got = ex.result()
-        return _assembled(ex, got, dim) if members_assemble else got
+        return _assembled(ex, got[1], dim) if got[0] is _ASSEMBLE else got
     received = _addressed(ex, [_chunks(p, n, dim) for p in parts], lambda chunks, j: chunks[j])
-    if members_assemble:
-        return _assembled(ex, ex.scatter_local(received), dim)
+    if (len(parts) > 1 and nbytes(values) >= MEMBER_ASSEMBLY_MIN_BYTES
+            and all(_unchanging(ex.fabric, part) for part in parts)):
+        return _assembled(ex, ex.scatter_local([(_ASSEMBLE, r) for r in received])[1], dim)
     return ex.scatter_local([_assembled(ex, chunks_in, dim) for chunks_in in received])
 
 
