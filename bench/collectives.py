@@ -82,7 +82,8 @@ def warm_up(n: int, config: str) -> None:
 
 def time_replicas(op: str, nbytes: int, n: int, config: str, repeat: int) -> Timing:
     elements = nbytes // 4
-    module = collective_program(op, elements, n)
+    # The loop's last result stays in the replicas (one element returns): see `collective_program`.
+    module = collective_program(op, elements, n, result_elements=1)
     x = np.ones(elements, np.float32)
     k1, k2 = iterations_for(nbytes)
     return per_iteration(lambda k: run_loop(module, x, k, n, *parse_config(config)), k1, k2, repeat)

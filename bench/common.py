@@ -61,16 +61,19 @@ ENTRY main {{
   y0 = f32[{out}] broadcast(fzero), dimensions={{}}
   init = (s32[], s32[], f32[{e}], f32[{out}]) tuple(zero, k, x, y0)
   loop = (s32[], s32[], f32[{e}], f32[{out}]) while(init), condition=cond, body=body
-  ROOT y = f32[{out}] get-tuple-element(loop), index=3
-}}
+  {root}y = f32[{out}] get-tuple-element(loop), index=3
+{tail}}}
 """
 
 
-def collective_program(op: str, elements: int, n: int) -> rp.Module:
+def collective_program(op: str, elements: int, n: int, result_elements: int | None = None) -> rp.Module:
     """A While loop running `op` on an f32[elements] buffer per replica k times (k = parameter 1).
 
     Same-shape collectives feed their result back as the next operand (so no iteration can be
-    skipped); all-gather and reduce-scatter keep the operand and carry their result beside it."""
+    skipped); all-gather and reduce-scatter keep the operand and carry their result beside it.
+    `result_elements`: the program returns only the first elements of the last result (a job's
+    return of a large result through Ray's object store is a per-job cost whose page faults vary
+    from job to job by more than the 64 MiB rows' differenced time: bench/README.md, "large")."""
     e = elements
     if op == "all-reduce":
         out, carry = e, "y"
@@ -91,8 +94,12 @@ def collective_program(op: str, elements: int, n: int) -> rp.Module:
             "}", "}}") + "}}"
     else:
         raise ValueError(op)
+    root, tail = "ROOT ", ""
+    if result_elements is not None:
+        root = ""
+        tail = f"  ROOT first = f32[{result_elements}] slice(y), slice={{[0:{result_elements}]}}\n"
     text = LOOP.format(name=op.replace("-", "_"), n=n, e=e, out=out, carry=carry,
-                       op=body.format(e=e, out=out))
+                       op=body.format(e=e, out=out), root=root, tail=tail)
     return rp.parse_hlo(text)
 
 

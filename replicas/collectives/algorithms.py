@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from replicas.collectives.buffers import pool_of
+from replicas.collectives.buffers import pool_of, sendable_in_place
 from replicas.collectives.hierarchy import LEADER_ROUND, Exchange, Topology
 
 SMALL_BYTES = 256 * 1024  # below this, leaders reduce in one round; above, reduce-scatter + all-gather
@@ -74,7 +74,10 @@ def _reduce_local(ex: Exchange, parts: Sequence[Values], combine: Combine) -> Va
     if len(parts) == 1:
         return parts[0]
     pool = pool_of(ex.fabric)
-    return reduce_into(tuple(pool.empty(v.shape, v.dtype) for v in parts[0]), parts, combine)
+    out = tuple(pool.empty(v.shape, v.dtype) for v in parts[0])
+    if len(parts) > 2 and hasattr(combine, "into"):
+        return _reduce_specs_into(out, [list(parts)], combine)  # the sum of a block stays in cache
+    return reduce_into(out, parts, combine)
 
 
 def nbytes(values: Values) -> int:
@@ -183,13 +186,105 @@ def all_reduce(ex: Exchange, values: Values, combine: Combine) -> Values:
     parts = ex.gather_local(values)
     if parts is None:
         return ex.result()
-    acc = leaders_all_reduce(ex, _reduce_local(ex, parts, combine), combine)
+    p = len(topo.layout.leaders)
+    if 1 < p <= DIRECT_MAX_PROCESSES and nbytes(values) >= SMALL_BYTES and hasattr(combine, "into"):
+        acc = _sharded_all_reduce(ex, parts, combine)
+    else:
+        acc = leaders_all_reduce(ex, _reduce_local(ex, parts, combine), combine)
     return ex.scatter_local(None, _shared(acc, topo))
+
+
+# Blocks of the sharded all-reduce's own shard: a process's partial sum of a block stays in cache
+# between being summed and being added (1 MiB: twice the L2 of the development machine's cores,
+# ~30 blocks for a 64 MiB buffer on 2 processes, each a few numpy calls).
+BLOCK_BYTES = 1 << 20
+# Below this, a round's payloads may fit the same-node board's slots (runtime/board.py, 4 MiB), which
+# copy them: sending the members' shards there instead of their partial would copy more.
+IN_PLACE_MIN_BYTES = 8 << 20
+
+
+def _sharded_all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> Values:
+    """Reduce-scatter then all-gather among the process leaders, shard q reduced by leader q in
+    process order, each process's partial of it in group order.
+
+    What leader q gets from another process is that process's partial of shard q, or, when the
+    process's operands already lie in its shared-memory arena (earlier results: leased buffers,
+    collectives/buffers.py), the members' shards themselves, sent in place: leader q then sums them
+    in group order itself, block by block, with no partial written anywhere. The own shard's
+    partial is summed the same way, straight into the result; only its place there is written.
+    Same additions in the same order either way: the bits do not depend on what was sent."""
+    topo = ex.topo
+    p, pos = len(topo.layout.leaders), topo.position
+    pool = pool_of(ex.fabric)
+    out = tuple(pool.empty(v.shape, v.dtype) for v in parts[0])
+    places = list(zip(*(np.array_split(o.reshape(-1), p) for o in out)))
+    # member_shards[m][q]: local member m's shard q (a view of its operand).
+    member_shards = [list(zip(*(np.array_split(v.reshape(-1), p) for v in part))) for part in parts]
+    # (Members' shards rather than a partial: more bytes, so only where no board slot copies them.)
+    in_place = (len(parts) > 1 and nbytes(parts[0]) * len(parts) > IN_PLACE_MIN_BYTES
+                and all(sendable_in_place(ex.fabric, part) for part in parts))
+
+    def payload(q: int) -> list[Values]:
+        shards = [ms[q] for ms in member_shards]
+        if len(shards) == 1 or in_place:
+            return shards
+        return [reduce_into(tuple(pool.empty(x.shape, x.dtype) for x in shards[0]), shards, combine)]
+
+    got = ex.among_leaders(LEADER_ROUND, [None if q == pos else payload(q) for q in range(p)],
+                           per_destination=True)
+    got[pos] = [ms[pos] for ms in member_shards]
+    _reduce_specs_into(places[pos], got, combine)
+    del got
+    # Released at once: the peers' round-one buffers are free again before round two (a board
+    # writer reuses its buffer of round one in its next collective's round one).
+    ex.release()
+    for q, shard in enumerate(ex.among_leaders(LEADER_ROUND + 1, places[pos])):
+        if q != pos:
+            for place, part in zip(places[q], shard):
+                np.copyto(place, part)
+    return out
+
+
+def _reduce_specs_into(out: Values, specs: list[list[Values]], combine: Combine) -> Values:
+    """out = ((s0 + s1) + s2) + ... where s_q = reduce_in_order(specs[q]), for a combine with
+    `into` (numpy ufuncs). When every array is C-contiguous, computed block by block so each
+    partial of a block stays in cache and `out` is written once: elementwise operations, so the
+    blocks give the same bits as whole arrays."""
+    arrays = [*out, *(x for spec in specs for v in spec for x in v)]
+    if all(x.flags.c_contiguous for x in arrays):
+        flat = [o.reshape(-1) for o in out]
+        specs = [[tuple(x.reshape(-1) for x in v) for v in spec] for spec in specs]
+        blocks = max(1, -(-max(o.nbytes for o in out) // BLOCK_BYTES))
+    else:
+        flat, blocks = list(out), 1
+    lengths = [o.shape[0] if o.ndim else 1 for o in flat]
+    scratch = [tuple(np.empty(o.shape if blocks == 1 else -(-n // blocks), o.dtype) for n, o in zip(lengths, flat))
+               if len(spec) > 1 and q else None for q, spec in enumerate(specs)]
+    accumulate = combine.accumulate  # type: ignore[attr-defined]
+    for j in range(blocks):
+        cuts = [slice(n * j // blocks, n * (j + 1) // blocks) for n in lengths] if blocks > 1 else None
+
+        def cut(values: Values, cuts: list[slice] | None = cuts) -> Values:
+            return values if cuts is None else tuple(x[c] for x, c in zip(values, cuts))
+
+        o = cut(tuple(flat))
+        reduce_into(o, [cut(v) for v in specs[0]], combine)
+        for q in range(1, len(specs)):
+            spec = specs[q]
+            if len(spec) == 1:
+                accumulate(o, cut(spec[0]))
+            else:
+                t = scratch[q] if cuts is None else tuple(x[:c.stop - c.start] for x, c in zip(scratch[q], cuts))
+                accumulate(o, reduce_into(t, [cut(v) for v in spec], combine))
+    return out
 
 
 # -- all-gather, reduce-scatter, all-to-all ----------------------------------------------------------
 
 def all_gather(ex: Exchange, values: Values, dim: int) -> Values:
+    """The leader copies its local members' operands into their places in the result, then sends
+    those places themselves (under Ray, a leased buffer of the arena goes to a peer without another
+    copy: collectives/buffers.py), and copies what the other leaders sent into theirs."""
     topo = ex.topo
     n = len(topo.group)
     if n == 1:
@@ -197,18 +292,41 @@ def all_gather(ex: Exchange, values: Values, dim: int) -> Values:
     parts = ex.gather_local(values)
     if parts is None:
         return ex.result()
-    everything = leaders_gather(ex, list(zip(topo.local, parts)))
     pool = pool_of(ex.fabric)
     out = []
-    for k, v in enumerate(values):
+    for v in values:
         shape = list(v.shape)
-        width = shape[dim]
-        shape[dim] = width * n
-        buffer = pool.empty(tuple(shape), v.dtype)
-        for i, part in everything:
-            buffer[_slot(dim, i * width, (i + 1) * width)] = part[k]
-        out.append(buffer)
+        shape[dim] *= n
+        out.append(pool.empty(tuple(shape), v.dtype))
+    widths = [v.shape[dim] for v in values]
+
+    def place(k: int, first: int, count: int) -> np.ndarray:
+        return out[k][_slot(dim, first * widths[k], (first + count) * widths[k])]
+
+    for i, part in zip(topo.local, parts):
+        for k, x in enumerate(part):
+            place(k, i, 1)[...] = x
+    # (first member, members, their places): one item for a run of consecutive group indices.
+    mine = []
+    for first, count in _runs(topo.local):
+        mine.append((first, count, tuple(place(k, first, count) for k in range(len(out)))))
+    for first, count, arrays in leaders_gather(ex, mine):
+        if first in topo.local:
+            continue
+        for k, x in enumerate(arrays):
+            place(k, first, count)[...] = x
     return ex.scatter_local(None, _shared(tuple(out), topo))
+
+
+def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted `indices` as (first, count) runs of consecutive integers."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
 
 
 def _chunks(values: Values, n: int, dim: int) -> list[Values]:
@@ -225,20 +343,39 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
     parts = ex.gather_local(values)
     if parts is None:
         return ex.result()
-    acc = _reduce_local(ex, parts, combine)
     layout, pos = topo.layout, topo.position
-    if len(layout.leaders) > DIRECT_MAX_PROCESSES:
-        acc = leaders_all_reduce(ex, acc, combine)
-    chunks = _chunks(acc, n, dim)
-    if 1 < len(layout.leaders) <= DIRECT_MAX_PROCESSES:
-        # Leader q receives every process's partial of its members' chunks and reduces them in process order.
-        got = leaders_exchange(ex, lambda q: [chunks[i] for i in layout.processes[q]])
-        pool = pool_of(ex.fabric)
-        results = [reduce_into(tuple(pool.empty(c.shape, c.dtype) for c in chunks[i]),
-                               [chunks[i] if q == pos else got[q][k] for q in range(len(layout.leaders))], combine)
-                   for k, i in enumerate(topo.local)]
-    else:
-        results = [chunks[i] for i in topo.local]
+    p = len(layout.leaders)
+    if p == 1 or p > DIRECT_MAX_PROCESSES:
+        acc = _reduce_local(ex, parts, combine)
+        if p > 1:
+            acc = leaders_all_reduce(ex, acc, combine)
+        chunks = _chunks(acc, n, dim)
+        return ex.scatter_local([chunks[i] for i in topo.local])
+    # Leader q receives every process's partial of its members' chunks and reduces them in process
+    # order. Only the chunks other processes need are reduced into buffers of their own (sent from
+    # there: leased buffers go to a peer without a copy); each local member's chunk is reduced
+    # straight into its result, which then takes the other processes' partials.
+    pool = pool_of(ex.fabric)
+    member_chunks = [_chunks(v, n, dim) for v in parts]
+
+    def partial(i: int) -> Values:
+        cs = [mc[i] for mc in member_chunks]
+        if len(cs) == 1:
+            return cs[0]
+        return reduce_into(tuple(pool.empty(c.shape, c.dtype) for c in cs[0]), cs, combine)
+
+    got = leaders_exchange(ex, lambda q: [partial(i) for i in layout.processes[q]])
+    into = getattr(combine, "into", None)
+    results = []
+    for k, i in enumerate(topo.local):
+        out = tuple(pool.empty(c.shape, c.dtype) for c in member_chunks[0][i])
+        if into is not None:
+            # This process's partial summed block by block on its way into the result.
+            _reduce_specs_into(out, [[mc[i] for mc in member_chunks] if q == pos else [got[q][k]]
+                                     for q in range(p)], combine)
+        else:
+            reduce_into(out, [partial(i) if q == pos else got[q][k] for q in range(p)], combine)
+        results.append(out)
     return ex.scatter_local(results)
 
 
@@ -262,6 +399,26 @@ def _addressed(ex: Exchange, parts: list[Any], item: Callable[[Any, int], Any]) 
     return out
 
 
+# From this size on, each local member copies its own all-to-all result together (in its own thread,
+# on another core if there is one: numpy copies without the GIL) instead of its leader copying all
+# of them; below, a round's payloads may still be on the board, whose views the leader then has to
+# copy out before handing them on (`Exchange.settle`).
+MEMBER_ASSEMBLY_MIN_BYTES = 8 << 20
+
+
+# Marks (_ASSEMBLE, chunks) from the leader: the chunks a local member copies into its all-to-all
+# result itself (a pair, which `Exchange.settle` rebuilds with the marker kept, copying any chunk
+# still on the board).
+_ASSEMBLE = object()
+
+
+def _unchanging(fabric: Any, part: Values) -> bool:
+    """Whether a member's operands stay as they are after it left the collective: read-only, or in
+    a leased buffer (never written in place: a loop copies a view before it updates it in place).
+    Only then may another member still read them after their owner went on."""
+    return all(not x.flags.writeable for x in part) or sendable_in_place(fabric, part)
+
+
 def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
     """Array form: split along `dim` into group-size chunks, chunk j to member j, written into
     each receiver's result at the sender's position."""
@@ -271,18 +428,29 @@ def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
         return values
     parts = ex.gather_local(values)
     if parts is None:
-        return ex.result()
+        got = ex.result()
+        return _assembled(ex, got[1], dim) if got[0] is _ASSEMBLE else got
     received = _addressed(ex, [_chunks(p, n, dim) for p in parts], lambda chunks, j: chunks[j])
+    if (len(parts) > 1 and nbytes(values) >= MEMBER_ASSEMBLY_MIN_BYTES
+            and all(_unchanging(ex.fabric, part) for part in parts)):
+        return _assembled(ex, ex.scatter_local([(_ASSEMBLE, r) for r in received])[1], dim)
+    return ex.scatter_local([_assembled(ex, chunks_in, dim) for chunks_in in received])
+
+
+def _assembled(ex: Exchange, chunks_in: list[Values], dim: int) -> Values:
+    """One member's all-to-all result: the chunk from each source at its position, in a buffer of
+    its pool (a leased one under Ray: sent on without a copy)."""
     pool = pool_of(ex.fabric)
-    outs = []
-    for k, chunks_in in enumerate(received):
-        out = tuple(pool.empty(v.shape, v.dtype) for v in parts[k])
+    out = []
+    for k, first in enumerate(chunks_in[0]):
+        shape = list(first.shape)
+        width = shape[dim]
+        shape[dim] = width * len(chunks_in)
+        o = pool.empty(tuple(shape), first.dtype)
         for source, chunk in enumerate(chunks_in):
-            for o, c in zip(out, chunk):
-                width = c.shape[dim]
-                o[_slot(dim, source * width, (source + 1) * width)] = c
-        outs.append(out)
-    return ex.scatter_local(outs)
+            o[_slot(dim, source * width, (source + 1) * width)] = chunk[k]
+        out.append(o)
+    return tuple(out)
 
 
 def all_to_all_tuple(ex: Exchange, values: Values) -> Values:

@@ -8,12 +8,23 @@ buffer took 13-16 ms, into a reused one 6-9 ms; bench/README.md, "Copies per col
 A buffer is handed out again only when nothing but the pool refers to it (`sys.getrefcount`: no
 value of the interpreter, no view, no message holds it), so a result a program keeps is never
 overwritten. Each replica's pool lives in its fabric's `kernel_state`, so it goes with its job.
+
+A replica actor with same-node peers also keeps its pools' free buffers across its jobs (at most
+`KEEP_BYTES` per process, handed to the next job's pools): a fresh large buffer is not only
+zero-filled, numpy asks for huge pages, and with the kernel's `defrag=madvise` the first touch may
+compact memory synchronously. Measured on the 2-core machine under load: copying 256 MiB into a
+fresh buffer took 0.25-3.4 s, into a reused one 22-500 ms, and the benchmark's short jobs (1 and 4
+iterations) paid 3k-78k page faults per actor from one job to the next (bench/README.md,
+"large (2026-11-25)"). The actor's arena (runtime/shm.py) is kept across jobs for the same
+reason; the buffers are handed over when it closes at the end of the job.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -21,49 +32,143 @@ import numpy as np
 # Below this, malloc reuses freed memory by itself and a pool's bookkeeping costs more than it saves.
 MIN_BYTES = 256 * 1024
 # Buffers kept per (shape, dtype): a loop's results and its previous ones (still the next operands
-# while the new ones are written) alternate, one per local member (all-to-all, reduce-scatter).
-PER_SHAPE = 8
+# while the new ones are written) alternate, one per local member (all-to-all, reduce-scatter),
+# and under Ray partial sums a peer still reads (a reduce-scatter's chunks share their results' shape).
+PER_SHAPE = 16
 # Bytes a pool keeps at most; beyond, buffers are allocated as before and left to the allocator.
 BUDGET = 1 << 30
 _KEY = __name__
+# Bytes of free buffers a process keeps between jobs (replica actors with same-node peers only).
+KEEP_BYTES = int(os.environ.get("REPLICAS_POOL_KEEP_BYTES", str(256 << 20)))
 # References to a free buffer while `empty` looks at it: the pool's list, the loop variable and
 # getrefcount's own argument.
 _FREE_REFS = 3
 
 
-class BufferPool:
-    """One replica's reusable buffers, by (shape, dtype)."""
+Key = tuple[tuple[int, ...], np.dtype]
 
-    __slots__ = ("_kept", "_bytes")
+
+class _Spare:
+    """A process's free buffers between jobs, by (shape, dtype), at most `KEEP_BYTES` in all."""
 
     def __init__(self) -> None:
-        self._kept: dict[tuple[tuple[int, ...], np.dtype], list[np.ndarray]] = {}
+        self.kept: dict[Key, list[np.ndarray]] = {}
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def take(self, key: Key) -> np.ndarray | None:
+        with self.lock:
+            found = self.kept.get(key)
+            if not found:
+                return None
+            buffer = found.pop()
+            self.bytes -= buffer.nbytes
+            return buffer
+
+    def give(self, key: Key, buffer: np.ndarray) -> None:
+        with self.lock:
+            if self.bytes + buffer.nbytes <= KEEP_BYTES:
+                self.kept.setdefault(key, []).append(buffer)
+                self.bytes += buffer.nbytes
+
+    def clear(self) -> None:
+        with self.lock:
+            self.kept.clear()
+            self.bytes = 0
+
+
+SPARE = _Spare()
+
+
+class BufferPool:
+    """One replica's reusable buffers, by (shape, dtype). A pool that `keeps` takes buffers from
+    the process's spare ones before it allocates, and gives its free ones back in `retire`.
+
+    With an `outbox` (the actor's shared-memory arena, runtime/shm.py), buffers are leased blocks
+    of the arena when it has room: a result or partial sum sent to a peer of the node then goes
+    as a descriptor of where it already is, without a copy into the arena, and such a block is
+    reused only once both nothing here refers to it and every peer that read it released it."""
+
+    __slots__ = ("_kept", "_bytes", "_keeps", "_outbox")
+
+    def __init__(self, keeps: bool = False, outbox: Any = None) -> None:
+        # (owner, leased block offset or None): the owner is the buffer, or for a leased block the
+        # array every handed-out view refers to (so its reference count sees them all).
+        self._kept: dict[Key, list[tuple[np.ndarray, int | None]]] = {}
         self._bytes = 0
+        self._keeps = keeps
+        self._outbox = outbox
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """A writable C-contiguous buffer of `shape` and `dtype`, contents undefined."""
         dtype = np.dtype(dtype)
         shape = tuple(shape)
-        if math.prod(shape) * dtype.itemsize < MIN_BYTES or dtype.hasobject:
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < MIN_BYTES or dtype.hasobject:
             return np.empty(shape, dtype)
-        kept = self._kept.setdefault((shape, dtype), [])
-        for buffer in kept:
-            if sys.getrefcount(buffer) == _FREE_REFS:
-                buffer.flags.writeable = True  # a result several members shared was made read-only
-                return buffer
-        buffer = np.empty(shape, dtype)
-        if len(kept) < PER_SHAPE and self._bytes + buffer.nbytes <= BUDGET:
-            kept.append(buffer)
-            self._bytes += buffer.nbytes
+        key = (shape, dtype)
+        kept = self._kept.setdefault(key, [])
+        outbox = self._outbox
+        for owner, offset in kept:
+            if sys.getrefcount(owner) == _FREE_REFS:
+                if offset is None:
+                    owner.flags.writeable = True  # a result several members shared was made read-only
+                    return owner
+                if not outbox.lent(offset):
+                    return owner.view(np.ndarray)
+        room = len(kept) < PER_SHAPE and self._bytes + nbytes <= BUDGET
+        offset = outbox.lease(nbytes) if room and outbox is not None else None
+        if offset is not None:
+            owner = outbox.leased_array(offset, shape, dtype)
+            kept.append((owner, offset))
+            self._bytes += nbytes
+            return owner.view(np.ndarray)
+        buffer = SPARE.take(key) if self._keeps else None
+        if buffer is None:
+            buffer = np.empty(shape, dtype)
+        else:
+            buffer.flags.writeable = True
+        if room:
+            kept.append((buffer, None))
+            self._bytes += nbytes
         return buffer
 
     def kept_bytes(self) -> int:
         return self._bytes
 
+    def retire(self) -> bool:
+        """The job is over: its free buffers go to the process's spare ones (a pool that keeps),
+        the pool forgets every buffer (one still held elsewhere stays its holder's). False if a
+        leased block of the arena is still referred to (the arena must not serve another job)."""
+        kept, self._kept, self._bytes = self._kept, {}, 0
+        reusable = True
+        for key, entries in kept.items():
+            while entries:
+                owner, offset = entries.pop()
+                free = sys.getrefcount(owner) == _FREE_REFS - 1  # the local name and getrefcount's argument
+                if offset is not None:
+                    reusable = reusable and free
+                elif free and self._keeps:
+                    SPARE.give(key, owner)
+                del owner
+        return reusable
+
 
 def pool_of(fabric: Any) -> BufferPool:
-    """The pool of `fabric`'s replica for its current job."""
+    """The pool of `fabric`'s replica for its current job. Under an actor's shared-memory arena
+    (runtime/shm.py; the actor has peers on its node), the pool keeps its buffers across the
+    actor's jobs: the arena retires it when it closes at the end of the job."""
     pool = fabric.kernel_state.get(_KEY)
     if pool is None:
-        pool = fabric.kernel_state[_KEY] = BufferPool()
+        outbox = getattr(fabric, "outbox", None)
+        pool = fabric.kernel_state[_KEY] = BufferPool(keeps=outbox is not None, outbox=outbox)
+        if outbox is not None:
+            outbox.on_close(pool.retire)
     return pool
+
+
+def sendable_in_place(fabric: Any, values: Any) -> bool:
+    """Whether every array of `values` lies in a leased buffer of `fabric`'s shared-memory arena
+    (sent to a peer of the node as a descriptor of where it is, without a copy)."""
+    outbox = getattr(fabric, "outbox", None)
+    return outbox is not None and all(outbox.leases(v) for v in values)

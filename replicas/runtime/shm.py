@@ -29,6 +29,14 @@ sweeps the words on its next allocation. A sender never writes a block while any
 unset, so a receiver never sees its data change. When the arena is full (receivers hold too
 much), the caller falls back to the object store: sends never wait for space.
 
+Leased blocks (`Outbox.lease`): the collectives' result buffers of an actor with peers on its
+node live in its arena too (collectives/buffers.py). Such a block belongs to its owner until given
+back; an array lying in it is sent as a descriptor of that place (`ShmArray.start`), each
+receiver taking one of the block's free words, so a result or partial sum sent to a peer costs no
+copy. The owner reuses the block only when nothing of its own refers to it and every word is free.
+Numpy arrays over an mmap hold no buffer export, so an arena with a leased block still referred
+to at the end of a job is abandoned (unmapped with its last array), never reused or closed.
+
 A job names its arenas `rpl-<job token>-<first replica of the actor>@<pid>.<fd>` in descriptors:
 the token is the job's random secret, so a job only opens its own, and the release words a
 receiver sets carry the job's stamp (`job_stamp`), so a late release by an earlier job's receiver
@@ -46,7 +54,7 @@ import mmap
 import os
 import threading
 import weakref
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -61,7 +69,10 @@ MIN_BYTES = 64 * 1024
 # Virtual size of an arena: tmpfs only backs pages that were written, so this bounds, not costs.
 CAPACITY = int(os.environ.get("REPLICAS_SHM_ARENA_BYTES", str(1 << 30)))
 # What an idle actor keeps of its arena's written pages between jobs (the rest goes back to the kernel).
-KEEP_BYTES = int(os.environ.get("REPLICAS_SHM_KEEP_BYTES", str(256 << 20)))
+# (The collectives' result buffers live in the arena too, collectives/buffers.py: a 64 MiB
+# all-gather's two alternating results are 512 MiB, and pages written fresh in every job are what
+# keeping the arena avoids.)
+KEEP_BYTES = int(os.environ.get("REPLICAS_SHM_KEEP_BYTES", str(768 << 20)))
 
 _HELD = 0
 
@@ -162,6 +173,7 @@ class ShmArray(NamedTuple):
     slot: int  # the header word this receiver sets when it is done with the block
     shape: tuple[int, ...]
     dtype: np.dtype
+    start: int = 0  # bytes from the block's data to the array's (a part of a leased block)
 
 
 class Shared(NamedTuple):
@@ -217,6 +229,12 @@ class _Backing:
                 return
         self.close()
 
+    def abandon(self) -> None:
+        """Never reused, and unmapped only when the last array over it is gone (explicitly closing
+        the mmap would unmap it under them: `ndarray(buffer=mmap)` holds no export)."""
+        os.close(self.fd)
+        self.mm = None  # type: ignore[assignment]
+
     def close(self) -> None:
         try:
             self.mm.close()
@@ -241,21 +259,99 @@ class Outbox:
         self._mm = self._backing.mm
         self._stamp = job_stamp(token)
         self._words = np.frombuffer(self._mm, np.uint64)  # block header words
-        self._blocks: dict[int, list[int]] = {}  # offset -> [size, readers] of blocks not yet free
+        # offset -> [size, readers, leased] of blocks not yet free. A leased block belongs to the
+        # actor's result buffers (`lease`): its words are all free to lend it out (`put` of an
+        # array that lies in it costs no copy) and it is free only once given back.
+        self._blocks: dict[int, list[int]] = {}
+        self._base = self._words.ctypes.data  # the arena's address in this process
+        self._leased_bytes = 0
         self._last: tuple[Any, Hashable, int] | None = None  # (weakref to the last array placed, key, block)
         self._lock = threading.Lock()
         self._used = False
+        self._on_close: list[Callable[[], bool]] = []
+
+    def on_close(self, hook: Callable[[], bool]) -> None:
+        """Call `hook` when the job's arena closes (the job is over): the collectives' result
+        buffers (collectives/buffers.py) retire; a hook returning False still has a leased block
+        in use, so the arena's memory is not handed to the next job."""
+        with self._lock:
+            self._on_close.append(hook)
 
     def _held(self, offset: int, readers: int) -> bool:
         first = offset // 8
         return bool((self._words[first:first + readers] != self._stamp).any())
+
+    # -- leased blocks: result buffers in shared memory ----------------------------------------
+    def lease(self, nbytes: int) -> int | None:
+        """A block of `nbytes` the caller owns until `unlease` (None when the arena has no room
+        for it, or leased blocks would take more than 3/4 of it: sends need the rest)."""
+        size = HEADER + _round_up(nbytes)
+        with self._lock:
+            if self._backing is None or self._leased_bytes + size > self.capacity // 4 * 3:
+                return None
+            offset = self._allocate(size)
+            if offset is None:
+                return None
+            self._blocks[offset] = [size, WORDS, 1]
+            self._words[offset // 8:offset // 8 + WORDS] = self._stamp
+            self._leased_bytes += size
+            return offset
+
+    def leased_array(self, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """The owner of a leased block's data, as `shape` and `dtype` (views of it keep it alive).
+        Its base is the mmap object itself, which numpy's views do not collapse past (so its
+        reference count sees every view), but which holds no buffer export: an arena whose leased
+        block is still referred to is abandoned at close, never closed (`_Backing.abandon`)."""
+        return _Pinned(shape, dtype, buffer=self._mm, offset=offset + HEADER)
+
+    def lent(self, offset: int) -> bool:
+        """Whether some receiver still reads (a part of) the leased block at `offset`."""
+        return self._held(offset, WORDS)
+
+    def unlease(self, offset: int) -> None:
+        """The owner is done with the block: free once its receivers are."""
+        with self._lock:
+            block = self._blocks.get(offset)
+            if block is not None and block[2]:
+                block[2] = 0
+                self._leased_bytes -= block[0]
+
+    def leases(self, x: np.ndarray) -> bool:
+        """Whether `x` (C-contiguous) lies in a leased block: `put` would send it in place."""
+        if not (isinstance(x, np.ndarray) and x.flags.c_contiguous and x.nbytes and self._leased_bytes):
+            return False
+        at = x.ctypes.data - self._base
+        if not 0 <= at < self.capacity:
+            return False
+        with self._lock:
+            return any(leased and offset + HEADER <= at and at + x.nbytes <= offset + size
+                       for offset, (size, _, leased) in self._blocks.items())
+
+    def _lend(self, x: np.ndarray) -> ShmArray | None:
+        """A descriptor of `x` in place, if it lies in a leased block with a free word (caller holds
+        the lock)."""
+        if not x.flags.c_contiguous or not x.nbytes:
+            return None
+        at = x.ctypes.data - self._base
+        if not 0 <= at < self.capacity:
+            return None
+        for offset, (size, _, leased) in self._blocks.items():
+            if leased and offset + HEADER <= at and at + x.nbytes <= offset + size:
+                first = offset // 8
+                free = np.flatnonzero(self._words[first:first + WORDS] == self._stamp)
+                if not len(free):
+                    return None
+                slot = int(free[0])
+                self._words[first + slot] = _HELD
+                return ShmArray(self.name, offset, slot, x.shape, x.dtype, at - offset - HEADER)
+        return None
 
     def _allocate(self, size: int) -> int | None:
         backing = self._backing
         if backing is None:  # closed: the job is over
             return None
         blocks = self._blocks
-        for off in [o for o, (_, readers) in blocks.items() if not self._held(o, readers)]:
+        for off in [o for o, (_, readers, leased) in blocks.items() if not leased and not self._held(o, readers)]:
             del blocks[off]
             if self._last is not None and self._last[2] == off:
                 self._last = None
@@ -266,7 +362,7 @@ class Outbox:
             pos = off + blocks[off][0]
         if pos + size > self.capacity:
             return None
-        blocks[pos] = [size, 1]
+        blocks[pos] = [size, 1, 0]
         self._words[pos // 8] = _HELD
         self._used = True
         backing.high = max(backing.high, pos + size)
@@ -276,13 +372,18 @@ class Outbox:
         self._words[ref.offset // 8 + ref.slot] = self._stamp
 
     def put(self, x: np.ndarray, key: Hashable = None) -> ShmArray | None:
-        """`x` in a block (copied unless it was placed last, under `key`); None when there is no room."""
+        """`x` in a block (copied unless it lies in a leased block or was placed last, under `key`);
+        None when there is no room."""
         with self._lock:
+            if self._leased_bytes:
+                lent = self._lend(x)
+                if lent is not None:
+                    return lent
             last = self._last
             if last is not None and key is not None and last[0]() is x and last[1] == key:
                 offset = last[2]
                 block = self._blocks.get(offset)
-                if block is not None and block[1] < WORDS:
+                if block is not None and block[1] < WORDS and not block[2]:
                     slot = block[1]
                     block[1] += 1
                     self._words[offset // 8 + slot] = _HELD
@@ -325,7 +426,8 @@ class Outbox:
     def in_use(self) -> int:
         """Bytes of blocks some receiver still holds."""
         with self._lock:
-            return sum(size for off, (size, readers) in self._blocks.items() if self._held(off, readers))
+            return sum(size for off, (size, readers, leased) in self._blocks.items()
+                       if not leased and self._held(off, readers))
 
     def close(self) -> bool:
         """End of the job: every block is free again (its receivers were reset or died with
@@ -333,12 +435,19 @@ class Outbox:
         ever placed in it."""
         with self._lock:
             used = self._used
+            hooks, self._on_close = self._on_close, []
+        reusable = all([hook() for hook in hooks])
+        with self._lock:
             self._blocks.clear()
             self._last = None
+            self._leased_bytes = 0
             self._words = np.empty(0, np.uint64)
             backing, self._backing = self._backing, None
         if backing is not None:
-            backing.give_back()
+            if reusable:
+                backing.give_back()
+            else:  # a result still refers to it: the next job must not write there
+                backing.abandon()
         return used
 
 
@@ -379,10 +488,10 @@ class Inbox:
 
     def array(self, ref: ShmArray) -> np.ndarray:
         """A read-only view of the block; the block is released when the view is garbage."""
-        if not (0 <= ref.slot < WORDS and ref.offset >= 0 and ref.offset % HEADER == 0):
+        if not (0 <= ref.slot < WORDS and ref.offset >= 0 and ref.offset % HEADER == 0 and ref.start >= 0):
             raise ValueError(f"bad shared-memory descriptor {ref!r}")
         mm, flags = self._map(ref.segment)
-        pinned = _Pinned(ref.shape, ref.dtype, buffer=mm, offset=ref.offset + HEADER)
+        pinned = _Pinned(ref.shape, ref.dtype, buffer=mm, offset=ref.offset + HEADER + ref.start)
         weakref.finalize(pinned, _release, flags, ref.offset // 8 + ref.slot, self._stamp)
         out = pinned.view(np.ndarray)
         out.flags.writeable = False
