@@ -232,6 +232,24 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     CLUSTER.close()
+    oracle = sys.modules.get("xla_oracle")
+    if oracle is not None:
+        oracle.GOLDEN.write()  # REPLICAS_GOLDEN=record
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller sums them
+        session.config.workeroutput["oracle_computed"] = oracle_computed()
+
+
+def oracle_computed() -> int:
+    """How many XLA oracle answers this process computed (tests/golden/xla_oracle.zip lacked them)."""
+    oracle = sys.modules.get("xla_oracle")
+    return oracle.GOLDEN.computed if oracle is not None else 0
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    computed = oracle_computed() + getattr(config, "oracle_computed_by_workers", 0)
+    if computed and os.environ.get("REPLICAS_GOLDEN") not in ("record", "verify"):
+        terminalreporter.write_line(f"XLA oracle: {computed} answers were not recorded in tests/golden/xla_oracle.zip "
+                                    "and were computed (REPLICAS_GOLDEN=record adds them)")
 
 
 @pytest.hookimpl(hookwrapper=True)

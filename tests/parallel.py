@@ -110,6 +110,10 @@ class Controller:
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[GROUPS_KEY] = str(self.groups_file)
 
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        computed = getattr(node, "workeroutput", {}).get("oracle_computed", 0)
+        self.config.oracle_computed_by_workers = getattr(self.config, "oracle_computed_by_workers", 0) + computed
+
 
 def write_groups(config: pytest.Config, groups: dict[str, str], slow: list[str]) -> None:
     """On a worker: the groups of the collected tests, for the controller's scheduler."""
