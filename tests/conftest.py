@@ -240,7 +240,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def oracle_computed() -> int:
-    """How many XLA oracle answers this process computed (tests/golden/xla_oracle.zip lacked them)."""
+    """How many XLA oracle answers this process computed that tests/golden/xla_oracle.zip lacked."""
     oracle = sys.modules.get("xla_oracle")
     return oracle.GOLDEN.computed if oracle is not None else 0
 
