@@ -21,6 +21,11 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+try:
+    import parallel  # noqa: E402 - tests/parallel.py: the suite on two workers (needs pytest-xdist)
+except ImportError:
+    parallel = None
+
 # The kernels' tests compare 64-bit types with XLA; test_hlo_text switches it off for its cases.
 jax.config.update("jax_enable_x64", True)
 
@@ -31,10 +36,26 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile("explore" if os.environ.get("REPLICAS_HYPOTHESIS") == "explore" else "repeatable")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """The whole suite runs on two pytest-xdist workers by default (tests/parallel.py): before
+    xdist's own configure, which starts them."""
+    if parallel is None or not config.pluginmanager.hasplugin("xdist"):
+        return
+    workers = parallel.wants_workers(config)
+    if workers:
+        config.option.numprocesses, config.option.dist, config.option.tx = workers, "load", ["popen"] * workers
+    if config.option.dist != "no" and config.option.tx and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(parallel.Controller(config), "replicas-parallel")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Compiling the XLA oracle's programs is most of the suite's time: keep them across runs in a
     directory beside pytest's temporary directories (it outlives the last few runs' temp dirs)."""
-    cache = session.config._tmp_path_factory.getbasetemp().parent / "replicas-compilation-cache"
+    base = session.config._tmp_path_factory.getbasetemp()
+    if hasattr(session.config, "workerinput"):  # an xdist worker's is <the run's>/popen-gwN
+        base = base.parent
+    cache = base.parent / "replicas-compilation-cache"
     cache.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(cache / "jax"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -85,45 +106,150 @@ class TwoNodeCluster:
         return env
 
 
-@pytest.fixture(scope="session")
-def two_node_cluster():
+class ClusterRun:
     """The README's `bash cluster/local_cluster.sh start`, run once for every test that needs two
-    nodes (they run last, together), and its `stop` at the end."""
-    # Ray's unix socket paths must stay under 108 bytes: a short directory, not pytest's tmp_path.
-    base = tempfile.mkdtemp(prefix="rpc-", dir="/tmp")
-    settings = {"REPLICAS_CLUSTER_DIR": base, "REPLICAS_CLUSTER_PORT": str(free_port_block()),
-                "PYTHON": sys.executable, "RAY_AUTH_MODE": "disabled"}
-    cluster = TwoNodeCluster("", settings)
-    try:
-        started = subprocess.run(["bash", str(CLUSTER_SCRIPT), "start"], env=cluster.env(), capture_output=True,
-                                 text=True, timeout=180)
-        assert started.returncode == 0, started.stdout + started.stderr
-        yield TwoNodeCluster(started.stdout.strip().splitlines()[-1], settings)
-    finally:
-        subprocess.run(["bash", str(CLUSTER_SCRIPT), "stop"], env=cluster.env(), capture_output=True, timeout=120)
-        shutil.rmtree(base, ignore_errors=True)
+    nodes, and its `stop`. Both mostly wait for Ray's processes to come up or go (~15 s and ~8 s
+    of wall time, under 2 s of CPU), so `start` runs in the background from the first test of the
+    group that ends with the cluster's tests (the README's blocks, see `group_of`), and `stop` in
+    the background after the last test that uses the cluster; the run's end waits for it."""
+
+    def __init__(self) -> None:
+        self.needed = False  # some test of this run uses the cluster
+        self.settings: dict[str, str] = {}
+        self.starting: subprocess.Popen[str] | None = None
+        self.cluster: TwoNodeCluster | None = None
+        self.stopping: list[tuple[subprocess.Popen[bytes], str]] = []
+
+    def start(self) -> None:
+        if self.starting is not None:
+            return
+        # Ray's unix socket paths must stay under 108 bytes: a short directory, not pytest's tmp_path.
+        base = tempfile.mkdtemp(prefix="rpc-", dir="/tmp")
+        self.settings = {"REPLICAS_CLUSTER_DIR": base, "REPLICAS_CLUSTER_PORT": str(free_port_block()),
+                         "PYTHON": sys.executable, "RAY_AUTH_MODE": "disabled"}
+        self.starting = subprocess.Popen(["bash", str(CLUSTER_SCRIPT), "start"], env=self._env(),
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def get(self) -> TwoNodeCluster:
+        """The running cluster, once its start has finished (started now if it was not)."""
+        if self.cluster is None:
+            self.start()
+            assert self.starting is not None
+            out, err = self.starting.communicate(timeout=180)
+            assert self.starting.returncode == 0, out + err
+            self.cluster = TwoNodeCluster(out.strip().splitlines()[-1], self.settings)
+        return self.cluster
+
+    def stop(self) -> None:
+        """Start the cluster's `stop` (after its `start` has finished: stopping a half-started
+        cluster could miss the processes still coming up)."""
+        if self.starting is None:
+            return
+        self.starting.communicate(timeout=180)
+        stopping = subprocess.Popen(["bash", str(CLUSTER_SCRIPT), "stop"], env=self._env(),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.stopping.append((stopping, self.settings["REPLICAS_CLUSTER_DIR"]))
+        self.starting = self.cluster = None
+
+    def close(self) -> None:
+        """Stop the cluster if it runs, and wait for every `stop` to finish."""
+        self.stop()
+        for stopping, base in self.stopping:
+            stopping.wait(timeout=120)
+            shutil.rmtree(base, ignore_errors=True)
+        self.stopping.clear()
+
+    def _env(self) -> dict[str, str]:
+        return TwoNodeCluster("", self.settings).env()
+
+
+CLUSTER = ClusterRun()
+
+
+@pytest.fixture
+def two_node_cluster() -> TwoNodeCluster:
+    """The run's two-node cluster (`ClusterRun`): its tests run last in their group, together."""
+    return CLUSTER.get()
 
 
 @pytest.fixture
 def two_node_cluster_to_break(two_node_cluster: TwoNodeCluster) -> TwoNodeCluster:
-    """The session's cluster for a test that ends one of its nodes: such tests run after every
-    other test on the cluster."""
+    """The run's cluster for a test that ends one of its nodes: such tests run after every other
+    test on the cluster."""
     return two_node_cluster
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def _uses_cluster(item: pytest.Item | None) -> bool:
+    return item is not None and "two_node_cluster" in getattr(item, "fixturenames", ())
+
+
+def group_of(item: pytest.Item) -> str:
+    """Tests that must run in one process, in order: "ray" (this run's Ray session: one per run),
+    "subprocess" (the README's blocks, whose `workdir` the cluster test uses too, then the tests on
+    the two-node cluster); "" for the rest."""
+    fixtures = getattr(item, "fixturenames", ())
+    if "workdir" in fixtures or "two_node_cluster" in fixtures:
+        return "subprocess"
+    return "ray" if item.get_closest_marker("ray") else ""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test that starts Ray (through the `ray_session` fixture) carries the `ray` marker, so
-    `-m "not ray"` runs the rest without starting Ray; the tests on the two-node cluster run last,
-    so it lives only while they run, and those that break it after the others."""
+    `-m "not ray"` runs the rest without starting Ray; the README's blocks and then the tests on the
+    two-node cluster run last, so the cluster lives only while they run, and those that break it
+    after the others."""
     for item in items:
         if "ray_session" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)
 
     def place(item: pytest.Item) -> int:
         fixtures = getattr(item, "fixturenames", ())
-        return 2 if "two_node_cluster_to_break" in fixtures else int("two_node_cluster" in fixtures)
+        if "two_node_cluster_to_break" in fixtures:
+            return 3
+        return 2 if "two_node_cluster" in fixtures else int(group_of(item) == "subprocess")
 
     items.sort(key=place)
+    if parallel is not None:
+        parallel.write_groups(config, {item.nodeid: group for item in items if (group := group_of(item))},
+                              [item.nodeid for item in items if item.get_closest_marker("slow")])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    CLUSTER.needed = any(_uses_cluster(item) for item in session.items)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if CLUSTER.needed and group_of(item) == "subprocess":
+        CLUSTER.start()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    yield
+    if _uses_cluster(item) and not _uses_cluster(nextitem):
+        CLUSTER.stop()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    CLUSTER.close()
+    oracle = sys.modules.get("xla_oracle")
+    if oracle is not None:
+        oracle.GOLDEN.write()  # REPLICAS_GOLDEN=record
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller sums them
+        session.config.workeroutput["oracle_computed"] = oracle_computed()
+
+
+def oracle_computed() -> int:
+    """How many XLA oracle answers this process computed that tests/golden/xla_oracle.zip lacked."""
+    oracle = sys.modules.get("xla_oracle")
+    return oracle.GOLDEN.computed if oracle is not None else 0
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    computed = oracle_computed() + getattr(config, "oracle_computed_by_workers", 0)
+    if computed and os.environ.get("REPLICAS_GOLDEN") not in ("record", "verify"):
+        terminalreporter.write_line(f"XLA oracle: {computed} answers were not recorded in tests/golden/xla_oracle.zip "
+                                    "and were computed (REPLICAS_GOLDEN=record adds them)")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -15,6 +15,7 @@ import pytest  # noqa: E402
 from jax import lax  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+from xla_oracle import jax_text  # noqa: E402
 
 from replicas.errors import ProgramError  # noqa: E402
 from replicas.hlo.ir import Module  # noqa: E402
@@ -116,8 +117,8 @@ def _x64_off():
 
 
 def _texts(fn, args):
-    lowered = jax.jit(fn).lower(*args)
-    return lowered.as_text(dialect="hlo"), lowered.compile().as_text()
+    """The text JAX lowers `fn` to and the one XLA:CPU compiles it to (recorded: xla_oracle.jax_text)."""
+    return jax_text(fn, list(args), "lowered"), jax_text(fn, list(args), "compiled")
 
 
 def _round_trip(text: str) -> Module:
@@ -146,9 +147,8 @@ def test_jax_modules_round_trip(case):
 
 def _shard_map_texts(body, n=8):
     mesh = Mesh(np.array(jax.devices()[:n]), ("i",))
-    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-    lowered = fn.lower(np.arange(8 * n, dtype=np.float32))
-    return lowered.as_text(dialect="hlo"), lowered.compile().as_text()
+    fn = jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    return _texts(fn, [np.arange(8 * n, dtype=np.float32)])
 
 
 COLLECTIVE_CASES = {

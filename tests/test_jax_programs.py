@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from xla_oracle import jax_text, jit_answer
 
 import replicas as rp
 
@@ -21,11 +22,11 @@ except ImportError:  # older jax
 
 
 def compiled_text(f, *args) -> str:
-    return jax.jit(f).lower(*args).compile().as_text()
+    return jax_text(f, list(args), "compiled")
 
 
 def lowered_text(f, *args) -> str:
-    return jax.jit(f).lower(*args).as_text(dialect="hlo")
+    return jax_text(f, list(args), "lowered")
 
 
 SINGLE = [
@@ -51,7 +52,7 @@ def test_jax_program_runs_unchanged_on_one_replica(name, f, shapes, form):
     text = (lowered_text if form == "lowered" else compiled_text)(f, *args)
     module = rp.parse_hlo(text)
     got = rp.run(module, args, num_replicas=1, backend="threads")[0]
-    want = np.asarray(jax.jit(f)(*args))
+    (want,) = jit_answer(f, args)
     got = got[0] if isinstance(got, tuple) and len(got) == 1 else got
     np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
 
@@ -79,7 +80,7 @@ def test_shard_map_program_runs_on_partitions_as_replicas(name, body, in_spec, o
         if "check_vma" in shard_map.__code__.co_varnames else \
         shard_map(body, mesh=mesh, in_specs=(in_spec,), out_specs=out_spec)
     x = np.arange(32, dtype=np.float32).reshape(8, 4)
-    want = np.asarray(jax.jit(f)(x))
+    (want,) = jit_answer(f, [x])
     text = compiled_text(f, x)
     module = rp.parse_hlo(text)
     assert module.num_partitions == 4

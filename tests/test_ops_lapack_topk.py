@@ -13,7 +13,9 @@ jnp = jax.numpy
 
 
 def _spd(rng: np.random.Generator, shape: tuple[int, ...], dtype) -> np.ndarray:
-    a = _general(rng, shape, dtype)
+    # Multiples of 1/64, whose products and their sums are exact even in float32: the matrix's bytes
+    # (which key XLA's recorded answer) do not depend on the order the machine's BLAS sums in.
+    a = np.round(_general(rng, shape, dtype) * 64) / 64
     eye = np.eye(shape[-1], dtype=dtype)
     return (a @ np.conj(np.swapaxes(a, -1, -2)) + shape[-1] * eye).astype(dtype)
 

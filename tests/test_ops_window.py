@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from jax import lax
 from jax._src.lax.windowed_reductions import _select_and_scatter, _select_and_scatter_add
 from opkit import binary_computation, run_op
+from xla_oracle import jax_text, jit_answer, lax_answer
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, make_window
@@ -53,17 +54,16 @@ def random_values(rng, shape, dtype):
 
 def run_reduce_window(x, init, reducer, size, stride, pad, base, win, comp=None):
     comp = comp or binary_computation(reducer, Shape.of(x).element_type.value)
-    expected = np.asarray(
-        lax.reduce_window(
-            x,
-            init,
-            JAX_OPS[reducer],
-            tuple(size),
-            tuple(stride),
-            tuple(pad),
-            base_dilation=tuple(base),
-            window_dilation=tuple(win),
-        )
+    expected = lax_answer(
+        lax.reduce_window,
+        x,
+        init,
+        JAX_OPS[reducer],
+        tuple(size),
+        tuple(stride),
+        tuple(pad),
+        base_dilation=tuple(base),
+        window_dilation=tuple(win),
     )
     window = make_window(x.ndim, size=size, stride=stride, pad=pad, lhs_dilate=base, rhs_dilate=win)
     got = run_op(
@@ -192,7 +192,7 @@ def test_reduce_window_variadic_argmax():
         take = item[0] > acc[0]
         return lax.select(take, item[0], acc[0]), lax.select(take, item[1], acc[1])
 
-    expected = lax.reduce_window((values, index), inits, reducer, (2, 3), (1, 2), ((1, 0), (0, 1)))
+    expected = lax_answer(lax.reduce_window, (values, index), inits, reducer, (2, 3), (1, 2), ((1, 0), (0, 1)))
     window = make_window(2, size=[2, 3], stride=[1, 2], pad=[(1, 0), (0, 1)])
     got = run_op(
         "reduce-window",
@@ -254,23 +254,20 @@ def select_and_scatter_oracle(operand, source, init, direction, size, stride, pa
     (jax never emits it on CPU: it pads the operand with -inf / +inf instead), so padded windows use
     jax's max/min-pool gradient (GE / LE) or the document's definition (GT / LT)."""
     if all(p == (0, 0) for p in pad):
-        return np.asarray(
-            _select_and_scatter(
-                operand,
-                JAX_COMPARE[direction],
-                tuple(size),
-                tuple(stride),
-                tuple(pad),
-                source,
-                np.asarray(init, operand.dtype),
-                lax.add,
-            )
+        return lax_answer(
+            _select_and_scatter,
+            operand,
+            JAX_COMPARE[direction],
+            tuple(size),
+            tuple(stride),
+            tuple(pad),
+            source,
+            np.asarray(init, operand.dtype),
+            lax.add,
         )
     if direction in ("GE", "LE") and init == 0:
         prim = lax.ge_p if direction == "GE" else lax.le_p
-        return np.asarray(
-            _select_and_scatter_add(source, operand, prim, tuple(size), tuple(stride), tuple(pad))
-        )
+        return lax_answer(_select_and_scatter_add, source, operand, prim, tuple(size), tuple(stride), tuple(pad))
     return reference_select_and_scatter(operand, source, init, direction, size, stride, pad)
 
 
@@ -350,11 +347,8 @@ def test_select_and_scatter_generic_select_computation():
         "compare", "f32", name="select_total", comparison_direction="GE", type="TOTALORDER"
     )
     add = binary_computation("add", "f32")
-    expected = np.asarray(
-        _select_and_scatter(
-            operand, JAX_COMPARE["GE"], (2, 2), (2, 2), ((0, 0), (0, 0)), source, np.float32(0), lax.add
-        )
-    )
+    window = (2, 2), (2, 2), ((0, 0), (0, 0))
+    expected = lax_answer(_select_and_scatter, operand, JAX_COMPARE["GE"], *window, source, np.float32(0), lax.add)
     got = run_op(
         "select-and-scatter",
         Shape.of(operand),
@@ -393,6 +387,6 @@ def test_max_pool_and_its_gradient_from_jax_lowered_hlo_text():
         )(v)
 
     for f in (pool, grad):
-        module = parse_hlo(jax.jit(f).lower(x).as_text(dialect="hlo"))
+        module = parse_hlo(jax_text(f, [x]))
         got = evaluate(module, [x])
-        np.testing.assert_array_equal(got, np.asarray(jax.jit(f)(x)))
+        np.testing.assert_array_equal(got, jit_answer(f, [x])[0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from xla_oracle import jax_text, jit_answer
 
 import replicas as rp
 
@@ -34,11 +35,9 @@ def test_gather_of_one_element_with_the_index_vector_as_only_dimension_is_a_scal
 @pytest.mark.parametrize("form", ["lowered", "compiled"])
 def test_percentile_runs_like_jax(form):
     x = np.random.default_rng(1).normal(size=(17,)).astype(np.float32)
-    f = jax.jit(lambda v: jnp.percentile(v, 30.0))
-    lowered = f.lower(x)
-    text = lowered.as_text(dialect="hlo") if form == "lowered" else lowered.compile().as_text()
-    got = _run_one(text, [x])
-    want = np.asarray(f(x))
+    f = lambda v: jnp.percentile(v, 30.0)  # noqa: E731
+    got = _run_one(jax_text(f, [x], form), [x])
+    (want,) = jit_answer(f, [x])
     assert np.shape(got) == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
@@ -95,10 +94,8 @@ def test_variadic_reduce_applies_a_non_identity_init_once(length, form):
     def reducer(a, b):
         return a[0] + b[0], a[1] + b[1]
 
-    f = jax.jit(lambda u, v: jax.lax.reduce((u, v), (np.float32(1.5), np.int32(7)), reducer, (1,)))
-    lowered = f.lower(x, y)
-    text = lowered.as_text(dialect="hlo") if form == "lowered" else lowered.compile().as_text()
-    got = _run_one(text, [x, y])
-    want = f(x, y)
+    f = lambda u, v: jax.lax.reduce((u, v), (np.float32(1.5), np.int32(7)), reducer, (1,))  # noqa: E731
+    got = _run_one(jax_text(f, [x, y], form), [x, y])
+    want = jit_answer(f, [x, y])
     np.testing.assert_allclose(got[0], np.asarray(want[0]), rtol=1e-5)
     np.testing.assert_array_equal(got[1], np.asarray(want[1]))

@@ -7,17 +7,22 @@ operands compile into one module (compiling is the slow part).
 
 XLA's answers are also kept in `tests/golden/xla_oracle.zip`, keyed by the module text and the
 operands' bytes, so a fresh machine does not compile hundreds of oracle modules: a key the store
-lacks (a new or changed test) is computed by XLA as before. `REPLICAS_GOLDEN=record` adds the
-answers the run used to the store (delete it first and record the whole suite to prune it).
+lacks (a new or changed test) is computed by XLA as before, and the run's summary counts them.
+`REPLICAS_GOLDEN=record` adds the answers the run used to the store (delete it first and record
+the whole suite to prune it); `REPLICAS_GOLDEN=verify` computes every answer with XLA and fails a
+test whose recorded answer differs (a stale store, say after a JAX upgrade).
 """
 
 from __future__ import annotations
 
-import atexit
+import fcntl
 import functools
 import hashlib
 import json
 import os
+import re
+import types
+import weakref
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +113,10 @@ def _dtype(name: str) -> np.dtype:
     return np.dtype(getattr(ml_dtypes, name, name))
 
 
+class StaleGoldenAnswer(AssertionError):
+    """A recorded answer that XLA no longer gives (`REPLICAS_GOLDEN=verify`)."""
+
+
 class GoldenStore:
     """XLA's recorded answers: per key, `<key>.json` (dtype and shape of each result) and `<key>.bin`
     (their bytes, in order) in one zip file. Large answers are left out: they are few, and XLA
@@ -115,24 +124,34 @@ class GoldenStore:
 
     LARGEST = 64 << 10
 
-    def __init__(self, path: Path, record: bool) -> None:
-        self.path, self.record = path, record
+    def __init__(self, path: Path, mode: str) -> None:
+        if mode not in ("", "record", "verify"):
+            raise ValueError(f"REPLICAS_GOLDEN={mode!r}: expected 'record' or 'verify'")
+        self.path, self.record, self.verify = path, mode == "record", mode == "verify"
         self.used: dict[str, list[np.ndarray]] = {}
-        self._zip = zipfile.ZipFile(path) if path.exists() and not record else None
-        if record:
-            atexit.register(self.write)
+        self.computed = 0  # answers XLA computed in this process that the store could have held
+        self._zip = zipfile.ZipFile(path) if path.exists() and not self.record else None
 
     def answer(self, program: Any, operands: list[np.ndarray], compute: Any) -> list[np.ndarray]:
         """The recorded answer of `program` (anything whose repr names the computation) on
         `operands`, else `compute()`'s."""
-        digest = hashlib.sha256(repr(program).encode())
+        name = repr(program)
+        if re.search(r" at 0x[0-9a-f]+", name):
+            raise ValueError(f"an oracle key names an object by its address, which no other run shares: {name[:400]}")
+        digest = hashlib.sha256(name.encode())
         for o in operands:
             digest.update(repr((o.dtype.name, o.shape)).encode())
             digest.update(np.ascontiguousarray(o).tobytes())
         key = digest.hexdigest()
         results = self.get(key)
-        if results is None:
-            results = compute()
+        if results is None or self.verify:
+            computed = [np.asarray(r) for r in compute()]
+            self.computed += sum(r.nbytes for r in computed) <= self.LARGEST  # the ones the store could hold
+            is_text = isinstance(program, tuple) and program[:1] == ("text",)
+            if results is not None and not same_answer(results, computed, is_text):
+                raise StaleGoldenAnswer(f"tests/golden/xla_oracle.zip: XLA's answer to {repr(program)[:300]} is no "
+                                        "longer the recorded one; rerecord with REPLICAS_GOLDEN=record")
+            results = computed
         if self.record and sum(r.nbytes for r in results) <= self.LARGEST:
             self.used[key] = results
         return results
@@ -153,23 +172,46 @@ class GoldenStore:
         return results
 
     def write(self) -> None:
+        """Add the answers this process used to the store (conftest.py calls it at the run's end)."""
+        if not self.record:
+            return
         self.path.parent.mkdir(exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
-            if self.path.exists():  # a run of some test files keeps the others' answers
-                with zipfile.ZipFile(self.path) as old:
-                    for info in old.infolist():
-                        if info.filename.split(".")[0] not in self.used:
-                            z.writestr(info, old.read(info))
-            for key in sorted(self.used):
-                results = self.used[key]
-                z.writestr(f"{key}.json", json.dumps([[r.dtype.name, list(r.shape)] for r in results]))
-                z.writestr(f"{key}.bin", b"".join(np.ascontiguousarray(r).tobytes() for r in results))
-        tmp.replace(self.path)
+        # Runs on several pytest-xdist workers record at once: one merges at a time.
+        with open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+                if self.path.exists():  # a run of some test files keeps the others' answers
+                    with zipfile.ZipFile(self.path) as old:
+                        for info in old.infolist():
+                            if info.filename.split(".")[0] not in self.used:
+                                z.writestr(info, old.read(info))
+                for key in sorted(self.used):
+                    results = self.used[key]
+                    z.writestr(f"{key}.json", json.dumps([[r.dtype.name, list(r.shape)] for r in results]))
+                    z.writestr(f"{key}.bin", b"".join(np.ascontiguousarray(r).tobytes() for r in results))
+            tmp.replace(self.path)
+        self.path.with_suffix(".lock").unlink(missing_ok=True)
 
 
-GOLDEN = GoldenStore(Path(__file__).parent / "golden" / "xla_oracle.zip",
-                     record=os.environ.get("REPLICAS_GOLDEN") == "record")
+def same_answer(recorded: list[np.ndarray], computed: list[np.ndarray], is_text: bool = False) -> bool:
+    """The same results: bitwise (NaN payloads included: the oracle is deterministic), except for
+    the debug information in JAX's texts (source paths and Python stack frames, which depend on
+    where and how the tests run, not on JAX)."""
+    def same(a: np.ndarray, b: np.ndarray) -> bool:
+        if is_text:  # jax_text's answer: the text's bytes
+            return _without_debug_info(a.tobytes().decode()) == _without_debug_info(b.tobytes().decode())
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+    return len(recorded) == len(computed) and all(same(a, b) for a, b in zip(recorded, computed))
+
+
+def _without_debug_info(text: str) -> str:
+    text = re.sub(r",? metadata=\{[^{}]*\}", "", text)
+    return re.sub(r"\n(FileNames|FunctionNames|FileLocations|StackFrames)\n([^\n]+\n)*", "\n", text)
+
+
+GOLDEN = GoldenStore(Path(__file__).parent / "golden" / "xla_oracle.zip", os.environ.get("REPLICAS_GOLDEN", ""))
 
 
 def run_many(calls: list[Call], operands: list[Any]) -> list[np.ndarray]:
@@ -195,16 +237,42 @@ def run_stablehlo(op: str, operands: list[Any], out_dtype: Any, out_shape: tuple
     return run_many([Call(op, tuple(range(len(operands))), out_dtype, out_shape, attrs)], operands)[0]
 
 
+_FUNCTION_NAMES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
 def _stable(value: Any) -> Any:
     """`value` as text that names it the same way in every run (no object addresses)."""
+    if isinstance(value, types.ModuleType):  # its repr names the file: the venv's path
+        return f"module {value.__name__}"
+    if isinstance(value, functools.partial):
+        return f"partial({_stable(value.func)}, {_stable(value.args)}, {_stable(value.keywords)})"
     code = getattr(value, "__code__", None)
-    if code is not None:
-        cells = tuple(_stable(c.cell_contents) for c in (value.__closure__ or ()))
-        return f"{value.__module__}.{value.__qualname__}@{code.co_firstlineno}{cells}"
+    wrapped = getattr(value, "__wrapped__", None)
+    if code is not None or wrapped is not None:
+        # A function is named once, before anything calls it: JAX's wrappers keep state in their
+        # closures (shard_map's axis names), so after a call the same function would read differently,
+        # and a run that finds every answer recorded (calls nothing) would ask for other keys.
+        try:
+            return _FUNCTION_NAMES[value]
+        except (KeyError, TypeError):
+            pass
+        if code is None:  # jax.jit's PjitFunction (jnp.linalg.solve, ...)
+            name = f"{type(value).__name__}({_stable(wrapped)})"
+        else:
+            cells = tuple(_stable(c.cell_contents) for c in (value.__closure__ or ()))
+            name = f"{value.__module__}.{value.__qualname__}@{code.co_firstlineno}{cells}"
+        try:
+            _FUNCTION_NAMES[value] = name
+        except TypeError:  # not weakly referenceable
+            pass
+        return name
     if isinstance(value, (tuple, list)):
         return type(value).__name__ + repr(tuple(_stable(v) for v in value))
     if isinstance(value, dict):
         return repr(sorted((k, _stable(v)) for k, v in value.items()))
+    if isinstance(value, np.ndarray):  # its repr elides large arrays
+        digest = hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+        return f"ndarray({value.dtype.name}, {value.shape}, {digest})"
     return repr(value)
 
 
