@@ -145,6 +145,13 @@ def leaders_all_reduce(ex: Exchange, acc: Values, combine: Combine) -> Values:
     places = list(zip(*(np.array_split(o.reshape(-1), p) for o in out)))
     pos = topo.position
     reduce_into(places[pos], ex.among_leaders(LEADER_ROUND, shards, per_destination=True), combine)
+    _gather_reduced_shards(ex, places, pos)
+    return out
+
+
+def _gather_reduced_shards(ex: Exchange, places: list[Values], pos: int) -> None:
+    """Round two of a sharded all-reduce: every leader sends the shard it reduced (`places[pos]`)
+    and copies each peer's into its place."""
     # Released at once: the peers' round-one buffers are free again before round two (a board
     # writer reuses its buffer of round one in its next collective's round one).
     ex.release()
@@ -152,7 +159,6 @@ def leaders_all_reduce(ex: Exchange, acc: Values, combine: Combine) -> Values:
         if q != pos:
             for place, part in zip(places[q], shard):
                 np.copyto(place, part)
-    return out
 
 
 def leaders_gather(ex: Exchange, mine: list[Any]) -> list[Any]:
@@ -235,13 +241,7 @@ def _sharded_all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> 
     got[pos] = [ms[pos] for ms in member_shards]
     _reduce_specs_into(places[pos], got, combine)
     del got
-    # Released at once: the peers' round-one buffers are free again before round two (a board
-    # writer reuses its buffer of round one in its next collective's round one).
-    ex.release()
-    for q, shard in enumerate(ex.among_leaders(LEADER_ROUND + 1, places[pos])):
-        if q != pos:
-            for place, part in zip(places[q], shard):
-                np.copyto(place, part)
+    _gather_reduced_shards(ex, places, pos)
     return out
 
 
