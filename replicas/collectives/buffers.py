@@ -160,7 +160,7 @@ def pool_of(fabric: Any) -> BufferPool:
     actor's jobs: the arena retires it when it closes at the end of the job."""
     pool = fabric.kernel_state.get(_KEY)
     if pool is None:
-        outbox = getattr(fabric, "outbox", None)
+        outbox = fabric.outbox
         pool = fabric.kernel_state[_KEY] = BufferPool(keeps=outbox is not None, outbox=outbox)
         if outbox is not None:
             outbox.on_close(pool.retire)
@@ -170,5 +170,5 @@ def pool_of(fabric: Any) -> BufferPool:
 def sendable_in_place(fabric: Any, values: Any) -> bool:
     """Whether every array of `values` lies in a leased buffer of `fabric`'s shared-memory arena
     (sent to a peer of the node as a descriptor of where it is, without a copy)."""
-    outbox = getattr(fabric, "outbox", None)
+    outbox = fabric.outbox
     return outbox is not None and all(outbox.leases(v) for v in values)

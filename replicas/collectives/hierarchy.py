@@ -271,7 +271,7 @@ class Exchange:
         mapping, word = board.counter(writer)
         address = mapping.address + 4 * word
         words = mapping.words
-        spinner = getattr(self.fabric, "spinner", None)
+        spinner = self.fabric.spinner
         if spinner is not None and spinner.budget:
             seen = [int(words[word])]
 

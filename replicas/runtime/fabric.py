@@ -22,6 +22,8 @@ from replicas.runtime.mailbox import Mailbox
 if TYPE_CHECKING:
     from replicas.diagnostics.recorder import FlightRecorder
     from replicas.runtime.board import Board
+    from replicas.runtime.shm import Outbox
+    from replicas.runtime.spin import Spinner
 
 
 class Fabric(Protocol):
@@ -58,6 +60,10 @@ class MailboxFabric:
     # replicas hosted on this node (`RayFabric` sets them; elsewhere collectives use messages).
     board: Board | None = None
     same_node: frozenset[int] = frozenset()
+    # The actor's shared-memory arena (results leased from it go to peers of the node in place) and
+    # the spinner of its shared-memory waits; `RayFabric` sets them when the actor has such peers.
+    outbox: Outbox | None = None
+    spinner: Spinner | None = None
 
     def __init__(self, replica_id: int, num_replicas: int, mailbox: Mailbox | None = None, *,
                  strict: bool = True, recorder: FlightRecorder | None = None,
