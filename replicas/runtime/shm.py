@@ -283,7 +283,7 @@ class Outbox:
 
     # -- leased blocks: result buffers in shared memory ----------------------------------------
     def lease(self, nbytes: int) -> int | None:
-        """A block of `nbytes` the caller owns until `unlease` (None when the arena has no room
+        """A block of `nbytes` the caller owns until the arena closes (None when the arena has no room
         for it, or leased blocks would take more than 3/4 of it: sends need the rest)."""
         size = HEADER + _round_up(nbytes)
         with self._lock:
@@ -308,28 +308,16 @@ class Outbox:
         """Whether some receiver still reads (a part of) the leased block at `offset`."""
         return self._held(offset, WORDS)
 
-    def unlease(self, offset: int) -> None:
-        """The owner is done with the block: free once its receivers are."""
-        with self._lock:
-            block = self._blocks.get(offset)
-            if block is not None and block[2]:
-                block[2] = 0
-                self._leased_bytes -= block[0]
-
     def leases(self, x: np.ndarray) -> bool:
         """Whether `x` (C-contiguous) lies in a leased block: `put` would send it in place."""
-        if not (isinstance(x, np.ndarray) and x.flags.c_contiguous and x.nbytes and self._leased_bytes):
-            return False
-        at = x.ctypes.data - self._base
-        if not 0 <= at < self.capacity:
+        if not (isinstance(x, np.ndarray) and self._leased_bytes):
             return False
         with self._lock:
-            return any(leased and offset + HEADER <= at and at + x.nbytes <= offset + size
-                       for offset, (size, _, leased) in self._blocks.items())
+            return self._leased_block_of(x) is not None
 
-    def _lend(self, x: np.ndarray) -> ShmArray | None:
-        """A descriptor of `x` in place, if it lies in a leased block with a free word (caller holds
-        the lock)."""
+    def _leased_block_of(self, x: np.ndarray) -> tuple[int, int] | None:
+        """(block offset, bytes from the block's data to x's) of the leased block `x` lies in, if
+        `x` is C-contiguous (caller holds the lock)."""
         if not x.flags.c_contiguous or not x.nbytes:
             return None
         at = x.ctypes.data - self._base
@@ -337,14 +325,23 @@ class Outbox:
             return None
         for offset, (size, _, leased) in self._blocks.items():
             if leased and offset + HEADER <= at and at + x.nbytes <= offset + size:
-                first = offset // 8
-                free = np.flatnonzero(self._words[first:first + WORDS] == self._stamp)
-                if not len(free):
-                    return None
-                slot = int(free[0])
-                self._words[first + slot] = _HELD
-                return ShmArray(self.name, offset, slot, x.shape, x.dtype, at - offset - HEADER)
+                return offset, at - offset - HEADER
         return None
+
+    def _lend(self, x: np.ndarray) -> ShmArray | None:
+        """A descriptor of `x` in place, if it lies in a leased block with a free word (caller holds
+        the lock)."""
+        found = self._leased_block_of(x)
+        if found is None:
+            return None
+        offset, start = found
+        first = offset // 8
+        free = np.flatnonzero(self._words[first:first + WORDS] == self._stamp)
+        if not len(free):
+            return None
+        slot = int(free[0])
+        self._words[first + slot] = _HELD
+        return ShmArray(self.name, offset, slot, x.shape, x.dtype, start)
 
     def _allocate(self, size: int) -> int | None:
         backing = self._backing
