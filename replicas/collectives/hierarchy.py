@@ -271,26 +271,15 @@ class Exchange:
         mapping, word = board.counter(writer)
         address = mapping.address + 4 * word
         words = mapping.words
-        spinner = self.fabric.spinner
-        if spinner is not None and spinner.budget:
-            seen = [int(words[word])]
-
-            def published() -> bool:
-                if not mapping.words.size:  # closed: the wait below ends it
-                    return True
-                counter = int(words[word])
-                if counter == seen[0]:
-                    return False
-                seen[0] = counter
-                return board.find(writer, tag) is not None
-
-            if spinner.spin(published):
-                found = board.find(writer, tag)
-                if found is not None:
-                    return found
 
         def ready() -> bool:
             return board.find(writer, tag) is not None
+
+        spinner = self.fabric.spinner
+        if spinner is not None and spinner.watch(mapping, word, ready):
+            found = board.find(writer, tag)
+            if found is not None:
+                return found
 
         def sleep(timeout: float) -> None:
             seen = int(words[word])

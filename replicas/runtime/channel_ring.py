@@ -362,22 +362,13 @@ class ChannelRings:
             return
         index = _LINE // 4 * self._rank[replica]
         own = self._own
-        if spinner.budget:
-            seen = [int(own.words[index])]
 
-            def rang() -> bool:
-                words = own.words
-                if not words.size:  # closed: the wait below ends it
-                    return True
-                bell = int(words[index])
-                if bell == seen[0]:
-                    return False
-                seen[0] = bell
-                self.drain(replica)
-                return ready()
+        def drained_and_ready() -> bool:
+            self.drain(replica)
+            return ready()
 
-            if spinner.spin(rang) and ready():
-                return
+        if spinner.watch(own, index, drained_and_ready) and ready():
+            return
         address = own.address + 4 * index
         if block is not None and block.needs != "group":
             block.waits_for = tuple(dict.fromkeys(src for src, key in wanted if not box.poll(src, key)))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from time import perf_counter
+from typing import Any
 
 from replicas.runtime.cores import cores
 
@@ -81,6 +82,26 @@ class Spinner:
             self._failures = 0
             self._rest = _REST
         return False
+
+    def watch(self, mapping: Any, index: int, then: Callable[[], bool]) -> bool:
+        """Spin until the shared word `mapping.words[index]` (a board counter, a doorbell) changes
+        and `then()` holds, or the mapping is closed (its `words` emptied: the caller's wait ends it)."""
+        if self.budget <= 0.0:
+            return False
+        seen = int(mapping.words[index])
+
+        def changed() -> bool:
+            nonlocal seen
+            words = mapping.words
+            if not words.size:
+                return True
+            value = int(words[index])
+            if value == seen:
+                return False
+            seen = value
+            return then()
+
+        return self.spin(changed)
 
 
 NEVER = Spinner(0.0)  # for waits outside a job with peers on this node
