@@ -55,27 +55,33 @@ class Layout:
     rank_of_index: tuple[int, ...]  # group index -> its position among its process's members
 
 
-@dataclass(frozen=True)
 class Topology:
-    """One member's view of a `Layout`."""
+    """One member's view of a `Layout`, with what its in-process level uses every call precomputed
+    (computed once per member and placement: a collective reads these, it never derives them)."""
 
-    layout: Layout
-    index: int  # this member's position in the group
-    position: int  # its process's position in process order
-    local: tuple[int, ...]  # its process's members' group indices, in group order
-    rank: int  # its position in `local` (0: the leader)
+    __slots__ = ("layout", "index", "position", "local", "rank", "group", "leader", "is_leader",
+                 "local_others", "result_from", "result_to")
 
-    @property
-    def group(self) -> Group:
-        return self.layout.group
-
-    @property
-    def leader(self) -> int:
-        return self.layout.leaders[self.position]
-
-    @property
-    def is_leader(self) -> bool:
-        return self.rank == 0
+    def __init__(self, layout: Layout, index: int, position: int, local: tuple[int, ...], rank: int) -> None:
+        self.layout = layout
+        self.index = index  # this member's position in the group
+        self.position = position  # its process's position in process order
+        self.local = local  # its process's members' group indices, in group order
+        self.rank = rank  # its position in `local` (0: the leader)
+        group = self.group = layout.group
+        self.leader = layout.leaders[position]
+        self.is_leader = rank == 0
+        # The leader's: the other local members' replica ids, in group order (their deposits).
+        self.local_others = tuple(group[i] for i in local[1:]) if rank == 0 else ()
+        # The chains of results (`Exchange.scatter_local`): who hands this member its result, and the
+        # members it hands the result on to.
+        previous = rank - RESULT_LANES if rank > RESULT_LANES else 0
+        self.result_from = group[local[previous]] if rank else None
+        if rank == 0:
+            to = [group[local[k]] for k in range(1, min(1 + RESULT_LANES, len(local)))]
+        else:
+            to = [group[local[rank + RESULT_LANES]]] if rank + RESULT_LANES < len(local) else []
+        self.result_to = tuple(to)
 
 
 _layouts: dict[tuple[int, int], tuple[Group, Sequence[int], Layout]] = {}
@@ -127,11 +133,8 @@ class Exchange:
 
     def __init__(self, fabric: Fabric, seq: int, fingerprint: Fingerprint, block: BlockInfo,
                  topo: Topology | None) -> None:
-        # Kernels hold the interpreter's `FabricSlot`, whose every attribute is a forwarding call:
-        # a collective reads a dozen of them, so it keeps the fabric the slot stands for.
-        inner = getattr(type(fabric), "_fabric", None)
-        if inner is not None:
-            fabric = inner.__get__(fabric)
+        # The fabric itself, not the interpreter's `FabricSlot` (whose every attribute is a forwarding
+        # call, and a collective reads a dozen): `kernels.Collective` unwraps it once per call.
         self.fabric = fabric
         self.seq = seq
         self.me = fabric.replica_id
@@ -148,25 +151,28 @@ class Exchange:
         return self._topo
 
     def send(self, dst: int, round_: int, payload: Any) -> None:
-        self.fabric.send(dst, keys.collective(self.seq, round_), (self.fingerprint.wire, payload))
+        self.fabric.send(dst, (keys.COLLECTIVE, self.seq, round_), (self.fingerprint.wire, payload))
 
     def recv(self, sources: Sequence[int], round_: int) -> list[Any]:
         """The payloads `sources` sent in `round_`, in that order, each fingerprint checked first."""
         if not sources:
             return []
-        key = keys.collective(self.seq, round_)
+        key = (keys.COLLECTIVE, self.seq, round_)
         if len(sources) == 1:  # the usual case (a result, a leader's peer): no lists to zip
-            src = sources[0]
-            theirs, payload = self.fabric.recv_all([(src, key)], self.block)[0]
-            if theirs is not self.fingerprint.wire:
-                self._check(src, theirs)
-            return [payload]
+            return [self.recv_one(sources[0], round_)]
         values = self.fabric.recv_all([(s, key) for s in sources], self.block)
         payloads = []
         for src, (theirs, payload) in zip(sources, values):
             self._check(src, theirs)
             payloads.append(payload)
         return payloads
+
+    def recv_one(self, src: int, round_: int) -> Any:
+        """The payload `src` sent in `round_`, its fingerprint checked first."""
+        theirs, payload = self.fabric.recv(src, (keys.COLLECTIVE, self.seq, round_), self.block)
+        if theirs is not self.fingerprint.wire:
+            self._check(src, theirs)
+        return payload
 
     def _check(self, src: int, theirs: tuple) -> None:
         own = self.fingerprint.wire
@@ -324,10 +330,9 @@ class Exchange:
         if not topo.is_leader:
             self.send(topo.leader, DEPOSIT, payload)
             return None
-        if len(topo.local) == 1:
+        others = topo.local_others
+        if not others:
             return [payload]
-        group = topo.group
-        others = [group[i] for i in topo.local[1:]]
         return [payload, *self.recv(others, DEPOSIT)]
 
     def scatter_local(self, results: Sequence[Any] | None, shared: Any = None) -> Any:
@@ -348,22 +353,23 @@ class Exchange:
                 for v in shared if isinstance(shared, tuple) else (shared,):
                     if isinstance(v, np.ndarray):
                         v.setflags(write=False)
-        group, local = topo.layout.group, topo.local
-        for k in range(1, min(1 + RESULT_LANES, len(local))):
-            self.send(group[local[k]], RESULT, (results, shared))
+        to = topo.result_to
+        if to:
+            message = (self.fingerprint.wire, (results, shared))
+            key = (keys.COLLECTIVE, self.seq, RESULT)
+            send = self.fabric.send
+            for dst in to:
+                send(dst, key, message)
         return shared if results is None else results[0]
 
     def result(self) -> Any:
         """On a non-leader member: its result, from the previous member of its chain (passed on first)."""
         topo = self.topo
-        group, local = topo.layout.group, topo.local
-        k = topo.rank
-        previous = k - RESULT_LANES if k > RESULT_LANES else 0
-        payload = self.recv([group[local[previous]]], RESULT)[0]
-        if k + RESULT_LANES < len(local):
-            self.send(group[local[k + RESULT_LANES]], RESULT, payload)
+        payload = self.recv_one(topo.result_from, RESULT)
+        for dst in topo.result_to:
+            self.send(dst, RESULT, payload)
         results, shared = payload
-        return shared if results is None else results[k]
+        return shared if results is None else results[topo.rank]
 
 
 def _copied_out(value: Any, reads: list[shared_board.Read]) -> Any:

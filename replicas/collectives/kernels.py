@@ -42,19 +42,33 @@ def computation_of(ctx: KernelContext, inst: Instruction) -> str:
     return "?"
 
 
+_new = object.__new__
+
+
 class Collective:
-    """One bound collective instruction on one replica: numbering, blocking info, recording."""
+    """One bound collective instruction on one replica: numbering, blocking info, recording.
+
+    Everything a call needs that does not change from call to call is resolved here or at the first
+    call of a job (the group's topology under the job's placement), so a call is a handful of
+    attribute reads before its algorithm runs (a While loop of a 1 KiB all-reduce at N=256 runs this
+    once per replica per iteration: bench/README.md, "percall")."""
 
     def __init__(self, inst: Instruction, ctx: KernelContext, group: tuple[int, ...], fingerprint: Fingerprint,
                  index: int | None) -> None:
         self.inst = inst
         self.fabric = ctx.fabric
+        # The interpreter's `FabricSlot` forwards every attribute read: a call unwraps it once.
+        self._unwrap = getattr(type(self.fabric), "_fabric", None)
         self.group = group
         self.index = index  # position in `group`; None for collective-permute (point to point)
         self.fingerprint = fingerprint
         self.fingerprint_dict = fingerprint.as_dict()
         self._topology: Topology | None = None
         self._placement: Any = None
+        # What the call publishes while it waits: a copy of this with its `seq` (a dataclass's
+        # keyword __init__ cost more than the rest of a member's call).
+        self._block = BlockInfo("collective", inst.name, inst.opcode, needs="group",
+                                computation=fingerprint.computation, group=group).__dict__
 
     def topology(self) -> Topology | None:
         # Placement is known once the job connected its replicas, after binding: computed at first use,
@@ -66,31 +80,35 @@ class Collective:
         return self._topology
 
     def exchange(self) -> Exchange:
-        fabric = self.fabric
+        unwrap = self._unwrap
+        fabric = self.fabric if unwrap is None else unwrap.__get__(self.fabric)
         seq = fabric.next_collective()
-        inst = self.inst
-        block = BlockInfo("collective", inst.name, inst.opcode, needs="group",
-                          computation=self.fingerprint.computation, seq=seq, group=self.group)
-        return Exchange(fabric, seq, self.fingerprint, block, self.topology())
+        block = _new(BlockInfo)
+        block.__dict__ = self._block.copy()
+        block.seq = seq
+        topo = self._topology
+        if topo is None or fabric.placement is not self._placement:
+            topo = self.topology()
+        return Exchange(fabric, seq, self.fingerprint, block, topo)
 
     def run(self, algorithm: Callable[..., Any], *args: Any) -> Any:
         ex = self.exchange()
-        recorder = self.fabric.recorder
+        recorder = ex.fabric.recorder
         try:
             if recorder is None:
                 return algorithm(ex, *args)
             # The group is the interned tuple itself: a copy per event would cost O(N) per member.
-            event = recorder.begin("collective", self.inst.name, self.inst.opcode, seq=ex.seq, group=self.group,
-                                   fingerprint=self.fingerprint_dict)
+            event = recorder.collective(self.inst.name, self.inst.opcode, ex.seq, self.group, self.fingerprint_dict)
             try:
                 result = algorithm(ex, *args)
             except BaseException as e:
                 recorder.end(event, error=f"{type(e).__name__}: {e}")
                 raise
-            recorder.end(event)
+            recorder.ended(event)
             return result
         finally:
-            ex.release()  # board buffers this replica read (normally released with its results)
+            if ex._reads:
+                ex.release()  # board buffers this replica read (normally released with its results)
 
 
 def _bind(inst: Instruction, ctx: KernelContext, *, pairs: tuple | None = None

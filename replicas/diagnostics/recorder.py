@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from time import perf_counter_ns
 from typing import Any
 
 DEFAULT_CAPACITY = 4096  # events kept per replica (`trace_events=` / `--trace-events`)
@@ -54,6 +55,21 @@ class FlightRecorder:
         self._events.append(event)
         self.recorded += 1
         return event
+
+    def collective(self, instruction: str, opcode: str, seq: int, group: tuple[int, ...],
+                   fingerprint: dict[str, Any]) -> dict[str, Any]:
+        """`begin("collective", ..., seq=, group=, fingerprint=)` without the keyword dicts (a
+        collective's own event, recorded by every member of every collective)."""
+        event = {"kind": "collective", "instruction": instruction, "opcode": opcode, "replica": self.replica,
+                 "start_us": self._epoch_us + (perf_counter_ns() - self._t0) / 1000, "end_us": None,
+                 "seq": seq, "group": group, "fingerprint": fingerprint}
+        self._events.append(event)
+        self.recorded += 1
+        return event
+
+    def ended(self, event: dict[str, Any]) -> None:
+        """`end(event)` without the keyword dict."""
+        event["end_us"] = self._epoch_us + (perf_counter_ns() - self._t0) / 1000
 
     def end(self, event: dict[str, Any], **info: Any) -> None:
         event["end_us"] = self._now_us()

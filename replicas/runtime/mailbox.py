@@ -67,8 +67,9 @@ class Mailbox:
                     self._wake.release()
 
     def count_sent(self) -> None:
-        with self._lock:
-            self.state.sent += 1
+        # Only the replica's own thread sends, so no lock: a snapshot sees the count before or after
+        # (the GIL makes the store atomic), and either is consistent with the post that follows.
+        self.state.sent += 1
 
     def _wake_replica(self) -> None:
         """Wake the replica's thread if it sleeps in `take_all` (the caller holds `_lock`)."""
@@ -122,47 +123,65 @@ class Mailbox:
 
     # -- taking (the replica's thread) -----------------------------------------------------------
     def take(self, src: int, key: Hashable, block: BlockInfo) -> Any:
-        return self.take_all([(src, key)], block)[0]
+        """Block until (src, key) has arrived; return its value (`take_all` of one, without its lists:
+        the usual wait of a collective's member)."""
+        message = (src, key)
+        msgs = self._messages
+        with self._lock:
+            if self._abort is not None:
+                raise self._abort
+            if message not in msgs:
+                self._missing.add(message)
+                if block.needs != "group" and not block.waits_for:
+                    block.waits_for = (src,)
+                self._sleep_until_complete(block)
+            self.state.progress += 1
+            return msgs.pop(message)
 
     def take_all(self, wanted: list[tuple[int, Hashable]], block: BlockInfo) -> list[Any]:
         """Block until every (src, key) in `wanted` has arrived; return the values in order."""
         msgs = self._messages
-        lock = self._lock
-        with lock:
+        with self._lock:
             if self._abort is not None:
                 raise self._abort
             missing = self._missing
             for w in wanted:
                 if w not in msgs:
                     missing.add(w)
-            state = self.state
             if missing:
                 if block.needs != "group" and not block.waits_for:
                     block.waits_for = tuple(dict.fromkeys(src for src, _ in missing))
-                state.block = block
-                state.status = "blocked"
-                wake = self._wake
-                try:
-                    while missing:
-                        if self._abort is not None:
-                            raise self._abort
-                        wake.acquire(False)  # a release left by a wait that timed out as it came
-                        self._sleeping = True
-                        lock.release()
-                        try:
-                            wake.acquire(True, _POLL)
-                        finally:
-                            lock.acquire()
-                            self._sleeping = False
-                finally:
-                    missing.clear()
-                    state.block = None
-                    if state.status == "blocked":
-                        state.status = "running"
-            state.progress += 1
+                self._sleep_until_complete(block)
+            self.state.progress += 1
             if len(wanted) == 1:
                 return [msgs.pop(wanted[0])]
             return [msgs.pop(w) for w in wanted]
+
+    def _sleep_until_complete(self, block: BlockInfo) -> None:
+        """Sleep (published as blocked in `block`) until `_missing` empties (the caller holds `_lock`)."""
+        state = self.state
+        state.block = block
+        state.status = "blocked"
+        missing = self._missing
+        lock = self._lock
+        wake = self._wake
+        try:
+            while missing:
+                if self._abort is not None:
+                    raise self._abort
+                wake.acquire(False)  # a release left by a wait that timed out as it came
+                self._sleeping = True
+                lock.release()
+                try:
+                    wake.acquire(True, _POLL)
+                finally:
+                    lock.acquire()
+                    self._sleeping = False
+        finally:
+            missing.clear()
+            state.block = None
+            if state.status == "blocked":
+                state.status = "running"
 
     def poll(self, src: int, key: Hashable) -> bool:
         with self._lock:

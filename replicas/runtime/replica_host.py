@@ -55,7 +55,10 @@ class RayFabric(MailboxFabric):
         self.spinner: spin.Spinner = spin.NEVER
 
     def recv(self, src: int, key: Hashable, block: Any) -> Any:
-        return self.recv_all([(src, key)], block)[0]
+        rings = self.rings
+        if rings is not None and src in rings.peers and channel_ring.is_channel_key(key):
+            return self.recv_all([(src, key)], block)[0]
+        return self.mailbox.take(src, key, block)
 
     def recv_all(self, wanted: list[tuple[int, Hashable]], block: Any) -> list[Any]:
         rings = self.rings
