@@ -61,11 +61,23 @@ def finish(inst: Instruction, compute: Compute) -> Compute:
     operands pass through as they are.
     """
     if inst.shape.rank == 0:
+        dtype = inst.shape.dtype
+        # A ufunc of one output writes a 0-d result into a fresh 0-d array (`out=`: half the cost of
+        # the reshapes, and a While loop's counter and condition run it every iteration), once its
+        # first call showed that its own result type is the result's: the same loop, the same bits.
+        direct = [False] if isinstance(compute, np.ufunc) and compute.nout == 1 else None
+        empty = np.empty
+
         def scalar_kernel(*args: np.ndarray) -> np.ndarray:
             for a in args:
                 if a.ndim:
                     return compute(*args)
-            return compute(*[a.reshape(1) for a in args]).reshape(())
+            if direct is not None and direct[0]:
+                return compute(*args, out=empty((), dtype))
+            result = compute(*[a.reshape(1) for a in args]).reshape(())
+            if direct is not None:
+                direct[0] = result.dtype == dtype
+            return result
 
         return scalar_kernel
     return compute
