@@ -98,7 +98,8 @@ class Collective:
             if recorder is None:
                 return algorithm(ex, *args)
             # The group is the interned tuple itself: a copy per event would cost O(N) per member.
-            event = recorder.collective(self.inst.name, self.inst.opcode, ex.seq, self.group, self.fingerprint_dict)
+            event = recorder.collective(self.inst.name, self.inst.opcode, ex.seq, self.group, self.fingerprint.wire,
+                                         self.fingerprint_dict)
             try:
                 result = algorithm(ex, *args)
             except BaseException as e:
