@@ -129,7 +129,7 @@ def topology(group: Group, index: int, placement: Sequence[int]) -> Topology:
 class Exchange:
     """The messages of one collective on one replica."""
 
-    __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "_topo", "_reads")
+    __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "topo", "_reads")
 
     def __init__(self, fabric: Fabric, seq: int, fingerprint: Fingerprint, block: BlockInfo,
                  topo: Topology | None) -> None:
@@ -140,15 +140,10 @@ class Exchange:
         self.me = fabric.replica_id
         self.fingerprint = fingerprint
         self.block = block
-        self._topo = topo
+        # Where the group's members live (group collectives only; point-to-point ones have none). An
+        # attribute, not a checking property: an algorithm reads it several times per call.
+        self.topo: Topology = topo  # type: ignore[assignment]
         self._reads: list[shared_board.Read] = []
-
-    @property
-    def topo(self) -> Topology:
-        """Where the group's members live (group collectives only; point-to-point ones have none)."""
-        if self._topo is None:
-            raise AssertionError(f"collective #{self.seq} is point-to-point: it has no group topology")
-        return self._topo
 
     def send(self, dst: int, round_: int, payload: Any) -> None:
         self.fabric.send(dst, (keys.COLLECTIVE, self.seq, round_), (self.fingerprint.wire, payload))

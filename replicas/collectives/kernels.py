@@ -150,6 +150,12 @@ def make_combine(inst: Instruction, ctx: KernelContext, dtypes: list[np.dtype]) 
             for (u, _), x, y in zip(pairs, acc, b):
                 u(x, y, out=x)
 
+        if len(pairs) == 1:  # one operand (the usual all-reduce): a leader calls this per local member
+            u0 = pairs[0][0]
+
+            def accumulate(acc: alg.Values, b: alg.Values) -> None:
+                u0(acc[0], b[0], out=acc[0])
+
         def into(out: alg.Values, a: alg.Values, b: alg.Values) -> None:
             for (u, _), o, x, y in zip(pairs, out, a, b):
                 u(x, y, out=o)
