@@ -1,7 +1,7 @@
-"""CPU time and wall time per collective on 4 replicas, by differencing two loop lengths (a benchmark).
+"""CPU time and wall time per collective on N replicas (4 unless told), by differencing two loop lengths (a benchmark).
 
     python bench/actor_cpu.py [--op all-reduce] [--size 4KiB] [--k 100,700] [--repeat 2] [--backend ray]
-                              [--replicas-per-actor 2]
+                              [--replicas-per-actor 2] [--replicas 4]
 
 The program is `collective_program` (the op K times in a While loop). CPU = utime + stime of the
 replica actor processes (Ray) or of this process (threads), read from /proc before and after each
@@ -45,10 +45,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--backend", choices=["ray", "threads"], default="ray")
     parser.add_argument("--replicas-per-actor", type=int, default=None, help="packing (Ray; default: the runtime's)")
+    parser.add_argument("--replicas", type=int, default=4)
     args = parser.parse_args()
     nbytes = parse_size(args.size)
     k1, k2 = (int(k) for k in args.k.split(","))
-    module = collective_program(args.op, nbytes // 4, 4)
+    n = args.replicas
+    module = collective_program(args.op, nbytes // 4, n)
     x = np.ones(nbytes // 4, np.float32)
     pids = [os.getpid()]
 
@@ -56,11 +58,11 @@ def main() -> None:
         nonlocal pids
         operands = [x, np.asarray(k, np.int32)]
         if args.backend == "threads":
-            rp.run(module, operands, num_replicas=4, backend="threads", timeout=600)
+            rp.run(module, operands, num_replicas=n, backend="threads", timeout=600)
             return
         import ray
 
-        job = rp.launch(module, operands, num_replicas=4, timeout=600, replicas_per_actor=args.replicas_per_actor)
+        job = rp.launch(module, operands, num_replicas=n, timeout=600, replicas_per_actor=args.replicas_per_actor)
         pids = ray.get([a.__ray_call__.remote(lambda host: os.getpid()) for a in job._backend._actors])
         job.result()
 
@@ -71,13 +73,14 @@ def main() -> None:
         return c1 - c0, time.perf_counter() - t0, f1 - f0
 
     run(2)
-    print(f"# {args.op} {args.size}, 4 replicas, {args.backend}, {len(pids)} process(es), "
+    print(f"# {args.op} {args.size}, {n} replicas, {args.backend}, {len(pids)} process(es), "
           f"load average {load_average()}")
     for _ in range(args.repeat):
         cpu1, wall1, faults1 = measured(k1)
         cpu2, wall2, faults2 = measured(k2)
         per = k2 - k1
-        print(f"wall {(wall2 - wall1) / per * 1e6:.0f} us/op, CPU {(cpu2 - cpu1) / per * 1e6:.0f} us/op, "
+        print(f"wall {(wall2 - wall1) / per * 1e6:.0f} us/op, CPU {(cpu2 - cpu1) / per * 1e6:.0f} us/op "
+              f"({(cpu2 - cpu1) / per / n * 1e6:.1f} us per replica), "
               f"minor page faults {(faults2 - faults1) / per / len(pids):.0f} per op per process", flush=True)
     if args.backend == "ray":
         import ray
