@@ -78,6 +78,11 @@ class Mailbox:
             self._wake.release()
 
     def abort(self, exc: BaseException) -> None:
+        if self._abort is not None:
+            # Already aborted: every waiter was woken then, and any later wait raises at once. (A job's
+            # end aborts twice, with its error and then on shutdown: at 1024 threads the second pass
+            # took each mailbox's lock again while the woken threads unwound, ~0.4 s under load.)
+            return
         with self._lock:
             if self._abort is None:
                 self._abort = exc
