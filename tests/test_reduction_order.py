@@ -35,8 +35,8 @@ def documented_sum(operands: list[np.ndarray], placement: list[int]) -> np.ndarr
 @pytest.mark.parametrize("placement", [[0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], [0, 0, 1, 1, 2, 2],
                                        [0, 1, 1, 2, 2, 0], [0, 0, 0, 0], [0, 1, 2, 3]])
 # One round of small and of pooled partials, and reduce-scatter + all-gather among leaders (the
-# threshold lowered: the same size takes either algorithm, and both give the documented bits).
-@pytest.mark.parametrize(("size", "sharded_from"), [(96, None), (96_000, None), (96_000, 256 * 1024)])
+# threshold set either way: the same size takes either algorithm, and both give the documented bits).
+@pytest.mark.parametrize(("size", "sharded_from"), [(96, None), (96_000, 64 << 20), (96_000, 256 * 1024)])
 @pytest.mark.parametrize("block_bytes", [None, 4096])  # whole arrays / many blocks summed in cache
 def test_reductions_follow_the_documented_order_bitwise(placement, size, sharded_from, block_bytes, monkeypatch):
     if block_bytes is not None:
@@ -45,7 +45,7 @@ def test_reductions_follow_the_documented_order_bitwise(placement, size, sharded
         monkeypatch.setattr(algorithms, "SMALL_BYTES", sharded_from)
     n = len(placement)
     width = size * n
-    assert (width * 4 >= algorithms.SMALL_BYTES) == (sharded_from is not None)
+    assert (width * 4 >= algorithms.SMALL_BYTES) == (sharded_from == 256 * 1024)
     c = Comp("main")
     x = c.param(f"f32[{width}]")
     ar = c.op("all-reduce", f"f32[{width}]", [x], to_apply="add_f32", replica_groups=[])
