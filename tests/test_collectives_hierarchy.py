@@ -92,9 +92,11 @@ def test_every_collective_under_every_placement(n, groups, placement):
 
 
 @pytest.mark.parametrize("placement", [[0, 0, 0, 0], [0, 1, 2, 3], [0, 0, 1, 1], [0, 1, 0, 1]])
-def test_large_all_reduce_leader_paths_agree_bitwise(placement):
-    n, size = 4, 150_001  # above SMALL_BYTES: leaders reduce-scatter and all-gather
-    assert size * 4 >= algorithms.SMALL_BYTES
+@pytest.mark.parametrize("sharded_from", [64 << 20, 256 * 1024])  # one round / reduce-scatter + all-gather
+def test_large_all_reduce_leader_paths_agree_bitwise(placement, sharded_from, monkeypatch):
+    n, size = 4, 150_001
+    monkeypatch.setattr(algorithms, "SMALL_BYTES", sharded_from)
+    assert (size * 4 >= algorithms.SMALL_BYTES) == (sharded_from == 256 * 1024)
     c = Comp("main")
     x = c.param(f"f32[{size}]")
     ar = c.op("all-reduce", f"f32[{size}]", [x], to_apply="add_f32", replica_groups=[])

@@ -107,8 +107,9 @@ def test_all_reduce_custom_computation_in_group_order(n, size):
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
 @pytest.mark.parametrize("t", ["f32", "bf16"])
-def test_large_all_reduce_takes_sharded_path_and_agrees_bitwise(n, t):
+def test_large_all_reduce_takes_sharded_path_and_agrees_bitwise(n, t, monkeypatch):
     size = 150_001
+    monkeypatch.setattr(algorithms, "SMALL_BYTES", 256 * 1024)
     assert size * np.dtype(TYPES[t]).itemsize >= algorithms.SMALL_BYTES
     rng = np.random.default_rng(n)
     xs = [rand((size,), TYPES[t], rng) for _ in range(n)]

@@ -34,14 +34,18 @@ def documented_sum(operands: list[np.ndarray], placement: list[int]) -> np.ndarr
 
 @pytest.mark.parametrize("placement", [[0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], [0, 0, 1, 1, 2, 2],
                                        [0, 1, 1, 2, 2, 0], [0, 0, 0, 0], [0, 1, 2, 3]])
-@pytest.mark.parametrize("size", [96, 96_000])  # one round / reduce-scatter + all-gather among leaders
+# One round of small and of pooled partials, and reduce-scatter + all-gather among leaders (the
+# threshold set either way: the same size takes either algorithm, and both give the documented bits).
+@pytest.mark.parametrize(("size", "sharded_from"), [(96, None), (96_000, 64 << 20), (96_000, 256 * 1024)])
 @pytest.mark.parametrize("block_bytes", [None, 4096])  # whole arrays / many blocks summed in cache
-def test_reductions_follow_the_documented_order_bitwise(placement, size, block_bytes, monkeypatch):
+def test_reductions_follow_the_documented_order_bitwise(placement, size, sharded_from, block_bytes, monkeypatch):
     if block_bytes is not None:
         monkeypatch.setattr(algorithms, "BLOCK_BYTES", block_bytes)
+    if sharded_from is not None:
+        monkeypatch.setattr(algorithms, "SMALL_BYTES", sharded_from)
     n = len(placement)
     width = size * n
-    assert (width * 4 >= algorithms.SMALL_BYTES) == (size == 96_000)
+    assert (width * 4 >= algorithms.SMALL_BYTES) == (sharded_from == 256 * 1024)
     c = Comp("main")
     x = c.param(f"f32[{width}]")
     ar = c.op("all-reduce", f"f32[{width}]", [x], to_apply="add_f32", replica_groups=[])

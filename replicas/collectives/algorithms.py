@@ -27,10 +27,17 @@ from typing import Any
 
 import numpy as np
 
+from replicas.collectives.buffers import MIN_BYTES as POOLED_BYTES
 from replicas.collectives.buffers import pool_of, sendable_in_place
 from replicas.collectives.hierarchy import LEADER_ROUND, Exchange, Topology
 
-SMALL_BYTES = 256 * 1024  # below this, leaders reduce in one round; above, reduce-scatter + all-gather
+# Below this, leaders reduce in one round of whole partials; from it, reduce-scatter + all-gather.
+# Measured on the 2-core machine (bench/README.md, "midsize"): at 1-3 MiB one round took 30-45% less
+# CPU per all-reduce than the two rounds of shards, with 2 processes and with 4 (a round among
+# processes is a publication, a wake-up and a read per leader: more than the bytes the shards save);
+# from 4 MiB a whole partial no longer fits a same-node board slot (runtime/board.SLOT_BYTES) and
+# would go through the arena and the sockets. (On the machine of 2026-11-23, 256 KiB.)
+SMALL_BYTES = 4 << 20
 # Up to this many processes the leaders exchange directly (P * (P - 1) messages per round); beyond,
 # recursive doubling keeps messages at O(P log P).
 DIRECT_MAX_PROCESSES = 8
@@ -136,7 +143,12 @@ def leaders_all_reduce(ex: Exchange, acc: Values, combine: Combine) -> Values:
     if p > DIRECT_MAX_PROCESSES:
         return recursive_doubling(ex, acc, combine)
     if nbytes(acc) < SMALL_BYTES:
-        return reduce_in_order(ex.among_leaders(LEADER_ROUND, acc), combine)
+        parts = ex.among_leaders(LEADER_ROUND, acc)
+        if nbytes(acc) < POOLED_BYTES or not hasattr(combine, "into"):
+            return reduce_in_order(parts, combine)
+        # Into a reused buffer (a fresh one of a few MiB is fresh pages), summed block by block.
+        pool = pool_of(ex.fabric)
+        return _reduce_specs_into(tuple(pool.empty(v.shape, v.dtype) for v in acc), [list(parts)], combine)
     # Reduce-scatter (leader k reduces shard k in process order, straight into its place in the
     # result), then all-gather: each peer's shard is copied into its place.
     pool = pool_of(ex.fabric)
