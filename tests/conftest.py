@@ -17,36 +17,48 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-import jax  # noqa: E402
 import pytest  # noqa: E402
-from hypothesis import settings  # noqa: E402
 
 try:
     import parallel  # noqa: E402 - tests/parallel.py: the suite on two workers (needs pytest-xdist)
 except ImportError:
     parallel = None
 
-# The kernels' tests compare 64-bit types with XLA; test_hlo_text switches it off for its cases.
-jax.config.update("jax_enable_x64", True)
 
-# A run checks the same examples every time (a failure reproduces; XLA's recorded answers in
-# tests/golden/ match them); REPLICAS_HYPOTHESIS=explore draws new ones.
-settings.register_profile("repeatable", derandomize=True, database=None)
-settings.register_profile("explore", derandomize=False)
-settings.load_profile("explore" if os.environ.get("REPLICAS_HYPOTHESIS") == "explore" else "repeatable")
+def configure_jax_and_hypothesis() -> None:
+    """In every process that runs tests (not xdist's controller: importing JAX costs it a CPU second)."""
+    import jax
+    from hypothesis import settings
+
+    # The kernels' tests compare 64-bit types with XLA; test_hlo_text switches it off for its cases.
+    jax.config.update("jax_enable_x64", True)
+
+    # A run checks the same examples every time (a failure reproduces; XLA's recorded answers in
+    # tests/golden/ match them); REPLICAS_HYPOTHESIS=explore draws new ones.
+    settings.register_profile("repeatable", derandomize=True, database=None)
+    settings.register_profile("explore", derandomize=False)
+    settings.load_profile("explore" if os.environ.get("REPLICAS_HYPOTHESIS") == "explore" else "repeatable")
+
+
+def runs_tests(config: pytest.Config) -> bool:
+    """False in xdist's controller, whose workers run the tests."""
+    if hasattr(config, "workerinput"):
+        return True
+    return config.getoption("dist", "no") == "no" or not getattr(config.option, "tx", None)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     """The whole suite runs on two pytest-xdist workers by default (tests/parallel.py): before
     xdist's own configure, which starts them."""
-    if parallel is None or not config.pluginmanager.hasplugin("xdist"):
-        return
-    workers = parallel.wants_workers(config)
-    if workers:
-        config.option.numprocesses, config.option.dist, config.option.tx = workers, "load", ["popen"] * workers
-    if config.option.dist != "no" and config.option.tx and not hasattr(config, "workerinput"):
-        config.pluginmanager.register(parallel.Controller(config), "replicas-parallel")
+    if parallel is not None and config.pluginmanager.hasplugin("xdist"):
+        workers = parallel.wants_workers(config)
+        if workers:
+            config.option.numprocesses, config.option.dist, config.option.tx = workers, "load", ["popen"] * workers
+        if config.option.dist != "no" and config.option.tx and not hasattr(config, "workerinput"):
+            config.pluginmanager.register(parallel.Controller(config), "replicas-parallel")
+    if runs_tests(config):
+        configure_jax_and_hypothesis()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -57,11 +69,31 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         base = base.parent
     cache = base.parent / "replicas-compilation-cache"
     cache.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(cache / "jax"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if runs_tests(session.config):
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", str(cache / "jax"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     (cache / "oracle").mkdir(exist_ok=True)
     os.environ["REPLICAS_XLA_ORACLE_CACHE"] = str(cache / "oracle")
+    keep_bytecode(cache / "pyc")
+
+
+def keep_bytecode(prefix: Path) -> None:
+    """With PYTHONDONTWRITEBYTECODE set (nothing beside the sources), every Python process of a run
+    compiled the package again, and each worker rewrote every test module's asserts again: ~80
+    processes (the workers, Ray's workers, the README's commands), 5 of the 8 CPU seconds a worker
+    spends collecting. Their bytecode goes to `prefix` instead (PYTHONPYCACHEPREFIX: still nothing
+    beside the sources), for this process and every one it starts, before xdist starts its workers.
+    A user's own PYTHONPYCACHEPREFIX, or bytecode written beside the sources, is left as it is."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    prefix.mkdir(exist_ok=True)
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
+    sys.pycache_prefix = str(prefix)
+    sys.dont_write_bytecode = False
 
 
 @pytest.fixture(scope="session")
