@@ -76,8 +76,8 @@ def reduce_into(out: Values, parts: Sequence[Values], combine: Combine) -> Value
     return out
 
 
-def _reduce_local(ex: Exchange, parts: Sequence[Values], combine: Combine) -> Values:
-    """The local members' operands reduced in group order (the operand itself for a lone member)."""
+def _reduce_pooled(ex: Exchange, parts: Sequence[Values], combine: Combine) -> Values:
+    """`parts` reduced in order into a buffer of the pool (the part itself when it is alone)."""
     if len(parts) == 1:
         return parts[0]
     pool = pool_of(ex.fabric)
@@ -146,9 +146,7 @@ def leaders_all_reduce(ex: Exchange, acc: Values, combine: Combine) -> Values:
         parts = ex.among_leaders(LEADER_ROUND, acc)
         if nbytes(acc) < POOLED_BYTES or not hasattr(combine, "into"):
             return reduce_in_order(parts, combine)
-        # Into a reused buffer (a fresh one of a few MiB is fresh pages), summed block by block.
-        pool = pool_of(ex.fabric)
-        return _reduce_specs_into(tuple(pool.empty(v.shape, v.dtype) for v in acc), [list(parts)], combine)
+        return _reduce_pooled(ex, parts, combine)  # a fresh buffer of a few MiB would be fresh pages
     # Reduce-scatter (leader k reduces shard k in process order, straight into its place in the
     # result), then all-gather: each peer's shard is copied into its place.
     pool = pool_of(ex.fabric)
@@ -208,7 +206,7 @@ def all_reduce(ex: Exchange, values: Values, combine: Combine) -> Values:
     if 1 < p <= DIRECT_MAX_PROCESSES and nbytes(values) >= SMALL_BYTES and hasattr(combine, "into"):
         acc = _sharded_all_reduce(ex, parts, combine)
     else:
-        acc = leaders_all_reduce(ex, _reduce_local(ex, parts, combine), combine)
+        acc = leaders_all_reduce(ex, _reduce_pooled(ex, parts, combine), combine)
     return ex.scatter_local(None, _shared(acc, topo))
 
 
@@ -358,7 +356,7 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
     layout, pos = topo.layout, topo.position
     p = len(layout.leaders)
     if p == 1 or p > DIRECT_MAX_PROCESSES:
-        acc = _reduce_local(ex, parts, combine)
+        acc = _reduce_pooled(ex, parts, combine)
         if p > 1:
             acc = leaders_all_reduce(ex, acc, combine)
         chunks = _chunks(acc, n, dim)

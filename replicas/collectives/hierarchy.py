@@ -146,13 +146,13 @@ class Exchange:
         self._reads: list[shared_board.Read] = []
 
     def send(self, dst: int, round_: int, payload: Any) -> None:
-        self.fabric.send(dst, (keys.COLLECTIVE, self.seq, round_), (self.fingerprint.wire, payload))
+        self.fabric.send(dst, keys.collective(self.seq, round_), (self.fingerprint.wire, payload))
 
     def recv(self, sources: Sequence[int], round_: int) -> list[Any]:
         """The payloads `sources` sent in `round_`, in that order, each fingerprint checked first."""
         if not sources:
             return []
-        key = (keys.COLLECTIVE, self.seq, round_)
+        key = keys.collective(self.seq, round_)
         if len(sources) == 1:  # the usual case (a result, a leader's peer): no lists to zip
             return [self.recv_one(sources[0], round_)]
         values = self.fabric.recv_all([(s, key) for s in sources], self.block)
@@ -166,7 +166,7 @@ class Exchange:
 
     def recv_one(self, src: int, round_: int) -> Any:
         """The payload `src` sent in `round_`, its fingerprint checked first."""
-        theirs, payload = self.fabric.recv(src, (keys.COLLECTIVE, self.seq, round_), self.block)
+        theirs, payload = self.fabric.recv(src, keys.collective(self.seq, round_), self.block)
         if theirs is not self.fingerprint.wire:
             self._check(src, theirs)
         return payload
@@ -315,6 +315,8 @@ class Exchange:
         return value
 
     def release(self) -> None:
+        if not self._reads:  # the usual case: nothing was read off the board
+            return
         reads, self._reads = self._reads, []
         for read in reads:
             read.release()
@@ -353,7 +355,7 @@ class Exchange:
         to = topo.result_to
         if to:
             message = (self.fingerprint.wire, (results, shared))
-            key = (keys.COLLECTIVE, self.seq, RESULT)
+            key = keys.collective(self.seq, RESULT)
             send = self.fabric.send
             for dst in to:
                 send(dst, key, message)

@@ -108,8 +108,7 @@ class Collective:
             recorder.ended(event)
             return result
         finally:
-            if ex._reads:
-                ex.release()  # board buffers this replica read (normally released with its results)
+            ex.release()  # board buffers this replica read (normally released with its results)
 
 
 def _bind(inst: Instruction, ctx: KernelContext, *, pairs: tuple | None = None

@@ -61,8 +61,8 @@ class BoundComputation:
         interp = self._interp
         # Every computation call (each While iteration included) notices a cancel or deadlock abort.
         mailbox = interp.mailbox
-        if mailbox is not None and mailbox._abort is not None:  # noqa: SLF001 - the property costs a call
-            raise mailbox._abort  # noqa: SLF001
+        if mailbox is not None and mailbox.aborted is not None:
+            raise mailbox.aborted
         if interp.every_instruction_recorder is not None:
             slots: list[Any] = [None] * self._num_slots
             for slot, value in zip(params, args):

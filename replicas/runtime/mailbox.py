@@ -38,7 +38,9 @@ class Mailbox:
         self._wake = threading.Lock()
         self._wake.acquire()
         self._sleeping = False
-        self._abort: BaseException | None = None
+        # The error that ended the job, set once by `abort` (every wait, and the interpreter at each
+        # computation call, raises it).
+        self.aborted: BaseException | None = None
         self._outfeed: deque[Any] = deque()
         self._to_host: dict[int, deque[Any]] = {}  # channel id -> values sent to the host
         # What the blocked replica still waits for: a delivery wakes it only when this empties.
@@ -78,14 +80,14 @@ class Mailbox:
             self._wake.release()
 
     def abort(self, exc: BaseException) -> None:
-        if self._abort is not None:
+        if self.aborted is not None:
             # Already aborted: every waiter was woken then, and any later wait raises at once. (A job's
             # end aborts twice, with its error and then on shutdown: at 1024 threads the second pass
             # took each mailbox's lock again while the woken threads unwound, ~0.4 s under load.)
             return
         with self._lock:
-            if self._abort is None:
-                self._abort = exc
+            if self.aborted is None:
+                self.aborted = exc
             self._cond.notify_all()
             self._wake_replica()
             external = self._external
@@ -102,16 +104,16 @@ class Mailbox:
             return
         state = self.state
         with self._lock:
-            if self._abort is not None:
-                raise self._abort
+            if self.aborted is not None:
+                raise self.aborted
             self._external = (ready, wake)
             if block is not None:
                 state.block = block
                 state.status = "blocked"
         try:
             while not ready():
-                if self._abort is not None:
-                    raise self._abort
+                if self.aborted is not None:
+                    raise self.aborted
                 sleep(slice_)
         finally:
             with self._lock:
@@ -122,10 +124,6 @@ class Mailbox:
                         state.status = "running"
                 state.progress += 1
 
-    @property
-    def aborted(self) -> BaseException | None:
-        return self._abort
-
     # -- taking (the replica's thread) -----------------------------------------------------------
     def take(self, src: int, key: Hashable, block: BlockInfo) -> Any:
         """Block until (src, key) has arrived; return its value (`take_all` of one, without its lists:
@@ -133,8 +131,8 @@ class Mailbox:
         message = (src, key)
         msgs = self._messages
         with self._lock:
-            if self._abort is not None:
-                raise self._abort
+            if self.aborted is not None:
+                raise self.aborted
             if message not in msgs:
                 self._missing.add(message)
                 if block.needs != "group" and not block.waits_for:
@@ -147,8 +145,8 @@ class Mailbox:
         """Block until every (src, key) in `wanted` has arrived; return the values in order."""
         msgs = self._messages
         with self._lock:
-            if self._abort is not None:
-                raise self._abort
+            if self.aborted is not None:
+                raise self.aborted
             missing = self._missing
             for w in wanted:
                 if w not in msgs:
@@ -172,8 +170,8 @@ class Mailbox:
         wake = self._wake
         try:
             while missing:
-                if self._abort is not None:
-                    raise self._abort
+                if self.aborted is not None:
+                    raise self.aborted
                 wake.acquire(False)  # a release left by a wait that timed out as it came
                 self._sleeping = True
                 lock.release()
@@ -193,8 +191,8 @@ class Mailbox:
             return (src, key) in self._messages
 
     def check_abort(self) -> None:
-        if self._abort is not None:
-            raise self._abort
+        if self.aborted is not None:
+            raise self.aborted
 
     def leftovers(self) -> dict[tuple[int, Hashable], Any]:
         """The messages nobody took (a finished job's evidence for `replicas check`)."""
