@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 import replicas as rp
 from replicas.ops.custom_call import unregister_custom_call
@@ -76,11 +77,15 @@ def module(n: int, victim: int | None) -> rp.Module:
 
 
 class CpuLoad:
-    """Threads doing numpy work (the GIL released) for the duration of a block."""
+    """Threads doing numpy work (the GIL released) for the duration of a block: one busy thread each.
+    Their matrix products run on one BLAS thread: with the process's default pool (one thread per
+    core) each product also wakes the pool's other threads, which spin between calls: two burners
+    kept about twice as many threads busy as asked, as many more as the machine has cores."""
 
     def __init__(self, threads: int = 2) -> None:
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._burn, daemon=True) for _ in range(threads)]
+        self._pools: threadpool_limits | None = None
 
     def _burn(self) -> None:
         a = np.random.default_rng(0).normal(size=(200, 200))
@@ -88,6 +93,7 @@ class CpuLoad:
             a = np.tanh(a @ a.T / 200)
 
     def __enter__(self) -> CpuLoad:
+        self._pools = threadpool_limits(limits=1, user_api="blas")
         for t in self._threads:
             t.start()
         return self
@@ -96,6 +102,8 @@ class CpuLoad:
         self._stop.set()
         for t in self._threads:
             t.join(10)
+        if self._pools is not None:
+            self._pools.restore_original_limits()
 
 
 def _runs(backend: str, n: int, correct: int, planted: int, scale: float, timeout: float) -> None:
