@@ -16,6 +16,7 @@ import pytest
 
 import replicas as rp
 from replicas.ops.custom_call import unregister_custom_call
+from replicas.runtime.actor_pool import _options_key
 from replicas.runtime.ray_backend import _AUTHKEY, POOL
 from replicas.runtime.wire import Wire, WireError
 
@@ -116,12 +117,22 @@ def assert_next_job_works():
 def test_a_pooled_actor_that_died_while_idle_is_replaced():
     import ray
 
-    assert_next_job_works()  # leaves its actors idle in the pool
-    idle = [a for actors in POOL._idle.values() for a in actors]
-    assert idle
-    for actor in idle:
+    rp.register_custom_call("fault", healthy)
+    try:
+        with rp.launch(rp.parse_hlo(CALL), [X], num_replicas=2, timeout=60) as job:
+            job.result()
+    finally:
+        unregister_custom_call("fault")
+    # Its actors are idle in the pool now, on top of their stack: the next job of the same shape
+    # takes them first. Only they die (the pool's other actors serve the tests after this one: a
+    # fresh actor costs a process start).
+    killed = list(job._backend._actors)  # noqa: SLF001
+    stack = POOL._idle[_options_key(job._backend._options[0])]  # noqa: SLF001
+    assert {a._actor_id for a in killed} == {a._actor_id for a in stack[-len(killed):]}
+    for actor in killed:
         ray.kill(actor, no_restart=True)
-    assert_next_job_works()
+    assert_next_job_works()  # took the dead ones, and replaced them
+    assert not {a._actor_id for a in killed} & {a._actor_id for a in stack}
     # What the driver remembers of actors (addresses, programs) is of pooled ones only: the dead
     # ones the job replaced are forgotten.
     pooled = {a._actor_id for actors in POOL._idle.values() for a in actors}
