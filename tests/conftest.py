@@ -151,6 +151,7 @@ class ClusterRun:
         self.starting: subprocess.Popen[str] | None = None
         self.cluster: TwoNodeCluster | None = None
         self.stopping: list[tuple[subprocess.Popen[bytes], str]] = []
+        self.driver: ClusterDriver | None = None  # `cluster_driver`
 
     def start(self) -> None:
         if self.starting is not None:
@@ -177,11 +178,17 @@ class ClusterRun:
         cluster could miss the processes still coming up)."""
         if self.starting is None:
             return
+        self.close_driver()
         self.starting.communicate(timeout=180)
         stopping = subprocess.Popen(["bash", str(CLUSTER_SCRIPT), "stop"], env=self._env(),
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.stopping.append((stopping, self.settings["REPLICAS_CLUSTER_DIR"]))
         self.starting = self.cluster = None
+
+    def close_driver(self) -> None:
+        if self.driver is not None:
+            self.driver.close()
+            self.driver = None
 
     def close(self) -> None:
         """Stop the cluster if it runs, and wait for every `stop` to finish."""
@@ -195,6 +202,72 @@ class ClusterRun:
         return TwoNodeCluster("", self.settings).env()
 
 
+# The cluster driver's loop: each request (a line of JSON: a script and its argv) runs in a fresh
+# namespace of this one process, its stdout captured; the answer is a line of JSON.
+DRIVER_LOOP = """
+import contextlib, io, json, sys, traceback
+answers = sys.stdout
+for line in sys.stdin:
+    request, out, code = json.loads(line), io.StringIO(), 0
+    sys.argv = request["argv"]
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(request["script"], request["argv"][0], "exec"), {"__name__": "__main__"})
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        code = 1
+        out.write(traceback.format_exc())
+    answers.write(json.dumps({"code": code, "stdout": out.getvalue()}) + "\\n")
+    answers.flush()
+"""
+
+
+class ClusterDriver:
+    """One driver process joined to the run's two-node cluster, for the tests that run healthy jobs
+    on it (`cluster_driver`). A driver's Ray workers serve it alone, so every driver process started
+    its own actors (one per replica placed by resources: ~1.2 CPU s and a second or two each) and
+    joined the cluster again; in one process the second test's jobs take the first's pooled actors.
+    Each script still runs as a driver's `__main__`, in a subprocess: this run's own process is
+    attached to the shared local Ray session."""
+
+    def __init__(self, cluster: TwoNodeCluster) -> None:
+        self.stderr = tempfile.NamedTemporaryFile("w+", prefix="cluster-driver-", suffix=".log")
+        self.proc = subprocess.Popen([sys.executable, "-u", "-c", DRIVER_LOOP], env=cluster.env(), text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr)
+
+    def run(self, script: str, argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """`script` run with `argv` (argv[0]: its name) as `python script args...` would, in this driver."""
+        import json
+        import threading
+
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"script": script, "argv": argv}) + "\n")
+        self.proc.stdin.flush()
+        answer: list[str] = []
+        reader = threading.Thread(target=lambda: answer.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        self.stderr.seek(0)
+        err = self.stderr.read()
+        if not answer or not answer[0]:
+            self.close()
+            return subprocess.CompletedProcess(argv, -1, "", err + f"\n(no answer within {timeout} s)")
+        done = json.loads(answer[0])
+        return subprocess.CompletedProcess(argv, done["code"], done["stdout"], err)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()  # the loop ends, and Ray's exit hook disconnects the driver
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.stderr.close()
+
+
 CLUSTER = ClusterRun()
 
 
@@ -205,9 +278,19 @@ def two_node_cluster() -> TwoNodeCluster:
 
 
 @pytest.fixture
+def cluster_driver(two_node_cluster: TwoNodeCluster) -> ClusterDriver:
+    """The run's driver process on the two-node cluster (`ClusterDriver`), started by the first
+    test that needs it and ended with the cluster, or before a test breaks the cluster."""
+    if CLUSTER.driver is None or CLUSTER.driver.proc.poll() is not None:
+        CLUSTER.driver = ClusterDriver(two_node_cluster)
+    return CLUSTER.driver
+
+
+@pytest.fixture
 def two_node_cluster_to_break(two_node_cluster: TwoNodeCluster) -> TwoNodeCluster:
     """The run's cluster for a test that ends one of its nodes: such tests run after every other
-    test on the cluster."""
+    test on the cluster (the shared driver is ended first: its actors would die with the node)."""
+    CLUSTER.close_driver()
     return two_node_cluster
 
 
@@ -217,10 +300,10 @@ def _uses_cluster(item: pytest.Item | None) -> bool:
 
 def group_of(item: pytest.Item) -> str:
     """Tests that must run in one process, in order: "ray" (this run's Ray session: one per run),
-    "subprocess" (the README's blocks, whose `workdir` the cluster test uses too, then the tests on
-    the two-node cluster); "" for the rest."""
+    "subprocess" (the README's demo and blocks, run at the same time, whose `workdir` the cluster
+    test uses too, then the tests on the two-node cluster); "" for the rest."""
     fixtures = getattr(item, "fixturenames", ())
-    if "workdir" in fixtures or "two_node_cluster" in fixtures:
+    if "demo_in_background" in fixtures or "two_node_cluster" in fixtures:
         return "subprocess"
     return "ray" if item.get_closest_marker("ray") else ""
 

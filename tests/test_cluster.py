@@ -1,11 +1,10 @@
 """A real two-node Ray cluster on this machine (cluster/local_cluster.sh): replicas placed on both
 nodes through custom resources, collectives across them. The driver joining the cluster runs in a
-subprocess, since this test run's own process is attached to the shared local Ray session."""
+subprocess (the run's `cluster_driver`), since this test run's own process is attached to the shared
+local Ray session."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -32,14 +31,11 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def test_collectives_across_two_nodes(tmp_path, two_node_cluster):
+def test_collectives_across_two_nodes(tmp_path, two_node_cluster, cluster_driver):
     from test_runtime_ray import ALL_REDUCE
 
     program = tmp_path / "ar.hlo"
     program.write_text(ALL_REDUCE.format(n=4, size=8, gsize=32))
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
-    out = subprocess.run([sys.executable, str(driver), two_node_cluster.address, str(program)],
-                         env=two_node_cluster.env(), capture_output=True, text=True, timeout=300)
+    out = cluster_driver.run(DRIVER, ["driver.py", two_node_cluster.address, str(program)])
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
     assert "NODES 2" in out.stdout

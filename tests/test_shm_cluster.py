@@ -1,13 +1,12 @@
 """Two Ray nodes on one machine (cluster/local_cluster.sh): replicas on the same node exchange
 large pieces through shared memory, pairs across nodes never do (even though both nodes see the
 same /dev/shm here), and the results are right. The driver joining the cluster runs in a
-subprocess, since this test run's own process is attached to the shared local Ray session."""
+subprocess (the run's `cluster_driver`), since this test run's own process is attached to the shared
+local Ray session."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -61,18 +60,14 @@ CHANNELS = "\n".join([
 
 
 @pytest.mark.cluster
-def test_same_node_pairs_use_shared_memory_and_cross_node_pairs_do_not(tmp_path, two_node_cluster):
+def test_same_node_pairs_use_shared_memory_and_cross_node_pairs_do_not(tmp_path, two_node_cluster, cluster_driver):
     from test_shm import COLLECTIVES, SIZE
 
     program = tmp_path / "c.hlo"
     program.write_text(COLLECTIVES.format(e=SIZE, g=4 * SIZE, q=SIZE // 4))
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
     channels = tmp_path / "channels.hlo"
     channels.write_text(CHANNELS)
-    out = subprocess.run([sys.executable, str(driver), two_node_cluster.address, str(program), str(SIZE),
-                          str(channels)],
-                         env=two_node_cluster.env(), capture_output=True, text=True, timeout=300)
+    out = cluster_driver.run(DRIVER, ["driver.py", two_node_cluster.address, str(program), str(SIZE), str(channels)])
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["equal"]
