@@ -12,6 +12,7 @@ from typing import Any
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicasError
 from replicas.records import HOST, ReplicaState
+from replicas.runtime.affinity import Pin, choose_cpu
 from replicas.runtime.compile import Executable, runs_bounded_alone, uses_blas
 from replicas.runtime.cores import release, share_cores
 from replicas.runtime.fabric import MailboxFabric
@@ -56,9 +57,17 @@ class ThreadBackend:
             self._replicas.append(ReplicaRunner(executable, fabric, recorder))
         # n replicas in this process: BLAS pools of (cores - 1) // n threads while the job runs.
         self._cores = share_cores(n) if uses_blas(executable) else None
+        self._pin: Pin | None = None
         if n == 1 and runs_bounded_alone(executable):  # no thread hand-off for a program that cannot wait
             self._replicas[0].run_here(args[0])
             return
+        # More replica threads than cores: keep them on one core (they serialize on the GIL anyway;
+        # see affinity.py). The driver's thread, the monitor, stays free.
+        cpu = choose_cpu(n)
+        if cpu is not None:
+            self._pin = Pin(cpu)
+            for replica in self._replicas:
+                replica.pin = self._pin
         for replica, a in zip(self._replicas, args):
             replica.start(a)
 
@@ -74,6 +83,8 @@ class ThreadBackend:
         return [rep.state() for rep in self._replicas]
 
     def wait(self, timeout: float) -> None:
+        if self._pin is not None:
+            self._pin.watch()  # leave a core that another process keeps busy
         for rep in self._replicas:
             if not rep.join(0):
                 rep.join(timeout)
