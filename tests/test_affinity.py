@@ -1,0 +1,147 @@
+"""Replica threads of one job kept on one core (runtime/affinity.py): pinned while the job runs, every
+thread's own affinity back after it, the same bits either way. Linux only (sched_setaffinity)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+from buggy_programs import loop_the_last_replica_skips
+
+import replicas as rp
+from replicas.runtime import affinity
+from replicas.runtime.cores import cores
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux's")
+
+# Each replica all-reduces its operand, then asks (a custom call, run in the replica's thread) which
+# CPUs its thread may run on: a bit mask.
+PROGRAM = """HloModule pinned, replica_count={n}
+add {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}}
+
+ENTRY main {{
+  x = f32[64] parameter(0)
+  y = f32[64] all-reduce(x), replica_groups={{}}, to_apply=add
+  z = f32[64] all-reduce(y), replica_groups={{}}, to_apply=add
+  m = s64[] custom-call(z), custom_call_target="thread_cpus"
+  ROOT out = (f32[64], s64[]) tuple(z, m)
+}}
+"""
+
+
+def mask(cpus: set[int]) -> int:
+    return sum(1 << c for c in cpus)
+
+
+@pytest.fixture
+def thread_cpus():
+    rp.register_custom_call("thread_cpus", lambda z: np.int64(mask(os.sched_getaffinity(0))))
+    yield
+    rp.unregister_custom_call("thread_cpus")
+
+
+def threads_affinity() -> dict[int, set[int]]:
+    return {t.native_id: os.sched_getaffinity(t.native_id) for t in threading.enumerate() if t.native_id}
+
+
+def operands(n: int) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(7)
+    return [[rng.standard_normal(64).astype(np.float32)] for _ in range(n)]
+
+
+def test_the_rule_and_the_environment(monkeypatch):
+    monkeypatch.delenv(affinity.ENV, raising=False)
+    allowed = sorted(os.sched_getaffinity(0))
+    assert affinity.choose_cpu(cores()) is None  # no more replicas than cores: never pinned
+    many = affinity.choose_cpu(cores() + 1)
+    assert many is None if len(allowed) < 2 else many in allowed
+    monkeypatch.setenv(affinity.ENV, "off")
+    assert affinity.choose_cpu(1000) is None
+    monkeypatch.setenv(affinity.ENV, str(allowed[-1]))
+    assert affinity.choose_cpu(1) == allowed[-1]  # a CPU given: always that one
+    monkeypatch.setenv(affinity.ENV, str(max(allowed) + 1))
+    with pytest.raises(ValueError, match=affinity.ENV):
+        affinity.choose_cpu(1)
+    monkeypatch.setenv(affinity.ENV, "first")
+    with pytest.raises(ValueError, match=affinity.ENV):
+        affinity.choose_cpu(1)
+
+
+@pytest.mark.usefixtures("thread_cpus")
+def test_replica_threads_run_pinned_and_get_their_affinity_back(monkeypatch):
+    before = threads_affinity()
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    n = 6
+    module = rp.parse_hlo(PROGRAM.format(n=n))
+    monkeypatch.setenv(affinity.ENV, "off")
+    free = rp.run(module, operands(n), num_replicas=n, backend="threads")
+    monkeypatch.setenv(affinity.ENV, str(cpu))
+    pinned = rp.run(module, operands(n), num_replicas=n, backend="threads")
+    assert [int(m) for _, m in pinned] == [mask({cpu})] * n
+    assert [int(m) for _, m in free] == [mask(os.sched_getaffinity(0))] * n
+    # The same bits on every member and either way.
+    assert all(p.tobytes() == pinned[0][0].tobytes() for p, _ in pinned)
+    assert [p.tobytes() for p, _ in pinned] == [f.tobytes() for f, _ in free]
+    # Every thread of the process, the pooled workers that ran the replicas included, has its own
+    # affinity back once the job returned (the driver's was never changed).
+    after = threads_affinity()
+    assert all(after[t] == before.get(t, os.sched_getaffinity(0)) for t in after)
+
+
+@pytest.mark.skipif(cores() < 2, reason="needs two cores")
+@pytest.mark.usefixtures("thread_cpus")
+def test_more_replicas_than_cores_are_pinned_by_default(monkeypatch):
+    monkeypatch.delenv(affinity.ENV, raising=False)
+    n = cores() + 1
+    got = rp.run(rp.parse_hlo(PROGRAM.format(n=n)), operands(n), num_replicas=n, backend="threads")
+    masks = {int(m) for _, m in got}
+    assert len(masks) == 1 and bin(masks.pop()).count("1") == 1  # all on one and the same core
+
+
+@pytest.mark.usefixtures("thread_cpus")
+def test_threads_of_a_failed_job_get_their_affinity_back(monkeypatch):
+    """A planted deadlock: the blocked replicas are woken by the abort, unpinned before they end."""
+    monkeypatch.setenv(affinity.ENV, str(sorted(os.sched_getaffinity(0))[0]))
+    n = 5
+    job = rp.launch(rp.parse_hlo(loop_the_last_replica_skips(n, elements=4, trips=2)), [np.ones(4, np.float32)],
+                    num_replicas=n, backend="threads")
+    with pytest.raises(rp.DeadlockError):
+        job.result()
+    for runner in job._backend._replicas:
+        assert runner.join(60)
+    assert all(cpus == os.sched_getaffinity(0) for cpus in threads_affinity().values())
+
+
+@pytest.mark.skipif(cores() < 2, reason="needs two cores")
+def test_a_move_takes_the_pinned_threads_along():
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    pin = affinity.Pin(first)
+    entered, moved, done = threading.Event(), threading.Event(), threading.Event()
+    seen: list[set[int]] = []
+
+    def replica() -> None:
+        pin.enter()
+        seen.append(os.sched_getaffinity(0))
+        entered.set()
+        moved.wait(60)
+        seen.append(os.sched_getaffinity(0))
+        pin.leave()
+        seen.append(os.sched_getaffinity(0))
+        done.set()
+
+    own = os.sched_getaffinity(0)
+    t = threading.Thread(target=replica)
+    t.start()
+    assert entered.wait(60)
+    pin.move(second)
+    moved.set()
+    assert done.wait(60)
+    t.join()
+    assert seen == [{first}, {second}, own]
+    assert pin.moves == 1 and pin.pinned() == {}
