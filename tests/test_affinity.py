@@ -145,3 +145,23 @@ def test_a_move_takes_the_pinned_threads_along():
     t.join()
     assert seen == [{first}, {second}, own]
     assert pin.moves == 1 and pin.pinned() == {}
+
+
+@pytest.mark.usefixtures("thread_cpus")
+def test_a_large_job_is_aborted_by_a_helper_thread_with_the_jobs_error():
+    """Beyond ABORT_INLINE replicas the blocked threads are woken off the caller's path: every one
+    still ends cancelled by the job's own error, and the next job runs."""
+    from replicas.runtime.threads import ABORT_INLINE
+
+    n = ABORT_INLINE + 8
+    job = rp.launch(rp.parse_hlo(loop_the_last_replica_skips(n, elements=4, trips=2)), [np.ones(4, np.float32)],
+                    num_replicas=n, backend="threads")
+    with pytest.raises(rp.DeadlockError) as info:
+        job.result()
+    runners = job._backend._replicas
+    for runner in runners:
+        assert runner.join(60)
+    assert all(r.mailbox.aborted is info.value for r in runners)
+    assert [s.status for s in job.states()] == ["cancelled"] * (n - 1) + ["finished"]
+    out = rp.run(rp.parse_hlo(PROGRAM.format(n=2)), operands(2), num_replicas=2, backend="threads")
+    assert out[0][0].tobytes() == out[1][0].tobytes()
