@@ -12,6 +12,7 @@ from buggy_programs import loop_the_last_replica_skips
 
 import replicas as rp
 from replicas.runtime import affinity
+from replicas.runtime.compile import compile_module
 from replicas.runtime.cores import cores
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux's")
@@ -94,14 +95,56 @@ def test_replica_threads_run_pinned_and_get_their_affinity_back(monkeypatch):
     assert all(after[t] == before.get(t, os.sched_getaffinity(0)) for t in after)
 
 
+# Each replica writes its operand to the host, then waits for the host's value and all-reduces it.
+FED = """HloModule fed, replica_count={n}
+add {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}}
+
+ENTRY main {{
+  x = f32[4] parameter(0)
+  tok = token[] after-all()
+  o = token[] outfeed(x, tok), outfeed_shape=f32[4]
+  in = (f32[4], token[]) infeed(o)
+  v = f32[4] get-tuple-element(in), index=0
+  ROOT y = f32[4] all-reduce(v), replica_groups={{}}, to_apply=add
+}}
+"""
+
+
 @pytest.mark.skipif(cores() < 2, reason="needs two cores")
-@pytest.mark.usefixtures("thread_cpus")
-def test_more_replicas_than_cores_are_pinned_by_default(monkeypatch):
+def test_more_replicas_than_cores_are_pinned_by_default_while_the_job_runs(monkeypatch):
     monkeypatch.delenv(affinity.ENV, raising=False)
     n = cores() + 1
-    got = rp.run(rp.parse_hlo(PROGRAM.format(n=n)), operands(n), num_replicas=n, backend="threads")
-    masks = {int(m) for _, m in got}
-    assert len(masks) == 1 and bin(masks.pop()).count("1") == 1  # all on one and the same core
+    x = np.ones(4, np.float32)
+    with rp.launch(rp.parse_hlo(FED.format(n=n)), [x], num_replicas=n, backend="threads") as job:
+        for r in range(n):
+            job.outfeed(r, timeout=60)  # every replica's thread runs (pinned before its first instruction)
+        pinned = job._backend._pin.pinned()
+        assert len(pinned) == n
+        assert {frozenset(os.sched_getaffinity(t)) for t in pinned} == {frozenset({job._backend._pin.cpu})}
+        for r in range(n):
+            job.infeed(r, x)
+        assert all(np.array_equal(y, np.full(4, n, np.float32)) for y in job.result())
+    alive = {t.native_id for t in threading.enumerate()}  # pooled (at most workers.MAX_IDLE stay)
+    assert all(os.sched_getaffinity(t) == own for t, own in pinned.items() if t in alive)
+
+
+@pytest.mark.skipif(cores() < 2, reason="needs two cores")
+def test_programs_that_may_work_outside_the_gil_are_not_pinned(monkeypatch):
+    monkeypatch.delenv(affinity.ENV, raising=False)
+    n = cores() + 1
+    light = compile_module(rp.parse_hlo(FED.format(n=n)), num_replicas=n)
+    assert affinity.choose_cpu(n, light) is not None
+    large = compile_module(rp.parse_hlo(FED.format(n=n).replace("f32[4]", f"f32[{affinity.LIGHT_BYTES}]")),
+                           num_replicas=n)
+    assert affinity.choose_cpu(n, large) is None  # 4 x LIGHT_BYTES bytes: numpy's loops release the GIL
+    calls = compile_module(rp.parse_hlo(PROGRAM.format(n=n)), num_replicas=n)
+    assert affinity.choose_cpu(n, calls) is None  # a custom call may run anything
+    monkeypatch.setenv(affinity.ENV, str(sorted(os.sched_getaffinity(0))[0]))
+    assert affinity.choose_cpu(n, calls) is not None  # unless told
 
 
 @pytest.mark.usefixtures("thread_cpus")

@@ -7,7 +7,12 @@ the GIL passed between CPUs) and the scheduler's migrations. At 256 threads on 2
 the others; the same process pinned to one core (`taskset -c 0`) never had the slow runs.
 
 When: only when the job's replicas in this process outnumber the cores (N=256 or 1024 on threads;
-not N=4 on 4 cores, where replicas may overlap their numpy work, which releases the GIL). Only the
+not N=4 on 4 cores), and only for a program whose replicas cannot overlap real work outside the
+GIL: no op that calls BLAS/LAPACK or a custom call (`compile.uses_blas`), and no array over
+`LIGHT_BYTES` (numpy's loops over large arrays release the GIL, and several replicas' loops run
+in parallel on several cores). The small collectives of a While loop at N=256 are the case. (The
+in-process collective itself gains nothing from a second core at any size: at N=4, 16 and 64 MiB
+all-reduces cost the same wall time pinned and free, its reduction being one thread's.) Only the
 replica threads are pinned: the driver's thread (the monitor, the host side) keeps every core, and
 a pooled worker thread gets its own affinity back when its replica's run returns.
 
@@ -18,7 +23,7 @@ CPU time; when others took more than `_OTHERS` of the core over a window while a
 was idler by more than that, the replica threads move there (one `sched_setaffinity` per thread).
 
 `REPLICAS_PIN`: "auto" (the default: the rule above), "off" (never pin), or a CPU number (always pin
-to that CPU, whatever the replicas; it must be one this process may run on).
+to that CPU, whatever the replicas and the program; it must be one this process may run on).
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ import os
 import threading
 import time
 
+from replicas.runtime.compile import Executable, uses_blas
 from replicas.runtime.cores import cores
 
 ENV = "REPLICAS_PIN"
+LIGHT_BYTES = 1 << 20  # the largest array of a program whose replicas are pinned
 _WINDOW = 0.2  # seconds of /proc/stat between two decisions of `watch` (its ticks are 10 ms)
 _OTHERS = 0.3  # share of the pinned core other processes may take before the threads move
 
@@ -46,8 +53,9 @@ def current_cpu() -> int | None:
         return None
 
 
-def choose_cpu(replicas_in_process: int) -> int | None:
-    """The CPU to keep a job's `replicas_in_process` replica threads on, or None (do not pin)."""
+def choose_cpu(replicas_in_process: int, executable: Executable | None = None) -> int | None:
+    """The CPU to keep a job's `replicas_in_process` replica threads on, or None (do not pin).
+    `executable`: the job's program (`compile.Executable`); None counts as a light one."""
     setting = os.environ.get(ENV, "auto").strip().lower()
     if setting == "off" or not _supported:
         return None
@@ -62,8 +70,32 @@ def choose_cpu(replicas_in_process: int) -> int | None:
         return cpu
     if len(allowed) < 2 or replicas_in_process <= cores():
         return None
+    if executable is not None and not light(executable):
+        return None
     cpu = current_cpu()
     return cpu if cpu in allowed else allowed[0]
+
+
+_LIGHT: dict[bytes, bool] = {}  # program fingerprint -> light(program)
+
+
+def light(executable: Executable) -> bool:
+    """True when the program cannot run work outside the GIL worth a second core: no BLAS/LAPACK or
+    custom call, no array over `LIGHT_BYTES` (see the module's docstring)."""
+    key = executable.fingerprint
+    found = _LIGHT.get(key) if key else None
+    if found is None:
+        largest = 0
+        for _, inst in executable.module.instructions():
+            for leaf in inst.shape.leaves():
+                if leaf.is_array:
+                    largest = max(largest, leaf.numel * leaf.element_type.bit_width // 8)
+        found = largest <= LIGHT_BYTES and not uses_blas(executable)
+        if key:
+            if len(_LIGHT) > 1024:
+                _LIGHT.clear()
+            _LIGHT[key] = found
+    return found
 
 
 class Pin:

@@ -68,7 +68,7 @@ class ThreadBackend:
             return
         # More replica threads than cores: keep them on one core (they serialize on the GIL anyway;
         # see affinity.py). The driver's thread, the monitor, stays free.
-        cpu = choose_cpu(n)
+        cpu = choose_cpu(n, executable)
         if cpu is not None:
             self._pin = Pin(cpu)
             for replica in self._replicas:
