@@ -208,3 +208,12 @@ def test_a_large_job_is_aborted_by_a_helper_thread_with_the_jobs_error():
     assert [s.status for s in job.states()] == ["cancelled"] * (n - 1) + ["finished"]
     out = rp.run(rp.parse_hlo(PROGRAM.format(n=2)), operands(2), num_replicas=2, backend="threads")
     assert out[0][0].tobytes() == out[1][0].tobytes()
+
+
+def test_the_threads_leave_a_core_others_keep_busy_for_an_idler_one():
+    # busy share of each CPU over a window, this process's CPU over it (in CPUs)
+    assert affinity.better_cpu(0, {0: 1.0, 1: 0.1}, ours=0.5) == 1  # a hog takes half of core 0
+    assert affinity.better_cpu(0, {0: 1.0, 1: 1.0}, ours=0.5) is None  # the other core is no better
+    assert affinity.better_cpu(0, {0: 0.9, 1: 0.0}, ours=0.9) is None  # core 0 busy with us only
+    assert affinity.better_cpu(1, {0: 0.2, 1: 0.9, 2: 0.05}, ours=0.3) == 2
+    assert affinity.better_cpu(0, {0: 1.0}, ours=0.2) is None  # nowhere to go

@@ -98,17 +98,27 @@ def light(executable: Executable) -> bool:
     return found
 
 
+def plan(replicas_in_process: int, executable: Executable | None = None) -> Pin | None:
+    """The `Pin` of a job's replica threads in this process, or None (see `choose_cpu`). A CPU the
+    user named (`REPLICAS_PIN=<cpu>`) is kept; one chosen here moves when others keep it busy."""
+    cpu = choose_cpu(replicas_in_process, executable)
+    if cpu is None:
+        return None
+    return Pin(cpu, movable=os.environ.get(ENV, "auto").strip().lower() in ("", "auto"))
+
+
 class Pin:
     """The pinning of one job's replica threads: each replica thread calls `enter` when its run
     starts and `leave` when it returns (in that thread); the monitor calls `watch` at its polls."""
 
-    def __init__(self, cpu: int) -> None:
+    def __init__(self, cpu: int, movable: bool = True) -> None:
         self.cpu = cpu
+        self.movable = movable
         self._lock = threading.Lock()
         self._threads: dict[int, set[int]] = {}  # native id -> its affinity before the job
         self.moves = 0  # times the threads moved to another core (tests and benchmarks read it)
         self._allowed = sorted(os.sched_getaffinity(0))
-        self._sample: tuple[float, float, dict[int, tuple[int, int]]] | None = None
+        self._sample: tuple[float, float, dict[int, int]] | None = None
 
     def enter(self) -> None:
         tid = threading.get_native_id()
@@ -149,6 +159,8 @@ class Pin:
     def watch(self) -> None:
         """Move the threads to an idler core when other processes keep theirs busy (see the module's
         docstring); cheap enough for every poll (one read of /proc/stat per `_WINDOW`)."""
+        if not self.movable:
+            return
         now = time.monotonic()
         sample = self._sample
         if sample is not None and now - sample[0] < _WINDOW:
@@ -159,27 +171,30 @@ class Pin:
         if sample is None or not ticks:
             return
         then, ours_then, ticks_then = sample
-        hz = os.sysconf("SC_CLK_TCK")
-        window = now - then
-
-        def busy(cpu: int) -> float:
-            b1, t1 = ticks.get(cpu, (0, 0))
-            b0, t0 = ticks_then.get(cpu, (0, 0))
-            return (b1 - b0) / hz / window
-
-        # This process's CPU is nearly all the replica threads' on the pinned core (the monitor's
-        # own share is small and only makes `others` smaller: it never causes a move).
-        others = busy(self.cpu) - (ours - ours_then) / window
-        if others <= _OTHERS:
-            return
-        best = min((c for c in self._allowed if c != self.cpu), key=busy, default=None)
-        if best is not None and busy(best) + _OTHERS < others:
-            self.move(best)
+        window_ticks = (now - then) * os.sysconf("SC_CLK_TCK")
+        busy = {c: (ticks[c] - ticks_then.get(c, ticks[c])) / window_ticks for c in self._allowed if c in ticks}
+        target = better_cpu(self.cpu, busy, (ours - ours_then) / (now - then))
+        if target is not None:
+            self.move(target)
             self._sample = None  # a fresh window on the new core
 
 
-def _cpu_ticks() -> dict[int, tuple[int, int]]:
-    """{cpu: (busy ticks, total ticks)} from /proc/stat; empty where it cannot be read."""
+def better_cpu(cpu: int, busy: dict[int, float], ours: float) -> int | None:
+    """The CPU to move the replica threads to from `cpu`, or None to stay: `busy` is each allowed
+    CPU's busy share of the last window, `ours` this process's CPU over it (in CPUs). This process's
+    CPU is nearly all the replica threads' on `cpu` (the monitor's own share is small and only makes
+    `others` smaller: it never causes a move)."""
+    others = busy.get(cpu, 0.0) - ours
+    if others <= _OTHERS:
+        return None
+    best = min((c for c in busy if c != cpu), key=busy.__getitem__, default=None)
+    if best is not None and busy[best] + _OTHERS < others:
+        return best
+    return None
+
+
+def _cpu_ticks() -> dict[int, int]:
+    """{cpu: busy ticks} from /proc/stat; empty where it cannot be read."""
     try:
         with open("/proc/stat", "rb") as f:
             lines = f.read().split(b"\n")
@@ -191,6 +206,5 @@ def _cpu_ticks() -> dict[int, tuple[int, int]]:
             break
         name, *values = line.split()
         v = [int(x) for x in values[:8]]
-        total = sum(v)
-        out[int(name[3:])] = (total - v[3] - v[4], total)  # idle and iowait are not busy
+        out[int(name[3:])] = sum(v) - v[3] - v[4]  # idle and iowait are not busy
     return out

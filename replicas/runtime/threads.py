@@ -14,7 +14,7 @@ from typing import Any
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicasError
 from replicas.records import HOST, ReplicaState
-from replicas.runtime.affinity import Pin, choose_cpu
+from replicas.runtime.affinity import Pin, plan
 from replicas.runtime.compile import Executable, runs_bounded_alone, uses_blas
 from replicas.runtime.cores import release, share_cores
 from replicas.runtime.fabric import MailboxFabric
@@ -68,9 +68,8 @@ class ThreadBackend:
             return
         # More replica threads than cores: keep them on one core (they serialize on the GIL anyway;
         # see affinity.py). The driver's thread, the monitor, stays free.
-        cpu = choose_cpu(n, executable)
-        if cpu is not None:
-            self._pin = Pin(cpu)
+        self._pin = plan(n, executable)
+        if self._pin is not None:
             for replica in self._replicas:
                 replica.pin = self._pin
         for replica, a in zip(self._replicas, args):
