@@ -204,7 +204,7 @@ def test_a_large_job_is_aborted_by_a_helper_thread_with_the_jobs_error():
     runners = job._backend._replicas
     for runner in runners:
         assert runner.join(60)
-    assert all(r.mailbox.aborted is info.value for r in runners)
+    assert all(r.mailbox.aborted is info.value for r in runners[:-1])  # the last one finished on its own
     assert [s.status for s in job.states()] == ["cancelled"] * (n - 1) + ["finished"]
     out = rp.run(rp.parse_hlo(PROGRAM.format(n=2)), operands(2), num_replicas=2, backend="threads")
     assert out[0][0].tobytes() == out[1][0].tobytes()
