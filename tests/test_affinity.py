@@ -117,6 +117,9 @@ ENTRY main {{
 @pytest.mark.skipif(cores() < 2, reason="needs two cores")
 def test_more_replicas_than_cores_are_pinned_by_default_while_the_job_runs(monkeypatch):
     monkeypatch.delenv(affinity.ENV, raising=False)
+    # The starting rule only: no earlier job's verdict, and no window long enough to move them.
+    monkeypatch.setattr(affinity, "_last", [float("-inf"), None])
+    monkeypatch.setattr(affinity, "_WINDOW", 1e9)
     n = cores() + 1
     x = np.ones(4, np.float32)
     with rp.launch(rp.parse_hlo(FED.format(n=n)), [x], num_replicas=n, backend="threads") as job:
@@ -210,10 +213,11 @@ def test_a_large_job_is_aborted_by_a_helper_thread_with_the_jobs_error():
     assert out[0][0].tobytes() == out[1][0].tobytes()
 
 
-def test_the_threads_leave_a_core_others_keep_busy_for_an_idler_one():
-    # busy share of each CPU over a window, this process's CPU over it (in CPUs)
-    assert affinity.better_cpu(0, {0: 1.0, 1: 0.1}, ours=0.5) == 1  # a hog takes half of core 0
-    assert affinity.better_cpu(0, {0: 1.0, 1: 1.0}, ours=0.5) is None  # the other core is no better
-    assert affinity.better_cpu(0, {0: 0.9, 1: 0.0}, ours=0.9) is None  # core 0 busy with us only
+def test_the_threads_leave_a_core_others_keep_busy_for_an_idler_one_or_for_none():
+    # where the threads are, each CPU's busy share over a window, this process's CPU over it (in CPUs)
+    assert affinity.better_cpu(0, {0: 0.9, 1: 0.0}, ours=0.9) == 0  # core 0 busy with us only: stay
+    assert affinity.better_cpu(0, {0: 1.0, 1: 0.1}, ours=0.5) == 1  # a hog takes half of core 0: move
     assert affinity.better_cpu(1, {0: 0.2, 1: 0.9, 2: 0.05}, ours=0.3) == 2
-    assert affinity.better_cpu(0, {0: 1.0}, ours=0.2) is None  # nowhere to go
+    assert affinity.better_cpu(0, {0: 1.0, 1: 1.0}, ours=0.5) is None  # no core idler: let them go
+    assert affinity.better_cpu(None, {0: 1.0, 1: 1.0}, ours=0.6) is None  # still busy: stay unpinned
+    assert affinity.better_cpu(None, {0: 0.3, 1: 0.2}, ours=0.4) == 1  # room again: the idlest core

@@ -17,10 +17,12 @@ replica threads are pinned: the driver's thread (the monitor, the host side) kee
 a pooled worker thread gets its own affinity back when its replica's run returns.
 
 Which core: the one the driver's thread runs on when the job starts (the scheduler just found room
-there). A fixed core must not become a trap when another process keeps it busy: `Pin.watch`, called
-by the monitor at each poll, compares the pinned core's busy time (/proc/stat) with this process's
-CPU time; when others took more than `_OTHERS` of the core over a window while another allowed core
-was idler by more than that, the replica threads move there (one `sched_setaffinity` per thread).
+there), or where the previous job's threads were at its end. A fixed core must not become a trap
+when other processes keep it busy: `Pin.watch`, called by the monitor at each poll, compares each
+core's busy time (/proc/stat) with this process's CPU time over a window (`better_cpu`): when the
+others took more than `_OTHERS` of the pinned core, the threads move to an idler core, or, when
+no core is idler (a busy machine), run unpinned where the scheduler puts them until a window
+shows a core with room again (one `sched_setaffinity` per thread each time).
 
 `REPLICAS_PIN`: "auto" (the default: the rule above), "off" (never pin), or a CPU number (always pin
 to that CPU, whatever the replicas and the program; it must be one this process may run on).
@@ -39,6 +41,7 @@ ENV = "REPLICAS_PIN"
 LIGHT_BYTES = 1 << 20  # the largest array of a program whose replicas are pinned
 _WINDOW = 0.2  # seconds of /proc/stat between two decisions of `watch` (its ticks are 10 ms)
 _OTHERS = 0.3  # share of the pinned core other processes may take before the threads move
+_MARGIN = 0.1  # how much idler another core must be to move there
 
 _supported = hasattr(os, "sched_setaffinity") and hasattr(os, "sched_getaffinity")
 
@@ -100,41 +103,54 @@ def light(executable: Executable) -> bool:
 
 def plan(replicas_in_process: int, executable: Executable | None = None) -> Pin | None:
     """The `Pin` of a job's replica threads in this process, or None (see `choose_cpu`). A CPU the
-    user named (`REPLICAS_PIN=<cpu>`) is kept; one chosen here moves when others keep it busy."""
+    user named (`REPLICAS_PIN=<cpu>`) is kept; one chosen here follows `watch`, and a job starts
+    where the last one's watch left its threads when that was within `_MEMORY` seconds."""
     cpu = choose_cpu(replicas_in_process, executable)
     if cpu is None:
         return None
-    return Pin(cpu, movable=os.environ.get(ENV, "auto").strip().lower() in ("", "auto"))
+    if os.environ.get(ENV, "auto").strip().lower() not in ("", "auto"):
+        return Pin(cpu, movable=False)
+    when, where = _last
+    if time.monotonic() - when < _MEMORY and (where is None or where in os.sched_getaffinity(0)):
+        cpu = where
+    return Pin(cpu)
+
+
+_MEMORY = 2.0  # seconds a watch's verdict (a core, or none while the machine is busy) serves the next job
+_last: list = [float("-inf"), None]  # [when, where]: the latest watch's verdict
 
 
 class Pin:
     """The pinning of one job's replica threads: each replica thread calls `enter` when its run
-    starts and `leave` when it returns (in that thread); the monitor calls `watch` at its polls."""
+    starts and `leave` when it returns (in that thread); the monitor calls `watch` at its polls.
+    `cpu` None: the threads run where the scheduler puts them (the machine was busy), until a
+    watch finds a core with room."""
 
-    def __init__(self, cpu: int, movable: bool = True) -> None:
+    def __init__(self, cpu: int | None, movable: bool = True) -> None:
         self.cpu = cpu
         self.movable = movable
         self._lock = threading.Lock()
         self._threads: dict[int, set[int]] = {}  # native id -> its affinity before the job
-        self.moves = 0  # times the threads moved to another core (tests and benchmarks read it)
+        self.moves = 0  # times the threads changed cores or were let go (tests and benchmarks read it)
         self._allowed = sorted(os.sched_getaffinity(0))
         self._sample: tuple[float, float, dict[int, int]] | None = None
 
     def enter(self) -> None:
         tid = threading.get_native_id()
         with self._lock:
-            try:
-                before = os.sched_getaffinity(0)
-                os.sched_setaffinity(0, (self.cpu,))
-            except OSError:  # the CPU left this process's cpuset meanwhile: run unpinned
-                return
+            before = os.sched_getaffinity(0)
+            if self.cpu is not None:
+                try:
+                    os.sched_setaffinity(0, (self.cpu,))
+                except OSError:  # the CPU left this process's cpuset meanwhile: run unpinned
+                    return
             self._threads[tid] = before
 
     def leave(self) -> None:
         tid = threading.get_native_id()
         with self._lock:
             before = self._threads.pop(tid, None)
-            if before is not None:
+            if before is not None and self.cpu is not None:
                 try:
                     os.sched_setaffinity(0, before)
                 except OSError:  # a CPU of `before` left the cpuset: take what the process may use
@@ -143,22 +159,23 @@ class Pin:
     def pinned(self) -> dict[int, set[int]]:
         """{native thread id: its affinity before the job} of the replica threads pinned now."""
         with self._lock:
-            return dict(self._threads)
+            return dict(self._threads) if self.cpu is not None else {}
 
-    def move(self, cpu: int) -> None:
-        """Move every pinned replica thread (and those that start later) to `cpu`."""
+    def move(self, cpu: int | None) -> None:
+        """Move every replica thread of the job (and those that start later) to `cpu`; None lets them
+        run anywhere they could before the job."""
         with self._lock:
             self.cpu = cpu
             self.moves += 1
-            for tid in self._threads:
+            for tid, before in self._threads.items():
                 try:
-                    os.sched_setaffinity(tid, (cpu,))
+                    os.sched_setaffinity(tid, before if cpu is None else (cpu,))
                 except OSError:  # the thread just ended, or the CPU left the cpuset
                     pass
 
     def watch(self) -> None:
-        """Move the threads to an idler core when other processes keep theirs busy (see the module's
-        docstring); cheap enough for every poll (one read of /proc/stat per `_WINDOW`)."""
+        """Keep the threads on a core with room, or let them go while the machine has none (see the
+        module's docstring); cheap enough for every poll (one read of /proc/stat per `_WINDOW`)."""
         if not self.movable:
             return
         now = time.monotonic()
@@ -174,22 +191,35 @@ class Pin:
         window_ticks = (now - then) * os.sysconf("SC_CLK_TCK")
         busy = {c: (ticks[c] - ticks_then.get(c, ticks[c])) / window_ticks for c in self._allowed if c in ticks}
         target = better_cpu(self.cpu, busy, (ours - ours_then) / (now - then))
-        if target is not None:
+        _last[:] = [now, target]
+        if target != self.cpu:
             self.move(target)
-            self._sample = None  # a fresh window on the new core
+            self._sample = None  # a fresh window where they are now
 
 
-def better_cpu(cpu: int, busy: dict[int, float], ours: float) -> int | None:
-    """The CPU to move the replica threads to from `cpu`, or None to stay: `busy` is each allowed
-    CPU's busy share of the last window, `ours` this process's CPU over it (in CPUs). This process's
-    CPU is nearly all the replica threads' on `cpu` (the monitor's own share is small and only makes
-    `others` smaller: it never causes a move)."""
-    others = busy.get(cpu, 0.0) - ours
-    if others <= _OTHERS:
+def better_cpu(cpu: int | None, busy: dict[int, float], ours: float) -> int | None:
+    """Where the replica threads should run next: a CPU, or None (anywhere). `cpu`: where they run
+    now (None: anywhere); `busy`: each allowed CPU's busy share of the last window; `ours`: this
+    process's CPU over it, in CPUs (nearly all the replica threads'; the monitor's small share only
+    makes `others` smaller).
+
+    Pinned, they stay while other processes take at most `_OTHERS` of their core, move to an idler
+    core when there is one, and are let go when there is none (a busy machine: the scheduler may
+    then run them on whichever core frees first). Unpinned, they are pinned again to the idlest core
+    once the others leave more than a core and a half free."""
+    if cpu is not None:
+        others = busy.get(cpu, 0.0) - ours
+        if others <= _OTHERS:
+            return cpu
+        best = min((c for c in busy if c != cpu), key=busy.__getitem__, default=None)
+        if best is not None and busy[best] + _MARGIN < others:
+            return best
         return None
-    best = min((c for c in busy if c != cpu), key=busy.__getitem__, default=None)
-    if best is not None and busy[best] + _OTHERS < others:
-        return best
+    if not busy:
+        return None
+    others = sum(busy.values()) - ours
+    if others <= len(busy) - 1.5:
+        return min(busy, key=busy.__getitem__)
     return None
 
 
