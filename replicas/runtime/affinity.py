@@ -35,7 +35,6 @@ import threading
 import time
 
 from replicas.runtime.compile import Executable, uses_blas
-from replicas.runtime.cores import cores
 
 ENV = "REPLICAS_PIN"
 LIGHT_BYTES = 1 << 20  # the largest array of a program whose replicas are pinned
@@ -71,7 +70,7 @@ def choose_cpu(replicas_in_process: int, executable: Executable | None = None) -
         if cpu not in allowed:
             raise ValueError(f"{ENV}={cpu}: this process may run on CPUs {allowed} only")
         return cpu
-    if len(allowed) < 2 or replicas_in_process <= cores():
+    if len(allowed) < 2 or replicas_in_process <= len(allowed):  # `cores()`, without a second call
         return None
     if executable is not None and not light(executable):
         return None
