@@ -208,14 +208,23 @@ def _alike_collapsed(lines: list[str]) -> list[str]:
     return out
 
 
-def _state_text(s: ReplicaState, waits: str | None) -> str:
+def _state_text(s: ReplicaState, waits: str | None, groups: dict[int, str] | None = None) -> str:
+    """`groups`: id(group tuple) -> its text, kept by the caller across the states of one report (a
+    group's tuple is shared by its members: at 1024 replicas, 1024 texts of a 1024-member group
+    were 0.3 s of the deadlock report's 0.4 s)."""
     b = s.block
     if s.status == "blocked" and b is not None:
         text = f"blocked in {_where(s)}"
         if waits is not None:
             text += f" waiting for {waits}"
         if b.group is not None:
-            text += f" (group {replica_ranges(b.group)})"
+            if groups is None:
+                text += f" (group {replica_ranges(b.group)})"
+            else:
+                group_text = groups.get(id(b.group))
+                if group_text is None:
+                    group_text = groups[id(b.group)] = replica_ranges(b.group)
+                text += f" (group {group_text})"
         return text
     if s.status == "running" and s.instruction:
         return f"running {s.instruction}"
@@ -236,9 +245,10 @@ def _state_groups(states: list[ReplicaState]) -> list[tuple[list[int], str]]:
     blocked in the same place but waiting for different peers (a ring of recvs) share one group
     once they would make more than 3 lines."""
     by_place: dict[str, dict[str, list[int]]] = {}
+    group_texts: dict[int, str] = {}  # the states hold their groups alive meanwhile: ids stay unique
     for s in states:
         waits = _waits_text(s.block) if s.status == "blocked" and s.block is not None else ""
-        by_place.setdefault(_state_text(s, None), {}).setdefault(waits, []).append(s.replica)
+        by_place.setdefault(_state_text(s, None, group_texts), {}).setdefault(waits, []).append(s.replica)
     groups: list[tuple[list[int], str]] = []
     for place, by_waits in by_place.items():
         if len(by_waits) > 3:

@@ -9,6 +9,7 @@ from typing import Any
 from replicas.diagnostics.recorder import FlightRecorder
 from replicas.records import ReplicaState
 from replicas.runtime import workers
+from replicas.runtime.affinity import Pin
 from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
 from replicas.runtime.interpreter import checkin, checkout
@@ -27,6 +28,8 @@ class ReplicaRunner:
         self.result: Any = None
         self.error: BaseException | None = None
         self._done: threading.Event | None = None  # set when the replica's run returned
+        # The job's `affinity.Pin` when its replica threads are kept on one core (set before `start`).
+        self.pin: Pin | None = None
 
     def start(self, args: Sequence[Any]) -> None:
         values = list(args)
@@ -38,15 +41,23 @@ class ReplicaRunner:
         self._done = _RETURNED
 
     def _run(self, args: list[Any]) -> None:
+        pin = self.pin
+        if pin is not None:
+            pin.enter()
         try:
             self.result = self.interpreter.run(args, checked=True)  # job.prepare checked them
             checkin(self.interpreter)  # before "finished": its kernels and code serve the next job
-            self.mailbox.set_status("finished")
+            status, error = "finished", None
         except BaseException as e:  # noqa: BLE001 - reported to the driver, never swallowed
             self.error = e
             checkin(self.interpreter)
             status = "cancelled" if self.mailbox.aborted is e else "failed"
-            self.mailbox.set_status(status, f"{type(e).__name__}: {e}")
+            error = f"{type(e).__name__}: {e}"
+        if pin is not None:
+            # Before the status: once every replica is finished, no thread of the job is pinned (a
+            # pooled worker thread has its own affinity back).
+            pin.leave()
+        self.mailbox.set_status(status, error)
 
     def join(self, timeout: float | None = None) -> bool:
         if self._done is None:

@@ -6,12 +6,15 @@ thread turns deadlocks and mismatches into errors.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Hashable
 from typing import Any
 
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicasError
 from replicas.records import HOST, ReplicaState
+from replicas.runtime.affinity import Pin, plan
 from replicas.runtime.compile import Executable, runs_bounded_alone, uses_blas
 from replicas.runtime.cores import release, share_cores
 from replicas.runtime.fabric import MailboxFabric
@@ -19,6 +22,8 @@ from replicas.runtime.interpreter import checkin, checkout
 from replicas.runtime.job import replica_error
 from replicas.runtime.mailbox import Mailbox
 from replicas.runtime.replica_runner import ReplicaRunner
+
+ABORT_INLINE = 64  # replicas an abort wakes in the caller's thread; beyond, a helper thread does
 
 
 class ThreadFabric(MailboxFabric):
@@ -46,6 +51,7 @@ class ThreadBackend:
         # deadlock detection (two polls) well within 2 s.
         self.poll_interval = min(0.1, max(ThreadBackend.poll_interval, 4e-4 * n))
         self._mailboxes = [Mailbox(r) for r in range(n)]
+        self._aborter: threading.Thread | None = None
         self._replicas = []
         # One process: every collective meets in-process. A placement given here makes the collectives
         # treat replicas as hosted by those "processes" (their cross-process algorithms, without Ray).
@@ -56,9 +62,16 @@ class ThreadBackend:
             self._replicas.append(ReplicaRunner(executable, fabric, recorder))
         # n replicas in this process: BLAS pools of (cores - 1) // n threads while the job runs.
         self._cores = share_cores(n) if uses_blas(executable) else None
+        self._pin: Pin | None = None
         if n == 1 and runs_bounded_alone(executable):  # no thread hand-off for a program that cannot wait
             self._replicas[0].run_here(args[0])
             return
+        # More replica threads than cores: keep them on one core (they serialize on the GIL anyway;
+        # see affinity.py). The driver's thread, the monitor, stays free.
+        self._pin = plan(n, executable)
+        if self._pin is not None:
+            for replica in self._replicas:
+                replica.pin = self._pin
         for replica, a in zip(self._replicas, args):
             replica.start(a)
 
@@ -74,6 +87,8 @@ class ThreadBackend:
         return [rep.state() for rep in self._replicas]
 
     def wait(self, timeout: float) -> None:
+        if self._pin is not None:
+            self._pin.watch()  # leave a core that another process keeps busy
         for rep in self._replicas:
             if not rep.join(0):
                 rep.join(timeout)
@@ -86,8 +101,19 @@ class ThreadBackend:
         return {rep.replica_id: e for rep in self._replicas if (e := rep.own_error()) is not None}
 
     def abort(self, exc: BaseException) -> None:
-        for mb in self._mailboxes:
-            mb.abort(exc)
+        """Wake every replica with `exc`. Beyond `ABORT_INLINE` replicas a helper thread wakes them, one
+        at a time, and the job's error reaches its caller at once: each woken thread unwinds with the
+        GIL, and the caller's loop, queued behind them, took 0.5-1.5 s for 1023 blocked replicas
+        (most of the time to a DeadlockError at N=1024; bench/README.md, "affinity")."""
+        if self._aborter is not None:
+            return  # already waking every replica (with the job's first error, which wins)
+        boxes = self._mailboxes
+        if len(boxes) <= ABORT_INLINE:
+            for mb in boxes:
+                mb.abort(exc)
+            return
+        self._aborter = threading.Thread(target=_abort_all, args=(boxes, exc), name="replicas-abort", daemon=True)
+        self._aborter.start()
 
     def shutdown(self) -> None:
         self.abort(ReplicasError("job stopped"))
@@ -108,6 +134,14 @@ class ThreadBackend:
 
     def events(self) -> dict[int, list[dict[str, Any]]]:
         return {rep.replica_id: rep.recorder.events() for rep in self._replicas}
+
+
+def _abort_all(boxes: list[Mailbox], exc: BaseException) -> None:
+    for mb in boxes:
+        mb.abort(exc)
+        # Hand the GIL to the replica just woken (or the driver): without it, this loop wakes hundreds
+        # in one switch interval and the driver's thread waits behind all of their unwinding.
+        time.sleep(0)
 
 
 class _Alone:
