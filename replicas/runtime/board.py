@@ -197,6 +197,7 @@ class Board:
         self._layouts_read: dict[bytes, tuple] = {}
         # Set by the host once the job's placement is known: replica -> (first replica of its actor, rank there).
         self.locations: dict[int, tuple[int, int]] = {}
+        self.smallest = self.capacity  # the smallest buffer of any actor's slots (once located)
 
     def locate(self, placement: list[int]) -> None:
         """Learn where every replica's slot is: actor k's segment is named after its first replica,
@@ -210,6 +211,7 @@ class Board:
             count[actor] = k + 1
             locations[r] = (f, k)
         self.locations = locations
+        self.smallest = min([self.capacity, *(slot_bytes(hosted) for hosted in count.values())])
 
     # -- where things are --------------------------------------------------------------------------
     def _slot(self, replica: int) -> tuple[_Mapping, int, int]:

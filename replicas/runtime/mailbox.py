@@ -48,6 +48,8 @@ class Mailbox:
         # While the replica waits outside the mailbox (the same-node board): is what it waits for
         # there, and how to interrupt its wait.
         self._external: tuple[Callable[[], bool], Callable[[], None]] | None = None
+        # In-process meetings of collectives this replica is the first local member of (`meet`).
+        self._meetings: dict[int, list[Any]] = {}
 
     # -- delivery (any thread) -------------------------------------------------------------------
     def deliver(self, src: int, key: Hashable, value: Any) -> None:
@@ -123,6 +125,40 @@ class Mailbox:
                     if state.status == "blocked":
                         state.status = "running"
                 state.progress += 1
+
+    def meet(self, seq: int, rank: int, expected: int, fingerprint: tuple, replica: int, value: Any, box: Mailbox,
+             check: Callable[[int, tuple], None]) -> tuple[list[Any], list[Mailbox]] | None:
+        """One local member (`rank` of `expected`, replica `replica`, its mailbox `box`) arrives at its
+        process's meeting of collective #`seq`, held on the mailbox of the group's first local member.
+        The last to arrive gets every member's value and mailbox, by rank, and leads the collective
+        (collectives/hierarchy.py); the others get None and wait for their results. Nothing is in
+        flight (no message is counted): a member that arrived and waits is blocked only once it waits
+        for its result, which the last one delivers.
+
+        `check(first, its fingerprint)` runs before the value is left here when the fingerprint is
+        not the very same tuple as that of the first to arrive (it raises on a mismatch)."""
+        with self._lock:
+            if self.aborted is not None:
+                raise self.aborted
+            meetings = self._meetings
+            entry = meetings.get(seq)
+            if entry is None:
+                values = [None] * expected
+                boxes: list[Any] = [None] * expected
+                values[rank], boxes[rank] = value, box
+                meetings[seq] = [fingerprint, replica, values, boxes, expected - 1]
+                return None
+            if entry[0] is not fingerprint:
+                check(entry[1], entry[0])
+            values, boxes = entry[2], entry[3]
+            if boxes[rank] is not None:  # equal fingerprints name the same group: never
+                raise RuntimeError(f"replica {replica}: rank {rank} arrived twice at collective #{seq}")
+            values[rank], boxes[rank] = value, box
+            entry[4] -= 1
+            if entry[4]:
+                return None
+            del meetings[seq]
+            return values, boxes
 
     # -- taking (the replica's thread) -----------------------------------------------------------
     def take(self, src: int, key: Hashable, block: BlockInfo) -> Any:
