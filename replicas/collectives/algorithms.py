@@ -206,8 +206,36 @@ def all_reduce(ex: Exchange, values: Values, combine: Combine) -> Values:
     if 1 < p <= DIRECT_MAX_PROCESSES and nbytes(values) >= SMALL_BYTES and hasattr(combine, "into"):
         acc = _sharded_all_reduce(ex, parts, combine)
     else:
-        acc = leaders_all_reduce(ex, _reduce_pooled(ex, parts, combine), combine)
+        acc = _board_all_reduce(ex, parts, combine) if p > 1 and hasattr(combine, "into") else None
+        if acc is None:
+            acc = leaders_all_reduce(ex, _reduce_pooled(ex, parts, combine), combine)
     return ex.scatter_local(None, _shared(acc, topo))
+
+
+def _board_all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> Values | None:
+    """The leaders' one round on the same-node board, this process's partial summed straight into its
+    board buffer (`Exchange.board_round`), then the partials summed in process order into a result
+    of this process's own, and the board's buffers released at once (nothing keeps a view of them).
+    The same operations in the same order as `_reduce_pooled` then `leaders_all_reduce`'s one round:
+    the same bits. None when the round does not go on the board."""
+
+    def fill(views: Values) -> None:
+        if len(parts) == 1:
+            for view, a in zip(views, parts[0]):
+                np.copyto(view, a)
+        else:
+            reduce_into(views, parts, combine)
+
+    partials = ex.board_round(parts[0], fill)
+    if partials is None:
+        return None
+    if nbytes(parts[0]) < POOLED_BYTES:
+        out = reduce_in_order(partials, combine)
+    else:
+        pool = pool_of(ex.fabric)
+        out = reduce_into(tuple(pool.empty(v.shape, v.dtype) for v in parts[0]), partials, combine)
+    ex.release()
+    return out
 
 
 # Blocks of the sharded all-reduce's own shard: a process's partial sum of a block stays in cache

@@ -76,7 +76,7 @@ class Topology:
     (computed once per member and placement: a collective reads these, it never derives them)."""
 
     __slots__ = ("layout", "index", "position", "local", "rank", "group", "leader", "is_leader",
-                 "local_others", "result_from", "result_to")
+                 "local_others", "result_from", "result_to", "other_positions")
 
     def __init__(self, layout: Layout, index: int, position: int, local: tuple[int, ...], rank: int) -> None:
         self.layout = layout
@@ -86,6 +86,7 @@ class Topology:
         self.rank = rank  # its position in `local` (0: the leader)
         group = self.group = layout.group
         self.leader = layout.leaders[position]
+        self.other_positions = tuple(q for q in range(len(layout.leaders)) if q != position)
         self.is_leader = rank == 0
         # The leader's: the other local members' replica ids, in group order (their deposits).
         self.local_others = tuple(group[i] for i in local[1:]) if rank == 0 else ()
@@ -240,6 +241,45 @@ class Exchange:
             out[q] = value[pos] if per_destination and value is not _VIA_FABRIC else value
             if out[q] is _VIA_FABRIC:
                 out[q] = self.recv([leaders[q]], round_)[0]
+        return out
+
+    def board_round(self, first: tuple[np.ndarray, ...], fill: Callable[[tuple[np.ndarray, ...]], Any]
+                    ) -> list[Any] | None:
+        """One round among the leaders on the same-node board in which this process's payload is a
+        tuple of arrays laid out as `first` (C-contiguous), written by `fill(views)` straight into its
+        board buffer (an all-reduce's partial is summed there: no partial of its own, no copy into the
+        slot). What each leader published, by process position (this one's own views at its position;
+        views of the board until `release`). None, with nothing done, when the round does not go on
+        the board or the arrays do not fit a buffer."""
+        topo = self.topo
+        leaders, pos, others = topo.layout.leaders, topo.position, topo.other_positions
+        fabric = self.fabric
+        board = fabric.board
+        if board is None or len(leaders) > shared_board.READERS:
+            return None
+        same_node = fabric.same_node
+        for q in others:
+            if leaders[q] not in same_node:
+                return None
+        for a in first:
+            if not a.flags.c_contiguous:
+                return None
+        tag = shared_board.tag_of(self.seq, LEADER_ROUND)
+        fingerprint = board.fingerprint_bytes(self.fingerprint.wire)
+        writer = topo.leader  # its slot, whoever acts (see `_on_board`)
+        views = board.publish_into(writer, tag, fingerprint, tuple((a.dtype, a.shape) for a in first), others,
+                                   self._wait_released)
+        if views is None:
+            return None
+        fill(views)
+        board.commit(writer, tag)
+        for q in others:
+            fabric.count_shm(writer, leaders[q])
+        out: list[Any] = [None] * len(leaders)
+        out[pos] = views
+        for q in others:
+            value = self._read(board, leaders[q], LEADER_ROUND, tag, pos, fingerprint)
+            out[q] = self.recv([leaders[q]], LEADER_ROUND)[0] if value is _VIA_FABRIC else value
         return out
 
     def _read(self, board: shared_board.Board, writer: int, round_: int, tag: int, position: int,
