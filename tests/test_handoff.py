@@ -51,6 +51,26 @@ def test_a_member_with_another_fingerprint_is_checked_before_it_leaves_its_value
         host.meet(0, 1, 2, ("all-gather", ("f32",)), 1, "b", Mailbox(1), check)
 
 
+def test_fingerprints_are_compared_with_the_first_members_whatever_the_order_of_arrival():
+    """As a fixed leader compared the deposits: a mismatch names replica 0 and the first member in
+    rank order that differs, so the report does not depend on who came first."""
+    a, b = ("all-reduce", ("f32",)), ("all-gather", ("f32",))
+    compared: list[tuple] = []
+
+    def check(first, theirs):
+        compared.append((first, theirs))
+        if theirs is not a:
+            raise CollectiveMismatchError(f"replica {first}")
+
+    host = Mailbox(0)
+    assert host.meet(0, 3, 4, b, 13, "d", Mailbox(13), check) is None  # no first member yet: nothing compared
+    assert host.meet(0, 2, 4, a, 12, "c", Mailbox(12), check) is None
+    assert compared == []
+    with pytest.raises(CollectiveMismatchError, match="replica 13"):
+        host.meet(0, 0, 4, a, 10, "a", host, check)  # the first member compares every earlier arrival
+    assert compared == [(13, b)]
+
+
 def test_an_aborted_mailbox_refuses_a_meeting():
     host = Mailbox(0)
     host.abort(RuntimeError("job stopped"))

@@ -135,25 +135,32 @@ class Mailbox:
         flight (no message is counted): a member that arrived and waits is blocked only once it waits
         for its result, which the last one delivers.
 
-        `check(first, its fingerprint)` runs before the value is left here when the fingerprint is
-        not the very same tuple as that of the first to arrive (it raises on a mismatch)."""
+        Every fingerprint is compared with the first member's (rank 0), as a fixed leader compared
+        the deposits, before the value is left here: `check(replica, its fingerprint)` runs in the
+        arriving member for rank 0's (or, when rank 0 arrives, for each earlier arrival's, in rank
+        order) when it is not the very same tuple, and raises on a mismatch. So the members that
+        lead never use a value of another collective, and a mismatch names the same two replicas
+        whatever the order of arrival."""
         with self._lock:
             if self.aborted is not None:
                 raise self.aborted
             meetings = self._meetings
             entry = meetings.get(seq)
             if entry is None:
-                values = [None] * expected
-                boxes: list[Any] = [None] * expected
-                values[rank], boxes[rank] = value, box
-                meetings[seq] = [fingerprint, replica, values, boxes, expected - 1]
-                return None
-            if entry[0] is not fingerprint:
-                check(entry[1], entry[0])
-            values, boxes = entry[2], entry[3]
+                entry = meetings[seq] = [[None] * expected, [None] * expected, [None] * expected,
+                                         [None] * expected, expected]
+            fingerprints, replicas, values, boxes = entry[0], entry[1], entry[2], entry[3]
+            if rank:
+                first = fingerprints[0]
+                if first is not None and first is not fingerprint:
+                    check(replicas[0], first)
+            else:
+                for k, theirs in enumerate(fingerprints):
+                    if theirs is not None and theirs is not fingerprint:
+                        check(replicas[k], theirs)
             if boxes[rank] is not None:  # equal fingerprints name the same group: never
                 raise RuntimeError(f"replica {replica}: rank {rank} arrived twice at collective #{seq}")
-            values[rank], boxes[rank] = value, box
+            fingerprints[rank], replicas[rank], values[rank], boxes[rank] = fingerprint, replica, value, box
             entry[4] -= 1
             if entry[4]:
                 return None
