@@ -25,8 +25,8 @@ Who leads a process's members:
   more than `READERS` processes, payloads larger than a board slot, recursive doubling) need it.
 
 Every message carries the sender's fingerprint next to the payload, and the receiver compares
-it before it uses anything (in-process, the very same tuple: an identity check); a member arriving
-at a meeting compares its fingerprint with the first arrival's before it leaves its operand. Keys
+it before it uses anything (in-process, the very same tuple: an identity check); at a meeting every
+fingerprint is compared with the first member's before the operand is left (`Mailbox.meet`). Keys
 are `keys.collective(seq, round)`, with the rounds below; they do not depend on the kind of
 collective, so a replica that reached a different collective still sends under the same key (or
 arrives at the same meeting) and the mismatch is reported instead of waiting forever.
