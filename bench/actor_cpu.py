@@ -37,6 +37,24 @@ def cpu_and_faults(pids: list[int]) -> tuple[float, int]:
     return ticks / os.sysconf("SC_CLK_TCK"), faults
 
 
+def switches(pids: list[int]) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches summed over every thread of `pids`: a wake-up of a
+    sleeping thread is one voluntary switch of it (a futex or GIL wait), a preemption an involuntary one."""
+    voluntary = involuntary = 0
+    for pid in pids:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches"):
+                            voluntary += int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches"):
+                            involuntary += int(line.split()[1])
+            except FileNotFoundError:  # a thread that ended meanwhile
+                pass
+    return voluntary, involuntary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--op", default="all-reduce")
@@ -66,22 +84,24 @@ def main() -> None:
         pids = ray.get([a.__ray_call__.remote(lambda host: os.getpid()) for a in job._backend._actors])
         job.result()
 
-    def measured(k: int) -> tuple[float, float, int]:
-        (c0, f0), t0 = cpu_and_faults(pids), time.perf_counter()
+    def measured(k: int) -> tuple[float, float, int, int, int]:
+        (c0, f0), (v0, i0), t0 = cpu_and_faults(pids), switches(pids), time.perf_counter()
         run(k)
-        c1, f1 = cpu_and_faults(pids)
-        return c1 - c0, time.perf_counter() - t0, f1 - f0
+        (c1, f1), (v1, i1) = cpu_and_faults(pids), switches(pids)
+        return c1 - c0, time.perf_counter() - t0, f1 - f0, v1 - v0, i1 - i0
 
     run(2)
     print(f"# {args.op} {args.size}, {n} replicas, {args.backend}, {len(pids)} process(es), "
           f"load average {load_average()}")
     for _ in range(args.repeat):
-        cpu1, wall1, faults1 = measured(k1)
-        cpu2, wall2, faults2 = measured(k2)
+        cpu1, wall1, faults1, vol1, inv1 = measured(k1)
+        cpu2, wall2, faults2, vol2, inv2 = measured(k2)
         per = k2 - k1
         print(f"wall {(wall2 - wall1) / per * 1e6:.0f} us/op, CPU {(cpu2 - cpu1) / per * 1e6:.0f} us/op "
               f"({(cpu2 - cpu1) / per / n * 1e6:.1f} us per replica), "
-              f"minor page faults {(faults2 - faults1) / per / len(pids):.0f} per op per process", flush=True)
+              f"minor page faults {(faults2 - faults1) / per / len(pids):.0f} per op per process, "
+              f"context switches {(vol2 - vol1) / per:.1f} voluntary + {(inv2 - inv1) / per:.1f} involuntary per op",
+              flush=True)
     if args.backend == "ray":
         import ray
 

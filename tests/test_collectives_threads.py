@@ -320,20 +320,23 @@ def test_spmd_groups_name_partitions():
 
 
 @pytest.mark.parametrize("n", [4, 3 + 2 * RESULT_LANES])
-def test_all_reduce_in_one_process_moves_two_messages_per_member(n):
-    """Members hand their operand to the leader; the result goes down RESULT_LANES chains of
-    members (the leader starts each, a member forwards to the next of its chain): 2 (n - 1)
-    messages, not n (n - 1)."""
+def test_all_reduce_in_one_process_moves_one_message_per_member(n):
+    """The members meet in-process and the last to arrive leads (no message for an operand); the
+    result goes down RESULT_LANES chains of the other members (the leader starts each, a member
+    forwards to the next of its chain): n - 1 messages, not n (n - 1)."""
     size = 100_000
     m = one_op("all-reduce", f"f32[{size}]", [f"f32[{size}]"], [reducer("add", "f32")], to_apply="add_f32")
     with launch_threads(m, [[np.full(size, r, np.float32)] for r in range(n)], n) as job:
         out = job.result()
         states = job.states()
     assert all((o == n * (n - 1) // 2).all() for o in out)
-    forwards = [1 if r + RESULT_LANES < n else 0 for r in range(1, n)]
-    assert [s.sent for s in states] == [min(n - 1, RESULT_LANES)] + [1 + f for f in forwards]
-    assert [s.received for s in states] == [n - 1] + [1] * (n - 1)  # leader: the deposits; members: the result
-    assert sum(s.sent for s in states) == 2 * (n - 1)
+    received = [s.received for s in states]
+    assert sorted(received) == [0] + [1] * (n - 1)  # the one that led got nothing: it had it all
+    acting = received.index(0)
+    others = [r for r in range(n) if r != acting]  # the lanes, in rank order
+    forwards = {r: 1 if k + RESULT_LANES < n - 1 else 0 for k, r in enumerate(others)}
+    assert [s.sent for s in states] == [min(n - 1, RESULT_LANES) if r == acting else forwards[r] for r in range(n)]
+    assert sum(s.sent for s in states) == n - 1
 
 
 def test_flight_recorder_and_sequence_numbers():

@@ -206,8 +206,36 @@ def all_reduce(ex: Exchange, values: Values, combine: Combine) -> Values:
     if 1 < p <= DIRECT_MAX_PROCESSES and nbytes(values) >= SMALL_BYTES and hasattr(combine, "into"):
         acc = _sharded_all_reduce(ex, parts, combine)
     else:
-        acc = leaders_all_reduce(ex, _reduce_pooled(ex, parts, combine), combine)
+        acc = _board_all_reduce(ex, parts, combine) if p > 1 and hasattr(combine, "into") else None
+        if acc is None:
+            acc = leaders_all_reduce(ex, _reduce_pooled(ex, parts, combine), combine)
     return ex.scatter_local(None, _shared(acc, topo))
+
+
+def _board_all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> Values | None:
+    """The leaders' one round on the same-node board, this process's partial summed straight into its
+    board buffer (`Exchange.board_round`), then the partials summed in process order into a result
+    of this process's own, and the board's buffers released at once (nothing keeps a view of them).
+    The same operations in the same order as `_reduce_pooled` then `leaders_all_reduce`'s one round:
+    the same bits. None when the round does not go on the board."""
+
+    def fill(views: Values) -> None:
+        if len(parts) == 1:
+            for view, a in zip(views, parts[0]):
+                np.copyto(view, a)
+        else:
+            reduce_into(views, parts, combine)
+
+    partials = ex.board_round(parts[0], fill)
+    if partials is None:
+        return None
+    if nbytes(parts[0]) < POOLED_BYTES:
+        out = reduce_in_order(partials, combine)
+    else:
+        pool = pool_of(ex.fabric)
+        out = reduce_into(tuple(pool.empty(v.shape, v.dtype) for v in parts[0]), partials, combine)
+    ex.release()
+    return out
 
 
 # Blocks of the sharded all-reduce's own shard: a process's partial sum of a block stays in cache
@@ -361,6 +389,10 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
             acc = leaders_all_reduce(ex, acc, combine)
         chunks = _chunks(acc, n, dim)
         return ex.scatter_local([chunks[i] for i in topo.local])
+    if hasattr(combine, "into"):
+        results = _board_reduce_scatter(ex, parts, combine, n, dim)
+        if results is not None:
+            return ex.scatter_local(results)
     # Leader q receives every process's partial of its members' chunks and reduces them in process
     # order. Only the chunks other processes need are reduced into buffers of their own (sent from
     # there: leased buffers go to a peer without a copy); each local member's chunk is reduced
@@ -387,6 +419,37 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
             reduce_into(out, [partial(i) if q == pos else got[q][k] for q in range(p)], combine)
         results.append(out)
     return ex.scatter_local(results)
+
+
+def _board_reduce_scatter(ex: Exchange, parts: list[Values], combine: Combine, n: int, dim: int
+                          ) -> list[Values] | None:
+    """On the same-node board: each leader publishes its process's whole partial, summed straight
+    into its board buffer (`Exchange.board_round`), and sums only its local members' chunks of the
+    partials, in process order, into their results. Chunk i of a partial is the partial of the
+    chunks i (elementwise): the same operations in the same order as the messages' path below, so
+    the same bits. Each leader writes its whole partial once (that path wrote the chunks the other
+    processes need into buffers of their own, then copied them into the board), and no list of
+    chunks is pickled. None when the round does not go on the board (it does not fit a buffer)."""
+
+    def fill(views: Values) -> None:
+        if len(parts) == 1:
+            for view, a in zip(views, parts[0]):
+                np.copyto(view, a)
+        else:
+            reduce_into(views, parts, combine)
+
+    partials = ex.board_round(parts[0], fill)
+    if partials is None:
+        return None
+    pool = pool_of(ex.fabric)
+    widths = [v.shape[dim] // n for v in parts[0]]
+    results = []
+    for i in ex.topo.local:
+        cuts = [_slot(dim, i * w, (i + 1) * w) for w in widths]
+        chunks = [tuple(x[c] for x, c in zip(partial, cuts)) for partial in partials]
+        results.append(reduce_into(tuple(pool.empty(c.shape, c.dtype) for c in chunks[0]), chunks, combine))
+    ex.release()  # the results are this process's own: the peers may reuse their buffers
+    return results
 
 
 def _addressed(ex: Exchange, parts: list[Any], item: Callable[[Any, int], Any]) -> list[list[Any]]:

@@ -1,20 +1,35 @@
 """Where a collective's members live, and the messages of one collective on one replica.
 
 A collective runs in levels that match placement (`Fabric.placement[r]` = the process hosting
-replica r). The members of a group hosted by one process meet in-process: each hands its operand
-to the process's *leader* (its first member in group order) as a message delivered by
-reference, so nothing is copied or serialized. If the group spans processes, the leaders (one per
-process, in *process order*: the order of each process's first member in the group) run the
-cross-process step among themselves over the fabric's point-to-point messages; each leader then
-hands the result to its local members. Messages per collective: 2 per non-leader member plus the
-leaders' step (O(P) to O(P log P) for the reductions, P = processes), never one per pair of
-members.
+replica r). The members of a group hosted by one process meet in-process; if the group spans
+processes, one member per process (its *leader*, in *process order*: the order of each process's
+first member in the group) runs the cross-process step with the other processes' leaders, then
+hands the result to its local members. Messages per collective: at most 2 per local member plus
+the leaders' step (O(P) to O(P log P) for the reductions, P = processes), never one per pair.
+
+Who leads a process's members:
+- **The last to arrive** (`Mailbox.meet`), when the members can meet on a mailbox of their process
+  and the leaders' step cannot need a fixed leader's mailbox (one process; or a round on the
+  same-node board whose payloads surely fit its slots: see `kernels.Collective`). Each member
+  leaves its operand at the meeting (held by the mailbox of the group's first local member, by
+  reference) and the last one takes them all, leads and hands each member its result: one
+  hand-off between threads per member and collective. The members that arrived first wait for
+  their results and never wake in between (with a fixed leader, the leader woke for the last
+  deposit, and the member again for its result: two wake-ups of a packed actor's threads per
+  collective, each a futex wake-up and a wait for the GIL). On the board the acting leader
+  writes the slot of the group's first local member, as that member (`Board.publish`), so the
+  peers read the same slot whichever thread wrote it. Who acted never changes a result: the
+  operands are reduced in group order whoever holds them.
+- **The first local member** (a fixed leader) otherwise: each member hands its operand to it as a
+  message delivered by reference; leaders' rounds addressed to a leader's mailbox (other nodes,
+  more than `READERS` processes, payloads larger than a board slot, recursive doubling) need it.
 
 Every message carries the sender's fingerprint next to the payload, and the receiver compares
-it before it uses anything (in-process, the very same tuple: an identity check). Keys are
-`keys.collective(seq, round)`, with the rounds below; they do not depend on the kind of
-collective, so a replica that reached a different collective still sends under the same key and
-the receiver reports the mismatch instead of waiting forever.
+it before it uses anything (in-process, the very same tuple: an identity check); at a meeting every
+fingerprint is compared with the first member's before the operand is left (`Mailbox.meet`). Keys
+are `keys.collective(seq, round)`, with the rounds below; they do not depend on the kind of
+collective, so a replica that reached a different collective still sends under the same key (or
+arrives at the same meeting) and the mismatch is reported instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -36,8 +51,9 @@ from replicas.runtime.wire import payload_bytes
 
 if TYPE_CHECKING:
     from replicas.runtime.fabric import Fabric
+    from replicas.runtime.mailbox import Mailbox
 
-DEPOSIT = 0  # member -> its leader: the member's operand
+DEPOSIT = 0  # member -> its fixed leader: the member's operand
 LEADER_ROUND = 1  # first round among leaders; the cross-process algorithms number up from here
 RESULT = 1 << 20  # down the chains of local members: their results (a round no leader algorithm reaches)
 RESULT_LANES = 16  # chains the leader starts (see `scatter_local`)
@@ -60,7 +76,7 @@ class Topology:
     (computed once per member and placement: a collective reads these, it never derives them)."""
 
     __slots__ = ("layout", "index", "position", "local", "rank", "group", "leader", "is_leader",
-                 "local_others", "result_from", "result_to")
+                 "local_others", "result_from", "result_to", "other_positions")
 
     def __init__(self, layout: Layout, index: int, position: int, local: tuple[int, ...], rank: int) -> None:
         self.layout = layout
@@ -70,6 +86,7 @@ class Topology:
         self.rank = rank  # its position in `local` (0: the leader)
         group = self.group = layout.group
         self.leader = layout.leaders[position]
+        self.other_positions = tuple(q for q in range(len(layout.leaders)) if q != position)
         self.is_leader = rank == 0
         # The leader's: the other local members' replica ids, in group order (their deposits).
         self.local_others = tuple(group[i] for i in local[1:]) if rank == 0 else ()
@@ -129,10 +146,10 @@ def topology(group: Group, index: int, placement: Sequence[int]) -> Topology:
 class Exchange:
     """The messages of one collective on one replica."""
 
-    __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "topo", "_reads")
+    __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "topo", "_reads", "meeting", "_boxes")
 
     def __init__(self, fabric: Fabric, seq: int, fingerprint: Fingerprint, block: BlockInfo,
-                 topo: Topology | None) -> None:
+                 topo: Topology | None, meeting: Mailbox | None = None) -> None:
         # The fabric itself, not the interpreter's `FabricSlot` (whose every attribute is a forwarding
         # call, and a collective reads a dozen): `kernels.Collective` unwraps it once per call.
         self.fabric = fabric
@@ -144,6 +161,10 @@ class Exchange:
         # attribute, not a checking property: an algorithm reads it several times per call.
         self.topo: Topology = topo  # type: ignore[assignment]
         self._reads: list[shared_board.Read] = []
+        # The mailbox the process's members meet on when the last to arrive leads (None: the first
+        # local member leads); on the acting leader, the members' mailboxes by rank.
+        self.meeting = meeting
+        self._boxes: list[Mailbox] | None = None
 
     def send(self, dst: int, round_: int, payload: Any) -> None:
         self.fabric.send(dst, keys.collective(self.seq, round_), (self.fingerprint.wire, payload))
@@ -205,11 +226,14 @@ class Exchange:
         leaders, pos = self.topo.layout.leaders, self.topo.position
         tag = shared_board.tag_of(self.seq, round_)
         fingerprint = board.fingerprint_bytes(self.fingerprint.wire)
-        if board.publish(self.me, tag, fingerprint, payload, tuple(others), self._wait_released):
-            sent = self.fabric.shm_sent  # what went through shared memory, by destination (for tests)
-            for q in others:
-                sent[leaders[q]] = sent.get(leaders[q], 0) + 1
+        # As the process's first member, whoever leads (its slot is where the peers read).
+        writer = self.topo.leader
+        if board.publish(writer, tag, fingerprint, payload, tuple(others), self._wait_released):
+            for q in others:  # what went through shared memory, by destination (for tests)
+                self.fabric.count_shm(writer, leaders[q])
         else:
+            if writer != self.me:  # `kernels.Collective` lets a member act only where payloads fit
+                raise RuntimeError(f"replica {self.me}: a payload acting for replica {writer} did not fit the board")
             for q in others:  # too large for the board: announced there, the bytes go over the fabric
                 self.send(leaders[q], round_, payload[q] if per_destination else payload)
         for q in others:
@@ -217,6 +241,45 @@ class Exchange:
             out[q] = value[pos] if per_destination and value is not _VIA_FABRIC else value
             if out[q] is _VIA_FABRIC:
                 out[q] = self.recv([leaders[q]], round_)[0]
+        return out
+
+    def board_round(self, first: tuple[np.ndarray, ...], fill: Callable[[tuple[np.ndarray, ...]], Any]
+                    ) -> list[Any] | None:
+        """One round among the leaders on the same-node board in which this process's payload is a
+        tuple of arrays laid out as `first` (C-contiguous), written by `fill(views)` straight into its
+        board buffer (an all-reduce's partial is summed there: no partial of its own, no copy into the
+        slot). What each leader published, by process position (this one's own views at its position;
+        views of the board until `release`). None, with nothing done, when the round does not go on
+        the board or the arrays do not fit a buffer."""
+        topo = self.topo
+        leaders, pos, others = topo.layout.leaders, topo.position, topo.other_positions
+        fabric = self.fabric
+        board = fabric.board
+        if board is None or len(leaders) > shared_board.READERS:
+            return None
+        same_node = fabric.same_node
+        for q in others:
+            if leaders[q] not in same_node:
+                return None
+        for a in first:
+            if not a.flags.c_contiguous:
+                return None
+        tag = shared_board.tag_of(self.seq, LEADER_ROUND)
+        fingerprint = board.fingerprint_bytes(self.fingerprint.wire)
+        writer = topo.leader  # its slot, whoever acts (see `_on_board`)
+        views = board.publish_into(writer, tag, fingerprint, tuple((a.dtype, a.shape) for a in first), others,
+                                   self._wait_released)
+        if views is None:
+            return None
+        fill(views)
+        board.commit(writer, tag)
+        for q in others:
+            fabric.count_shm(writer, leaders[q])
+        out: list[Any] = [None] * len(leaders)
+        out[pos] = views
+        for q in others:
+            value = self._read(board, leaders[q], LEADER_ROUND, tag, pos, fingerprint)
+            out[q] = self.recv([leaders[q]], LEADER_ROUND)[0] if value is _VIA_FABRIC else value
         return out
 
     def _read(self, board: shared_board.Board, writer: int, round_: int, tag: int, position: int,
@@ -253,7 +316,7 @@ class Exchange:
             fingerprint = board.fingerprint_bytes(self.fingerprint.wire)
             if board.publish(self.me, shared_board.tag_of(self.seq, 0), fingerprint, value, (0,),
                              self._wait_released, announce_only=payload_bytes(value) >= shm.MIN_BYTES):
-                self.fabric.shm_sent[t] = self.fabric.shm_sent.get(t, 0) + 1
+                self.fabric.count_shm(self.me, t)
             else:
                 self.send(t, 0, value)
 
@@ -323,9 +386,17 @@ class Exchange:
 
     # -- the in-process level ---------------------------------------------------------------------
     def gather_local(self, payload: Any) -> list[Any] | None:
-        """On the leader: every local member's payload, in group order. Elsewhere: hand `payload` to
-        the leader and return None (the member then waits in `result`)."""
+        """On the member that leads: every local member's payload, in group order. Elsewhere: hand
+        `payload` to the leader and return None (the member then waits in `result`)."""
         topo = self.topo
+        meeting = self.meeting
+        if meeting is not None:
+            got = meeting.meet(self.seq, topo.rank, len(topo.local), self.fingerprint.wire, self.me, payload,
+                               self.fabric.mailbox, self._check)
+            if got is None:
+                return None
+            parts, self._boxes = got
+            return parts
         if not topo.is_leader:
             self.send(topo.leader, DEPOSIT, payload)
             return None
@@ -352,6 +423,20 @@ class Exchange:
                 for v in shared if isinstance(shared, tuple) else (shared,):
                     if isinstance(v, np.ndarray):
                         v.setflags(write=False)
+        boxes = self._boxes
+        if boxes is not None:
+            # Acting for the process: the first RESULT_LANES of the other members, in rank order, get
+            # the results from here, each the next of its lane (see `result`). All under the first
+            # member's name, whoever acts: a waiting member knows whom it waits for.
+            rank, waiting = topo.rank, len(boxes) - 1
+            message = (self.fingerprint.wire, (results, shared, rank, boxes))
+            key = keys.collective(self.seq, RESULT)
+            leader = topo.leader
+            count = self.fabric.mailbox.count_sent  # before each delivery, as `Fabric.send`
+            for j in range(min(RESULT_LANES, waiting)):
+                count()
+                boxes[j if j < rank else j + 1].deliver(leader, key, message)
+            return shared if results is None else results[rank]
         to = topo.result_to
         if to:
             message = (self.fingerprint.wire, (results, shared))
@@ -362,8 +447,21 @@ class Exchange:
         return shared if results is None else results[0]
 
     def result(self) -> Any:
-        """On a non-leader member: its result, from the previous member of its chain (passed on first)."""
+        """On a member that did not lead: its result, from the previous member of its chain (passed on
+        first)."""
         topo = self.topo
+        if self.meeting is not None:
+            # The members but the acting one, in rank order, form RESULT_LANES lanes: the k-th of
+            # them hands the results on to the (k + RESULT_LANES)-th.
+            payload = self.recv_one(topo.leader, RESULT)
+            results, shared, acting, boxes = payload
+            rank = topo.rank
+            following = (rank if rank < acting else rank - 1) + RESULT_LANES
+            if following < len(boxes) - 1:
+                self.fabric.mailbox.count_sent()
+                boxes[following if following < acting else following + 1].deliver(
+                    topo.leader, keys.collective(self.seq, RESULT), (self.fingerprint.wire, payload))
+            return shared if results is None else results[rank]
         payload = self.recv_one(topo.result_from, RESULT)
         for dst in topo.result_to:
             self.send(dst, RESULT, payload)

@@ -21,6 +21,7 @@ from replicas.hlo.ir import Instruction
 from replicas.ops.recognize import binary_reducer
 from replicas.ops.registry import KernelContext, kernel
 from replicas.records import BlockInfo
+from replicas.runtime.board import READERS
 from replicas.shapes import Shape
 
 _UFUNCS: dict[str, np.ufunc] = {
@@ -43,6 +44,7 @@ def computation_of(ctx: KernelContext, inst: Instruction) -> str:
 
 
 _new = object.__new__
+_UNDECIDED = object()
 
 
 class Collective:
@@ -54,7 +56,7 @@ class Collective:
     once per replica per iteration: bench/README.md, "percall")."""
 
     def __init__(self, inst: Instruction, ctx: KernelContext, group: tuple[int, ...], fingerprint: Fingerprint,
-                 index: int | None) -> None:
+                 index: int | None, operand_shapes: list[Shape] | None = None) -> None:
         self.inst = inst
         self.fabric = ctx.fabric
         # The interpreter's `FabricSlot` forwards every attribute read: a call unwraps it once.
@@ -65,6 +67,11 @@ class Collective:
         self.fingerprint_dict = fingerprint.as_dict()
         self._topology: Topology | None = None
         self._placement: Any = None
+        arrays = [leaf for s in operand_shapes or () for leaf in s.leaves() if leaf.is_array]
+        self._operand_bytes = sum(leaf.numel * leaf.dtype.itemsize for leaf in arrays)
+        self._operand_arrays = len(arrays)
+        # Collective-broadcast's leaders' step is messages to the other leaders' mailboxes.
+        self._leaders_on_board = inst.opcode != "collective-broadcast"
         # What the call publishes while it waits: a copy of this with its `seq` (a dataclass's
         # keyword __init__ cost more than the rest of a member's call).
         self._block = BlockInfo("collective", inst.name, inst.opcode, needs="group",
@@ -89,7 +96,37 @@ class Collective:
         topo = self._topology
         if topo is None or fabric.placement is not self._placement:
             topo = self.topology()
-        return Exchange(fabric, seq, self.fingerprint, block, topo)
+        # Who leads the process's members (collectives/hierarchy.py): decided once per job, kept with
+        # the job's fabric (a pooled kernel holds nothing of a job).
+        meeting = fabric.kernel_state.get(self, _UNDECIDED)
+        if meeting is _UNDECIDED:
+            meeting = fabric.kernel_state[self] = self._meeting_of(fabric, topo)
+        return Exchange(fabric, seq, self.fingerprint, block, topo, meeting)
+
+    def _meeting_of(self, fabric: Any, topo: Topology | None) -> Any:
+        """The mailbox this process's members of the group meet on, so that the last to arrive leads
+        (collectives/hierarchy.py), or None: the first local member leads. The last may lead when the
+        group has more than one member here, the transport gives the first member's mailbox, and the
+        leaders' step never needs a fixed leader's mailbox: the group is in this process, or its
+        leaders' rounds go through the same-node board and their payloads surely fit a slot (at most
+        the local members' operands, plus the fingerprint and a margin per array for the layout)."""
+        if topo is None or len(topo.local) < 2:
+            return None
+        local_mailbox = getattr(fabric, "local_mailbox", None)
+        box = local_mailbox(topo.leader) if local_mailbox is not None else None
+        if box is None:
+            return None
+        leaders = topo.layout.leaders
+        if len(leaders) == 1:
+            return box
+        board = fabric.board
+        if (not self._leaders_on_board or board is None or len(leaders) > READERS
+                or not all(r in fabric.same_node for r in leaders)):
+            return None
+        arrays = self._operand_arrays * len(topo.local) * len(topo.group)
+        bound = (self._operand_bytes * len(topo.local) + len(board.fingerprint_bytes(self.fingerprint.wire))
+                 + (64 << 10) + 512 * arrays)
+        return box if bound <= board.smallest else None
 
     def run(self, algorithm: Callable[..., Any], *args: Any) -> Any:
         ex = self.exchange()
@@ -120,7 +157,7 @@ def _bind(inst: Instruction, ctx: KernelContext, *, pairs: tuple | None = None
     fp = make_fingerprint(inst, computation_of(ctx, inst), operand_shapes, ctx.module,
                           groups=plan.groups if plan is not None else (), pairs=pairs or ())
     if plan is not None:
-        return plan, Collective(inst, ctx, plan.group, fp, plan.index)
+        return plan, Collective(inst, ctx, plan.group, fp, plan.index, operand_shapes)
     return plan, Collective(inst, ctx, intern(tuple(sorted({r for p in pairs or () for r in p}))), fp, None)
 
 

@@ -115,6 +115,12 @@ class MailboxFabric:
     def _post(self, dst: int, key: Hashable, value: Any) -> None:
         raise NotImplementedError
 
+    def local_mailbox(self, replica: int) -> Mailbox | None:
+        """The mailbox of `replica` if it runs in this process (collectives meet in-process on it:
+        collectives/hierarchy.py), else None. A transport without such access returns None, and its
+        collectives keep a fixed leader."""
+        return None
+
     # -- host -------------------------------------------------------------------------------------
     def infeed(self, block: BlockInfo) -> Any:
         """The next value the host queued for this replica's infeed."""

@@ -48,6 +48,8 @@ class Mailbox:
         # While the replica waits outside the mailbox (the same-node board): is what it waits for
         # there, and how to interrupt its wait.
         self._external: tuple[Callable[[], bool], Callable[[], None]] | None = None
+        # In-process meetings of collectives this replica is the first local member of (`meet`).
+        self._meetings: dict[int, list[Any]] = {}
 
     # -- delivery (any thread) -------------------------------------------------------------------
     def deliver(self, src: int, key: Hashable, value: Any) -> None:
@@ -123,6 +125,47 @@ class Mailbox:
                     if state.status == "blocked":
                         state.status = "running"
                 state.progress += 1
+
+    def meet(self, seq: int, rank: int, expected: int, fingerprint: tuple, replica: int, value: Any, box: Mailbox,
+             check: Callable[[int, tuple], None]) -> tuple[list[Any], list[Mailbox]] | None:
+        """One local member (`rank` of `expected`, replica `replica`, its mailbox `box`) arrives at its
+        process's meeting of collective #`seq`, held on the mailbox of the group's first local member.
+        The last to arrive gets every member's value and mailbox, by rank, and leads the collective
+        (collectives/hierarchy.py); the others get None and wait for their results. Nothing is in
+        flight (no message is counted): a member that arrived and waits is blocked only once it waits
+        for its result, which the last one delivers.
+
+        Every fingerprint is compared with the first member's (rank 0), as a fixed leader compared
+        the deposits, before the value is left here: `check(replica, its fingerprint)` runs in the
+        arriving member for rank 0's (or, when rank 0 arrives, for each earlier arrival's, in rank
+        order) when it is not the very same tuple, and raises on a mismatch. So the members that
+        lead never use a value of another collective, and a mismatch names the same two replicas
+        whatever the order of arrival."""
+        with self._lock:
+            if self.aborted is not None:
+                raise self.aborted
+            meetings = self._meetings
+            entry = meetings.get(seq)
+            if entry is None:
+                entry = meetings[seq] = [[None] * expected, [None] * expected, [None] * expected,
+                                         [None] * expected, expected]
+            fingerprints, replicas, values, boxes = entry[0], entry[1], entry[2], entry[3]
+            if rank:
+                first = fingerprints[0]
+                if first is not None and first is not fingerprint:
+                    check(replicas[0], first)
+            else:
+                for k, theirs in enumerate(fingerprints):
+                    if theirs is not None and theirs is not fingerprint:
+                        check(replicas[k], theirs)
+            if boxes[rank] is not None:  # equal fingerprints name the same group: never
+                raise RuntimeError(f"replica {replica}: rank {rank} arrived twice at collective #{seq}")
+            fingerprints[rank], replicas[rank], values[rank], boxes[rank] = fingerprint, replica, value, box
+            entry[4] -= 1
+            if entry[4]:
+                return None
+            del meetings[seq]
+            return values, boxes
 
     # -- taking (the replica's thread) -----------------------------------------------------------
     def take(self, src: int, key: Hashable, block: BlockInfo) -> Any:

@@ -53,6 +53,16 @@ class RayFabric(MailboxFabric):
         self.ring_declined: dict[int, int] = {}  # dst -> channel messages a ring could not take
         # Spins before its waits on shared memory sleep (runtime/spin.py): set per job by `connect`.
         self.spinner: spin.Spinner = spin.NEVER
+        self.here: dict[int, RayFabric] = {}  # the fabrics of this actor's replicas (set by `setup`)
+
+    def local_mailbox(self, replica: int) -> Mailbox | None:
+        return self._local.get(replica)
+
+    def count_shm(self, writer: int, dst: int) -> None:
+        """Count a message `writer` (a replica of this actor; its collective's acting leader may be
+        another one: collectives/hierarchy.py) sent `dst` through shared memory."""
+        sent = self.shm_sent if writer == self.replica_id else self.here[writer].shm_sent
+        sent[dst] = sent.get(dst, 0) + 1
 
     def recv(self, src: int, key: Hashable, block: Any) -> Any:
         rings = self.rings
@@ -228,6 +238,9 @@ class ReplicaHost:
             fabric.wire, fabric.token, fabric.outbox, fabric.board = self._wire, token, self._outbox, self._board
             self._fabrics.append(fabric)
             self._runners[r] = ReplicaRunner(executable, fabric, recorder)
+        here = {f.replica_id: f for f in self._fabrics}
+        for fabric in self._fabrics:
+            fabric.here = here
 
     def reset(self, timeout: float) -> bool:
         """Stop this job's replicas; True if every one stopped within `timeout` (reusable)."""

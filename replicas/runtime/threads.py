@@ -34,6 +34,9 @@ class ThreadFabric(MailboxFabric):
     def _post(self, dst: int, key: Hashable, value: Any) -> None:
         self._peers[dst].deliver(self.replica_id, key, value)
 
+    def local_mailbox(self, replica: int) -> Mailbox | None:
+        return self._peers[replica]
+
 
 class ThreadBackend:
     """Runs the replicas as threads of this process (see `Backend` in job.py)."""
