@@ -124,7 +124,8 @@ def test_more_replicas_than_cores_are_pinned_by_default_while_the_job_runs(monke
     x = np.ones(4, np.float32)
     with rp.launch(rp.parse_hlo(FED.format(n=n)), [x], num_replicas=n, backend="threads") as job:
         for r in range(n):
-            job.outfeed(r, timeout=60)  # every replica's thread runs (pinned before its first instruction)
+            job.outfeed(r, timeout=60)  # every replica's thread runs
+        assert job._backend._pin.activated.wait(60)  # the last thread to start pins them all
         pinned = job._backend._pin.pinned()
         assert len(pinned) == n
         assert {frozenset(os.sched_getaffinity(t)) for t in pinned} == {frozenset({job._backend._pin.cpu})}

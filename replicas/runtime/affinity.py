@@ -112,7 +112,7 @@ def plan(replicas_in_process: int, executable: Executable | None = None) -> Pin 
     when, where = _last
     if time.monotonic() - when < _MEMORY and (where is None or where in os.sched_getaffinity(0)):
         cpu = where
-    return Pin(cpu)
+    return Pin(cpu, expected=replicas_in_process)
 
 
 _MEMORY = 2.0  # seconds a watch's verdict (a core, or none while the machine is busy) serves the next job
@@ -123,11 +123,22 @@ class Pin:
     """The pinning of one job's replica threads: each replica thread calls `enter` when its run
     starts and `leave` when it returns (in that thread); the monitor calls `watch` at its polls.
     `cpu` None: the threads run where the scheduler puts them (the machine was busy), until a
-    watch finds a core with room."""
+    watch finds a core with room.
 
-    def __init__(self, cpu: int | None, movable: bool = True) -> None:
+    `expected`: the number of replica threads; given, they run unpinned until the last of them
+    enters, which pins them all. 1024 new threads each moving itself onto one
+    core while the driver's thread, on the other, waits for each to start took seconds (and a job
+    started beside 1023 unwinding threads of an aborted one, tens of seconds); unpinned they start
+    on whichever core is free. `release` lets them all go before an abort wakes them, for the same
+    reason."""
+
+    def __init__(self, cpu: int | None, movable: bool = True, expected: int = 0) -> None:
         self.cpu = cpu
         self.movable = movable
+        self.activated = threading.Event()  # set once the threads are pinned
+        self._waiting_for = expected  # threads still to enter before they are pinned
+        if not expected:
+            self.activated.set()
         self._lock = threading.Lock()
         self._threads: dict[int, set[int]] = {}  # native id -> its affinity before the job
         self.moves = 0  # times the threads changed cores or were let go (tests and benchmarks read it)
@@ -138,18 +149,24 @@ class Pin:
         tid = threading.get_native_id()
         with self._lock:
             before = os.sched_getaffinity(0)
-            if self.cpu is not None:
+            if self.cpu is not None and self.activated.is_set():
                 try:
                     os.sched_setaffinity(0, (self.cpu,))
                 except OSError:  # the CPU left this process's cpuset meanwhile: run unpinned
                     return
             self._threads[tid] = before
+            if not self.activated.is_set():
+                self._waiting_for -= 1
+                if not self._waiting_for:
+                    self.activated.set()
+                    if self.cpu is not None:
+                        self._apply()
 
     def leave(self) -> None:
         tid = threading.get_native_id()
         with self._lock:
             before = self._threads.pop(tid, None)
-            if before is not None and self.cpu is not None:
+            if before is not None and self.cpu is not None and self.activated.is_set():
                 try:
                     os.sched_setaffinity(0, before)
                 except OSError:  # a CPU of `before` left the cpuset: take what the process may use
@@ -158,7 +175,7 @@ class Pin:
     def pinned(self) -> dict[int, set[int]]:
         """{native thread id: its affinity before the job} of the replica threads pinned now."""
         with self._lock:
-            return dict(self._threads) if self.cpu is not None else {}
+            return dict(self._threads) if self.cpu is not None and self.activated.is_set() else {}
 
     def move(self, cpu: int | None) -> None:
         """Move every replica thread of the job (and those that start later) to `cpu`; None lets them
@@ -166,11 +183,24 @@ class Pin:
         with self._lock:
             self.cpu = cpu
             self.moves += 1
-            for tid, before in self._threads.items():
-                try:
-                    os.sched_setaffinity(tid, before if cpu is None else (cpu,))
-                except OSError:  # the thread just ended, or the CPU left the cpuset
-                    pass
+            self._apply()
+
+    def release(self) -> None:
+        """Let every replica thread run anywhere it could before the job, for good (an abort: the
+        woken threads unwind on whichever core is free)."""
+        with self._lock:
+            self.cpu = None
+            self._apply()
+
+    def _apply(self) -> None:
+        """Set every entered thread's affinity to `cpu` (None: its own from before the job); the
+        caller holds the lock."""
+        cpu = self.cpu
+        for tid, before in self._threads.items():
+            try:
+                os.sched_setaffinity(tid, before if cpu is None else (cpu,))
+            except OSError:  # the thread just ended, or the CPU left the cpuset
+                pass
 
     def watch(self) -> None:
         """Keep the threads on a core with room, or let them go while the machine has none (see the

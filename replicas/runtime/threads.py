@@ -24,6 +24,11 @@ from replicas.runtime.mailbox import Mailbox
 from replicas.runtime.replica_runner import ReplicaRunner
 
 ABORT_INLINE = 64  # replicas an abort wakes in the caller's thread; beyond, a helper thread does
+UNWIND_WAIT = 60.0  # seconds a new job waits at most for the threads of aborted jobs to unwind
+
+# Aborted jobs whose replica threads may still be unwinding (`abort` returns before they end).
+_unwinding: list[ThreadBackend] = []
+_unwinding_lock = threading.Lock()
 
 
 class ThreadFabric(MailboxFabric):
@@ -48,6 +53,7 @@ class ThreadBackend:
                  trace_events: int = DEFAULT_CAPACITY) -> None:
         n = len(args)
         self.num_replicas = n
+        _wait_for_unwinding()
         # A poll copies every replica's state in this process: ~5 us each, so 50 polls a second of
         # 1024 replicas would take a core from them. 0.4 ms per replica, at most 0.1 s, keeps it near
         # 1 % up to 250 replicas and 5 % at 1024 (each poll takes the GIL from the replicas), and the
@@ -111,6 +117,12 @@ class ThreadBackend:
         if self._aborter is not None:
             return  # already waking every replica (with the job's first error, which wins)
         boxes = self._mailboxes
+        if self._pin is not None:
+            self._pin.release()  # the woken threads unwind on any core (affinity.Pin)
+        if len(boxes) > 1:
+            with _unwinding_lock:
+                if self not in _unwinding:
+                    _unwinding.append(self)
         if len(boxes) <= ABORT_INLINE:
             for mb in boxes:
                 mb.abort(exc)
@@ -137,6 +149,21 @@ class ThreadBackend:
 
     def events(self) -> dict[int, list[dict[str, Any]]]:
         return {rep.replica_id: rep.recorder.events() for rep in self._replicas}
+
+
+def _wait_for_unwinding() -> None:
+    """Let the replica threads of aborted jobs end before a new job's threads start: 1023 threads
+    still unwinding (each waking, raising, checking its interpreter in) beside 1024 new ones turned
+    a 2 s job into 30-170 s, the new threads starved of the GIL (and of the one core when pinned)."""
+    with _unwinding_lock:
+        ending = list(_unwinding)
+        _unwinding.clear()
+    deadline = time.monotonic() + UNWIND_WAIT
+    for backend in ending:
+        if backend._aborter is not None:
+            backend._aborter.join(max(0.0, deadline - time.monotonic()))
+        for rep in backend._replicas:
+            rep.join(max(0.0, deadline - time.monotonic()))
 
 
 def _abort_all(boxes: list[Mailbox], exc: BaseException) -> None:
