@@ -214,6 +214,24 @@ def test_a_large_job_is_aborted_by_a_helper_thread_with_the_jobs_error():
     assert out[0][0].tobytes() == out[1][0].tobytes()
 
 
+@pytest.mark.usefixtures("thread_cpus")
+def test_a_new_job_starts_once_the_threads_of_an_aborted_one_have_ended():
+    """The error of a large aborted job reaches its caller before its threads unwind; the next job's
+    threads must not start beside them (1024 new threads beside 1023 unwinding ones took tens of
+    seconds to start)."""
+    from replicas.runtime.threads import ABORT_INLINE
+
+    n = ABORT_INLINE + 8
+    job = rp.launch(rp.parse_hlo(loop_the_last_replica_skips(n, elements=4, trips=2)), [np.ones(4, np.float32)],
+                    num_replicas=n, backend="threads")
+    with pytest.raises(rp.DeadlockError):
+        job.result()
+    with rp.launch(rp.parse_hlo(PROGRAM.format(n=2)), operands(2), num_replicas=2, backend="threads") as after:
+        assert all(runner.join(0) for runner in job._backend._replicas)
+        out = after.result()
+    assert out[0][0].tobytes() == out[1][0].tobytes()
+
+
 def test_the_threads_leave_a_core_others_keep_busy_for_an_idler_one_or_for_none():
     # where the threads are, each CPU's busy share over a window, this process's CPU over it (in CPUs)
     assert affinity.better_cpu(0, {0: 0.9, 1: 0.0}, ours=0.9) == 0  # core 0 busy with us only: stay
