@@ -212,12 +212,9 @@ def all_reduce(ex: Exchange, values: Values, combine: Combine) -> Values:
     return ex.scatter_local(None, _shared(acc, topo))
 
 
-def _board_all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> Values | None:
-    """The leaders' one round on the same-node board, this process's partial summed straight into its
-    board buffer (`Exchange.board_round`), then the partials summed in process order into a result
-    of this process's own, and the board's buffers released at once (nothing keeps a view of them).
-    The same operations in the same order as `_reduce_pooled` then `leaders_all_reduce`'s one round:
-    the same bits. None when the round does not go on the board."""
+def _summed_into(parts: list[Values], combine: Combine) -> Callable[[Values], None]:
+    """What fills a board buffer's views with this process's partial: its one member's operands
+    copied, or every member's reduced in group order."""
 
     def fill(views: Values) -> None:
         if len(parts) == 1:
@@ -226,7 +223,17 @@ def _board_all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> Va
         else:
             reduce_into(views, parts, combine)
 
-    partials = ex.board_round(parts[0], fill)
+    return fill
+
+
+def _board_all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> Values | None:
+    """The leaders' one round on the same-node board, this process's partial summed straight into its
+    board buffer (`Exchange.board_round`), then the partials summed in process order into a result
+    of this process's own, and the board's buffers released at once (nothing keeps a view of them).
+    The same operations in the same order as `_reduce_pooled` then `leaders_all_reduce`'s one round:
+    the same bits. None when the round does not go on the board."""
+
+    partials = ex.board_round(parts[0], _summed_into(parts, combine))
     if partials is None:
         return None
     if nbytes(parts[0]) < POOLED_BYTES:
@@ -431,14 +438,7 @@ def _board_reduce_scatter(ex: Exchange, parts: list[Values], combine: Combine, n
     processes need into buffers of their own, then copied them into the board), and no list of
     chunks is pickled. None when the round does not go on the board (it does not fit a buffer)."""
 
-    def fill(views: Values) -> None:
-        if len(parts) == 1:
-            for view, a in zip(views, parts[0]):
-                np.copyto(view, a)
-        else:
-            reduce_into(views, parts, combine)
-
-    partials = ex.board_round(parts[0], fill)
+    partials = ex.board_round(parts[0], _summed_into(parts, combine))
     if partials is None:
         return None
     pool = pool_of(ex.fabric)
