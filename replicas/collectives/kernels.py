@@ -112,8 +112,7 @@ class Collective:
         the local members' operands, plus the fingerprint and a margin per array for the layout)."""
         if topo is None or len(topo.local) < 2:
             return None
-        local_mailbox = getattr(fabric, "local_mailbox", None)
-        box = local_mailbox(topo.leader) if local_mailbox is not None else None
+        box = fabric.local_mailbox(topo.leader)
         if box is None:
             return None
         leaders = topo.layout.leaders
