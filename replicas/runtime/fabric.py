@@ -33,6 +33,7 @@ class Fabric(Protocol):
     num_replicas: int
     strict: bool  # collective matching compares instruction identity too
     recorder: FlightRecorder | None
+    mailbox: Mailbox | None  # None: a replica that cannot wait (`threads.run_alone`)
     # State kernels keep on this replica between instructions (a Send's posted messages until its
     # SendDone), by the owning module's name: kernels are bound per replica, but their state must
     # outlive one kernel call and belong to the replica, not to a module-level table.

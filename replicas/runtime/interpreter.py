@@ -277,7 +277,7 @@ class Interpreter:
         # Kernels keep this slot, not the fabric: a pooled interpreter runs its next job by
         # pointing the slot at that job's fabric (`attach`), without binding its kernels again.
         self.fabric: Any = FabricSlot(fabric)
-        self.num_replicas = num_replicas if num_replicas is not None else getattr(fabric, "num_replicas", 1)
+        self.num_replicas = num_replicas if num_replicas is not None else fabric.num_replicas
         self.current: Instruction | None = None
         self.attach(fabric)
         self._binding: Computation | None = None
@@ -287,9 +287,9 @@ class Interpreter:
     def attach(self, fabric: Any) -> None:
         """Run the next executions over `fabric` (a new job's: its mailbox, recorder, peers)."""
         self.fabric.attach(fabric)
-        self.mailbox = getattr(fabric, "mailbox", None)
-        recorder = getattr(fabric, "recorder", None)
-        every = recorder is not None and getattr(recorder, "every_instruction", False)
+        self.mailbox = fabric.mailbox
+        recorder = fabric.recorder
+        every = recorder is not None and recorder.every_instruction
         self.every_instruction_recorder = recorder if every else None
         self.current = None
 
