@@ -57,13 +57,15 @@ def operands(n: int) -> list[list[np.ndarray]]:
 
 
 def test_the_rule_and_the_environment(monkeypatch):
-    monkeypatch.delenv(affinity.ENV, raising=False)
+    monkeypatch.setenv(affinity.ENV, "auto")
     allowed = sorted(os.sched_getaffinity(0))
     assert affinity.choose_cpu(cores()) is None  # no more replicas than cores: never pinned
     many = affinity.choose_cpu(cores() + 1)
     assert many is None if len(allowed) < 2 else many in allowed
     monkeypatch.setenv(affinity.ENV, "off")
     assert affinity.choose_cpu(1000) is None
+    monkeypatch.delenv(affinity.ENV)
+    assert affinity.choose_cpu(1000) is None  # off unless asked for
     monkeypatch.setenv(affinity.ENV, str(allowed[-1]))
     assert affinity.choose_cpu(1) == allowed[-1]  # a CPU given: always that one
     monkeypatch.setenv(affinity.ENV, str(max(allowed) + 1))
@@ -116,7 +118,7 @@ ENTRY main {{
 
 @pytest.mark.skipif(cores() < 2, reason="needs two cores")
 def test_more_replicas_than_cores_are_pinned_by_default_while_the_job_runs(monkeypatch):
-    monkeypatch.delenv(affinity.ENV, raising=False)
+    monkeypatch.setenv(affinity.ENV, "auto")
     # The starting rule only: no earlier job's verdict, and no window long enough to move them.
     monkeypatch.setattr(affinity, "_last", [float("-inf"), None])
     monkeypatch.setattr(affinity, "_WINDOW", 1e9)
@@ -138,7 +140,7 @@ def test_more_replicas_than_cores_are_pinned_by_default_while_the_job_runs(monke
 
 @pytest.mark.skipif(cores() < 2, reason="needs two cores")
 def test_programs_that_may_work_outside_the_gil_are_not_pinned(monkeypatch):
-    monkeypatch.delenv(affinity.ENV, raising=False)
+    monkeypatch.setenv(affinity.ENV, "auto")
     n = cores() + 1
     light = compile_module(rp.parse_hlo(FED.format(n=n)), num_replicas=n)
     assert affinity.choose_cpu(n, light) is not None
