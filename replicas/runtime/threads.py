@@ -26,8 +26,9 @@ from replicas.runtime.replica_runner import ReplicaRunner
 ABORT_INLINE = 64  # replicas an abort wakes in the caller's thread; beyond, a helper thread does
 UNWIND_WAIT = 60.0  # seconds a new job waits at most for the threads of aborted jobs to unwind
 
-# Aborted jobs whose replica threads may still be unwinding (`abort` returns before they end).
-_unwinding: list[ThreadBackend] = []
+# Of aborted jobs: (the thread waking them or None, the replica threads still running then), which
+# may still be unwinding (`abort` returns before they end).
+_unwinding: list[tuple[threading.Thread | None, list[ReplicaRunner]]] = []
 _unwinding_lock = threading.Lock()
 
 
@@ -119,16 +120,17 @@ class ThreadBackend:
         boxes = self._mailboxes
         if self._pin is not None:
             self._pin.release()  # the woken threads unwind on any core (affinity.Pin)
-        if len(boxes) > 1:
-            with _unwinding_lock:
-                if self not in _unwinding:
-                    _unwinding.append(self)
+        running = [rep for rep in self._replicas if not rep.join(0)]  # none after a clean end
         if len(boxes) <= ABORT_INLINE:
             for mb in boxes:
                 mb.abort(exc)
-            return
-        self._aborter = threading.Thread(target=_abort_all, args=(boxes, exc), name="replicas-abort", daemon=True)
-        self._aborter.start()
+        else:
+            self._aborter = threading.Thread(target=_abort_all, args=(boxes, exc), name="replicas-abort",
+                                             daemon=True)
+            self._aborter.start()
+        if running:
+            with _unwinding_lock:
+                _unwinding.append((self._aborter, running))
 
     def shutdown(self) -> None:
         self.abort(ReplicasError("job stopped"))
@@ -159,10 +161,10 @@ def _wait_for_unwinding() -> None:
         ending = list(_unwinding)
         _unwinding.clear()
     deadline = time.monotonic() + UNWIND_WAIT
-    for backend in ending:
-        if backend._aborter is not None:
-            backend._aborter.join(max(0.0, deadline - time.monotonic()))
-        for rep in backend._replicas:
+    for aborter, running in ending:
+        if aborter is not None:
+            aborter.join(max(0.0, deadline - time.monotonic()))
+        for rep in running:
             rep.join(max(0.0, deadline - time.monotonic()))
 
 
