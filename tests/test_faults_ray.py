@@ -388,8 +388,10 @@ def test_exception_in_with_block_ctrl_c_and_two_threads():
     job = rp.launch(m, [], num_replicas=2, timeout=None)
 
     def interrupt():
-        if _eventually(lambda: main_thread_in("_wait", "job.py")):  # the interrupt lands there
+        if _eventually(lambda: main_thread_in("_wait", "job.py"), limit=300):  # the interrupt lands there
             _thread.interrupt_main()
+        else:  # never waiting (a start slower than the limit): end the job rather than hang the run
+            job.cancel()
 
     threading.Thread(target=interrupt, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
@@ -402,8 +404,8 @@ def test_exception_in_with_block_ctrl_c_and_two_threads():
 
     def one(k):
         try:
-            out[k] = run_with(healthy, timeout=60) if k == 0 else rp.run(
-                rp.parse_hlo(CALL.replace('"fault"', '"healthy2"')), [X], num_replicas=2, timeout=60)
+            out[k] = run_with(healthy, timeout=300) if k == 0 else rp.run(
+                rp.parse_hlo(CALL.replace('"fault"', '"healthy2"')), [X], num_replicas=2, timeout=300)
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
@@ -413,7 +415,7 @@ def test_exception_in_with_block_ctrl_c_and_two_threads():
         for t in threads:
             t.start()
         for t in threads:
-            t.join(120)
+            t.join(360)
     finally:
         unregister_custom_call("healthy2")
     assert not errors and all(np.array_equal(out[k][0], 2 * X) for k in range(2))

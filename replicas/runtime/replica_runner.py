@@ -8,7 +8,7 @@ from typing import Any
 
 from replicas.diagnostics.recorder import FlightRecorder
 from replicas.records import ReplicaState
-from replicas.runtime import workers
+from replicas.runtime import gil_slice, workers
 from replicas.runtime.affinity import Pin
 from replicas.runtime.compile import Executable
 from replicas.runtime.fabric import MailboxFabric
@@ -44,6 +44,7 @@ class ReplicaRunner:
         pin = self.pin
         if pin is not None:
             pin.enter()
+        gil_slice.enter()
         try:
             self.result = self.interpreter.run(args, checked=True)  # job.prepare checked them
             checkin(self.interpreter)  # before "finished": its kernels and code serve the next job
@@ -53,6 +54,7 @@ class ReplicaRunner:
             checkin(self.interpreter)
             status = "cancelled" if self.mailbox.aborted is e else "failed"
             error = f"{type(e).__name__}: {e}"
+        gil_slice.leave()
         if pin is not None:
             # Before the status: once every replica is finished, no thread of the job is pinned (a
             # pooled worker thread has its own affinity back).

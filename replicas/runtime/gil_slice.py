@@ -1,0 +1,68 @@
+"""A longer GIL switch interval while many replica threads run in this process.
+
+Why (bench/README.md, "GIL slice"): a thread waiting for the GIL wakes every switch interval (5 ms
+by default) to ask for it again. Replica threads woken together (a job's start, a collective's
+results, an abort) all wait for it at once, so at N=1024 on the threads backend a busy machine
+turned those wake-ups into a storm that fed itself: with four other busy processes on the 2 cores,
+two deadlock runs made 210,000-465,000 futex calls (50,000 on an idle machine), and a full test run
+on a slowed host took 7x its usual system time with jobs 10x slower (one CI run: 365 s instead of
+130 s). A 50 ms interval cut the calls to 53,000-74,000. The replicas lose nothing: they give up
+the GIL themselves whenever they wait for a message, so the interval only bounds how long a thread
+that computes without waiting keeps it (the monitor, the host side, a transport's reader wait up to
+that long then, far below a poll).
+
+`REPLICAS_GIL_SLICE_MS` sets the interval (0 leaves Python's alone); it applies while more than
+`MANY` replica threads run in the process, and Python's own interval comes back when none does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+ENV = "REPLICAS_GIL_SLICE_MS"
+MANY = 64  # replica threads running in this process beyond which the interval is raised
+SLICE = 0.05  # seconds
+
+_lock = threading.Lock()
+_running = 0
+_raised: tuple[float, float] | None = None  # (Python's interval before, the one set) while raised
+
+
+def _slice() -> float:
+    setting = os.environ.get(ENV, "").strip()
+    if not setting:
+        return SLICE
+    try:
+        return max(0.0, float(setting) / 1000)
+    except ValueError:
+        raise ValueError(f"{ENV}={setting!r}: expected a number of milliseconds") from None
+
+
+def enter() -> None:
+    """A replica thread starts its run (call `leave` when it returns)."""
+    global _running, _raised
+    with _lock:
+        _running += 1
+        if _running > MANY and _raised is None:
+            before, wanted = sys.getswitchinterval(), _slice()
+            if wanted > before:
+                sys.setswitchinterval(wanted)
+                _raised = (before, sys.getswitchinterval())  # as Python keeps it (in microseconds)
+
+
+def leave() -> None:
+    global _running, _raised
+    with _lock:
+        _running -= 1
+        if not _running and _raised is not None:
+            before, wanted = _raised
+            if sys.getswitchinterval() == wanted:  # unless someone else set it meanwhile
+                sys.setswitchinterval(before)
+            _raised = None
+
+
+def raised() -> bool:
+    """Whether the interval is raised now (tests read it)."""
+    return _raised is not None
