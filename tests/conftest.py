@@ -141,9 +141,10 @@ class TwoNodeCluster:
 class ClusterRun:
     """The README's `bash cluster/local_cluster.sh start`, run once for every test that needs two
     nodes, and its `stop`. Both mostly wait for Ray's processes to come up or go (~15 s and ~8 s
-    of wall time, under 2 s of CPU), so `start` runs in the background from the first test of the
-    group that ends with the cluster's tests (the README's blocks, see `group_of`), and `stop` in
-    the background after the last test that uses the cluster; the run's end waits for it."""
+    of wall time, under 2 s of CPU). `start` runs when the first test that needs the cluster sets
+    up, after the README's tests (one local Ray starting at a time in their group: five at once on
+    2 cores overran Ray's fixed 30 s for a node to register), and `stop` in the background after the
+    last test that uses the cluster; the run's end waits for it."""
 
     def __init__(self) -> None:
         self.needed = False  # some test of this run uses the cluster
@@ -300,10 +301,10 @@ def _uses_cluster(item: pytest.Item | None) -> bool:
 
 def group_of(item: pytest.Item) -> str:
     """Tests that must run in one process, in order: "ray" (this run's Ray session: one per run),
-    "subprocess" (the README's demo and blocks, run at the same time, whose `workdir` the cluster
-    test uses too, then the tests on the two-node cluster); "" for the rest."""
+    "subprocess" (the README's blocks, commands and demo, whose `workdir` the cluster test uses
+    too, then the tests on the two-node cluster); "" for the rest."""
     fixtures = getattr(item, "fixturenames", ())
-    if "demo_in_background" in fixtures or "two_node_cluster" in fixtures:
+    if "workdir" in fixtures or "two_node_cluster" in fixtures or item.name == "test_the_demo_runs":
         return "subprocess"
     return "ray" if item.get_closest_marker("ray") else ""
 
@@ -334,7 +335,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if CLUSTER.needed and group_of(item) == "subprocess":
+    if CLUSTER.needed and _uses_cluster(item):
         CLUSTER.start()
 
 
