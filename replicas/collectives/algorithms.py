@@ -481,4 +481,4 @@ def collective_permute(ex: Exchange, targets: Sequence[int], source: int | None,
     ex.send_pairwise(targets, value)
     if source is None:
         return zeros()
-    return ex.settle(ex.recv_pairwise(source))
+    return ex.settle(ex.recv_pairwise(source, type(value) is np.ndarray))

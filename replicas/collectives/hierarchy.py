@@ -322,20 +322,31 @@ class Exchange:
                 self.send(t, 0, value)
                 continue
             fingerprint = board.fingerprint_bytes(self.fingerprint.wire)
-            if board.publish(self.me, shared_board.tag_of(self.seq, 0), fingerprint, value, (0,),
-                             self._wait_released, announce_only=payload_bytes(value) >= shm.MIN_BYTES):
+            tag = shared_board.tag_of(self.seq, 0)
+            if payload_bytes(value) >= shm.MIN_BYTES:
+                # The message first, then its announcement: the reader, woken by the announcement,
+                # finds the message already there (one wake-up, not one per path).
+                self.send(t, 0, value)
+                board.publish(self.me, tag, fingerprint, value, (0,), self._wait_released, announce_only=True)
+                continue
+            # A lone array goes as a tuple of one: written raw into the buffer, no pickle of it.
+            raw = type(value) is np.ndarray and value.flags.c_contiguous
+            if board.publish(self.me, tag, fingerprint, (value,) if raw else value, (0,), self._wait_released):
                 self.fabric.count_shm(self.me, t)
             else:
                 self.send(t, 0, value)
 
-    def recv_pairwise(self, source: int) -> Any:
-        """What `source` sent by `send_pairwise` (a view of its board buffer until `settle`)."""
+    def recv_pairwise(self, source: int, lone: bool = False) -> Any:
+        """What `source` sent by `send_pairwise` (a view of its board buffer until `settle`); `lone`:
+        the value is one array (this replica's own operand is, and the fingerprints say the shapes
+        agree), which the board brings as a tuple of one."""
         board = self._board_for(source)
         if board is not None:
             value = self._read(board, source, 0, shared_board.tag_of(self.seq, 0), 0,
                                board.fingerprint_bytes(self.fingerprint.wire))
             if value is not _VIA_FABRIC:
-                return value
+                # A lone array comes as a tuple of one (`send_pairwise`); a tuple operand as itself.
+                return value[0] if lone and type(value) is tuple else value
         return self.recv([source], 0)[0]
 
     def _wait_published(self, board: shared_board.Board, writer: int, tag: int) -> Any:
