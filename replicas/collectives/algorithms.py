@@ -332,7 +332,7 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
         chunks = chunks_of(acc, n, dim)
         return ex.scatter_local([chunks[i] for i in topo.local])
     if hasattr(combine, "into"):
-        results = board_reduce_scatter(ex, parts, combine, n, dim, BLOCK_BYTES)
+        results = board_reduce_scatter(ex, parts, combine, n, dim)
         if results is not None:
             return ex.scatter_local(results)
     # Leader q receives every process's partial of its members' chunks and reduces them in process

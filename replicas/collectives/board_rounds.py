@@ -16,11 +16,9 @@ from replicas.collectives.hierarchy import Exchange
 from replicas.collectives.reduction import (
     Combine,
     Values,
-    chunks_of,
     copy_all,
     flat_layout,
     reduce_into,
-    reduce_specs_into,
     slot,
 )
 
@@ -104,43 +102,31 @@ def board_all_to_all(ex: Exchange, chunks: list[list[Values]], dim: int) -> list
     return outs
 
 
-def board_reduce_scatter(ex: Exchange, parts: list[Values], combine: Combine, n: int, dim: int,
-                         block_bytes: int) -> list[Values] | None:
-    """On the same-node board: each leader sums its members' chunks that the other processes' members
-    get (in group order) straight into its board buffer (for every other process in process order,
-    its members' chunks in group order: nothing else is written there), then sums each local
-    member's result in process order (its own process's partial of the chunk in group order, block
-    by block in cache) into a buffer of its pool, and releases the board at once (no settle copy).
-    The same operations in the same order as the messages' path below: the same bits. None when the
-    round does not go on the board (it does not fit a buffer)."""
-    topo = ex.topo
-    processes, pos, local = topo.layout.processes, topo.position, topo.local
-    p = len(processes)
-    member_chunks = [chunks_of(v, n, dim) for v in parts]
-    width = len(parts[0])
-    sent = [i for q in range(p) if q != pos for i in processes[q]]
-    shapes = tuple((c.dtype, c.shape) for i in sent for c in member_chunks[0][i])
+def board_reduce_scatter(ex: Exchange, parts: list[Values], combine: Combine, n: int, dim: int
+                         ) -> list[Values] | None:
+    """Each leader publishes its process's whole partial, summed straight into its board buffer (in
+    group order), and sums only its local members' chunks of the partials, in process order, into
+    their results. Chunk i of a partial is the partial of the chunks i (elementwise): the same
+    operations in the same order as the messages' path, so the same bits. (Publishing only the
+    chunks the other processes need writes half the bytes at 2 processes, but costs ~60 us more
+    Python per call in `np.split` and the block-wise sums than the bytes save at 1 MiB, and ~60 us
+    at 4 KiB: measured 2026-11-26, bench/README.md "rounds".)"""
 
     def fill(views: Values) -> None:
-        for m, i in enumerate(sent):
-            place = views[m * width:(m + 1) * width]
-            cs = [mc[i] for mc in member_chunks]
-            if len(cs) == 1:
-                copy_all(place, cs[0])
-            else:
-                reduce_into(place, cs, combine)
+        if len(parts) == 1:
+            copy_all(views, parts[0])
+        else:
+            reduce_into(views, parts, combine)
 
-    partials = ex.board_round(None, fill, layout=shapes)
+    partials = ex.board_round(parts[0], fill)
     if partials is None:
         return None
-    # Process q's block for this process follows its blocks for the processes before it.
-    at = [sum(len(processes[r]) for r in range(pos) if r != q) * width for q in range(p)]
     pool = pool_of(ex.fabric)
+    widths = [v.shape[dim] // n for v in parts[0]]
     results = []
-    for k, i in enumerate(local):
-        out = tuple(pool.empty(c.shape, c.dtype) for c in member_chunks[0][i])
-        specs = [[mc[i] for mc in member_chunks] if q == pos else
-                 [tuple(partials[q][at[q] + k * width:at[q] + (k + 1) * width])] for q in range(p)]
-        results.append(reduce_specs_into(out, specs, combine, block_bytes))
+    for i in ex.topo.local:
+        cuts = [slot(dim, i * w, (i + 1) * w) for w in widths]
+        chunks = [tuple(x[c] for x, c in zip(partial, cuts)) for partial in partials]
+        results.append(reduce_into(tuple(pool.empty(c.shape, c.dtype) for c in chunks[0]), chunks, combine))
     ex.release()  # the results are this process's own: the peers may reuse their buffers
     return results

@@ -324,10 +324,10 @@ class Exchange:
             fingerprint = board.fingerprint_bytes(self.fingerprint.wire)
             tag = shared_board.tag_of(self.seq, 0)
             if payload_bytes(value) >= shm.MIN_BYTES:
-                # The message first, then its announcement: the reader, woken by the announcement,
-                # finds the message already there (one wake-up, not one per path).
-                self.send(t, 0, value)
+                # Announced first, then sent (sending first measured slower, 2026-11-26: 1 MiB 1.6-2.3
+                # against 1.2 ms).
                 board.publish(self.me, tag, fingerprint, value, (0,), self._wait_released, announce_only=True)
+                self.send(t, 0, value)
                 continue
             # A lone array goes as a tuple of one: written raw into the buffer, no pickle of it.
             raw = type(value) is np.ndarray and value.flags.c_contiguous
