@@ -27,9 +27,20 @@ from typing import Any
 
 import numpy as np
 
+from replicas.collectives.board_rounds import board_all_gather, board_all_to_all, board_reduce_scatter
 from replicas.collectives.buffers import MIN_BYTES as POOLED_BYTES
 from replicas.collectives.buffers import pool_of, sendable_in_place
 from replicas.collectives.hierarchy import LEADER_ROUND, Exchange, Topology
+from replicas.collectives.reduction import (
+    Combine,
+    Values,
+    chunks_of,
+    nbytes,
+    reduce_in_order,
+    reduce_into,
+    reduce_specs_into,
+    slot,
+)
 
 # Below this, leaders reduce in one round of whole partials; from it, reduce-scatter + all-gather.
 # Measured on the 2-core machine (bench/README.md, "midsize"): at 1-3 MiB one round took 30-45% less
@@ -42,39 +53,6 @@ SMALL_BYTES = 4 << 20
 # recursive doubling keeps messages at O(P log P).
 DIRECT_MAX_PROCESSES = 8
 
-Values = tuple[np.ndarray, ...]
-Combine = Callable[[Values, Values], Values]
-
-
-def reduce_in_order(parts: Sequence[Values], combine: Combine) -> Values:
-    """parts[0] + parts[1] + ... in this order. The first sum is a fresh buffer; a fast-path
-    reduction then accumulates into it in place."""
-    acc = parts[0]
-    if len(parts) == 1:
-        return acc
-    acc = combine(acc, parts[1])
-    accumulate = getattr(combine, "accumulate", None)
-    for p in parts[2:]:
-        if accumulate is not None and all(isinstance(x, np.ndarray) and x.ndim for x in acc):
-            accumulate(acc, p)
-        else:
-            acc = combine(acc, p)
-    return acc
-
-
-def reduce_into(out: Values, parts: Sequence[Values], combine: Combine) -> Values:
-    """`reduce_in_order(parts, combine)` written into `out` (arrays of the parts' shapes and dtypes),
-    the same operations in the same order: bitwise the same result, without a fresh buffer."""
-    into = getattr(combine, "into", None)
-    if into is None or len(parts) == 1:
-        for o, v in zip(out, reduce_in_order(parts, combine)):
-            np.copyto(o, v)
-        return out
-    into(out, parts[0], parts[1])
-    for p in parts[2:]:
-        combine.accumulate(out, p)  # type: ignore[attr-defined]
-    return out
-
 
 def _reduce_pooled(ex: Exchange, parts: Sequence[Values], combine: Combine) -> Values:
     """`parts` reduced in order into a buffer of the pool (the part itself when it is alone)."""
@@ -83,12 +61,8 @@ def _reduce_pooled(ex: Exchange, parts: Sequence[Values], combine: Combine) -> V
     pool = pool_of(ex.fabric)
     out = tuple(pool.empty(v.shape, v.dtype) for v in parts[0])
     if len(parts) > 2 and hasattr(combine, "into"):
-        return _reduce_specs_into(out, [list(parts)], combine)  # the sum of a block stays in cache
+        return reduce_specs_into(out, [list(parts)], combine, BLOCK_BYTES)  # the sum of a block stays in cache
     return reduce_into(out, parts, combine)
-
-
-def nbytes(values: Values) -> int:
-    return sum(v.nbytes for v in values)
 
 
 def _shared(values: Any, topo: Topology) -> Any:
@@ -98,10 +72,6 @@ def _shared(values: Any, topo: Topology) -> Any:
             if isinstance(v, np.ndarray):
                 v.setflags(write=False)
     return values
-
-
-def _slot(dim: int, start: int, stop: int) -> tuple[slice, ...]:
-    return (slice(None),) * dim + (slice(start, stop),)
 
 
 # -- among leaders -----------------------------------------------------------------------------------
@@ -284,43 +254,9 @@ def _sharded_all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> 
     got = ex.among_leaders(LEADER_ROUND, [None if q == pos else payload(q) for q in range(p)],
                            per_destination=True)
     got[pos] = [ms[pos] for ms in member_shards]
-    _reduce_specs_into(places[pos], got, combine)
+    reduce_specs_into(places[pos], got, combine, BLOCK_BYTES)
     del got
     _gather_reduced_shards(ex, places, pos)
-    return out
-
-
-def _reduce_specs_into(out: Values, specs: list[list[Values]], combine: Combine) -> Values:
-    """out = ((s0 + s1) + s2) + ... where s_q = reduce_in_order(specs[q]), for a combine with
-    `into` (numpy ufuncs). When every array is C-contiguous, computed block by block so each
-    partial of a block stays in cache and `out` is written once: elementwise operations, so the
-    blocks give the same bits as whole arrays."""
-    arrays = [*out, *(x for spec in specs for v in spec for x in v)]
-    if all(x.flags.c_contiguous for x in arrays):
-        flat = [o.reshape(-1) for o in out]
-        specs = [[tuple(x.reshape(-1) for x in v) for v in spec] for spec in specs]
-        blocks = max(1, -(-max(o.nbytes for o in out) // BLOCK_BYTES))
-    else:
-        flat, blocks = list(out), 1
-    lengths = [o.shape[0] if o.ndim else 1 for o in flat]
-    scratch = [tuple(np.empty(o.shape if blocks == 1 else -(-n // blocks), o.dtype) for n, o in zip(lengths, flat))
-               if len(spec) > 1 and q else None for q, spec in enumerate(specs)]
-    accumulate = combine.accumulate  # type: ignore[attr-defined]
-    for j in range(blocks):
-        cuts = [slice(n * j // blocks, n * (j + 1) // blocks) for n in lengths] if blocks > 1 else None
-
-        def cut(values: Values, cuts: list[slice] | None = cuts) -> Values:
-            return values if cuts is None else tuple(x[c] for x, c in zip(values, cuts))
-
-        o = cut(tuple(flat))
-        reduce_into(o, [cut(v) for v in specs[0]], combine)
-        for q in range(1, len(specs)):
-            spec = specs[q]
-            if len(spec) == 1:
-                accumulate(o, cut(spec[0]))
-            else:
-                t = scratch[q] if cuts is None else tuple(x[:c.stop - c.start] for x, c in zip(scratch[q], cuts))
-                accumulate(o, reduce_into(t, [cut(v) for v in spec], combine))
     return out
 
 
@@ -346,11 +282,16 @@ def all_gather(ex: Exchange, values: Values, dim: int) -> Values:
     widths = [v.shape[dim] for v in values]
 
     def place(k: int, first: int, count: int) -> np.ndarray:
-        return out[k][_slot(dim, first * widths[k], (first + count) * widths[k])]
+        return out[k][slot(dim, first * widths[k], (first + count) * widths[k])]
 
-    for i, part in zip(topo.local, parts):
-        for k, x in enumerate(part):
-            place(k, i, 1)[...] = x
+    def own() -> None:
+        for i, part in zip(topo.local, parts):
+            for k, x in enumerate(part):
+                place(k, i, 1)[...] = x
+
+    if len(topo.layout.leaders) > 1 and board_all_gather(ex, parts, place, own):
+        return ex.scatter_local(None, _shared(tuple(out), topo))
+    own()
     # (first member, members, their places): one item for a run of consecutive group indices.
     mine = []
     for first, count in _runs(topo.local):
@@ -374,12 +315,6 @@ def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _chunks(values: Values, n: int, dim: int) -> list[Values]:
-    """Chunk j of every operand along `dim` (views)."""
-    per_operand = [np.split(v, n, axis=dim) for v in values]
-    return [tuple(c[j] for c in per_operand) for j in range(n)]
-
-
 def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> Values:
     topo = ex.topo
     n = len(topo.group)
@@ -394,10 +329,10 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
         acc = _reduce_pooled(ex, parts, combine)
         if p > 1:
             acc = leaders_all_reduce(ex, acc, combine)
-        chunks = _chunks(acc, n, dim)
+        chunks = chunks_of(acc, n, dim)
         return ex.scatter_local([chunks[i] for i in topo.local])
     if hasattr(combine, "into"):
-        results = _board_reduce_scatter(ex, parts, combine, n, dim)
+        results = board_reduce_scatter(ex, parts, combine, n, dim)
         if results is not None:
             return ex.scatter_local(results)
     # Leader q receives every process's partial of its members' chunks and reduces them in process
@@ -405,7 +340,7 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
     # there: leased buffers go to a peer without a copy); each local member's chunk is reduced
     # straight into its result, which then takes the other processes' partials.
     pool = pool_of(ex.fabric)
-    member_chunks = [_chunks(v, n, dim) for v in parts]
+    member_chunks = [chunks_of(v, n, dim) for v in parts]
 
     def partial(i: int) -> Values:
         cs = [mc[i] for mc in member_chunks]
@@ -420,36 +355,12 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
         out = tuple(pool.empty(c.shape, c.dtype) for c in member_chunks[0][i])
         if into is not None:
             # This process's partial summed block by block on its way into the result.
-            _reduce_specs_into(out, [[mc[i] for mc in member_chunks] if q == pos else [got[q][k]]
-                                     for q in range(p)], combine)
+            reduce_specs_into(out, [[mc[i] for mc in member_chunks] if q == pos else [got[q][k]]
+                                     for q in range(p)], combine, BLOCK_BYTES)
         else:
             reduce_into(out, [partial(i) if q == pos else got[q][k] for q in range(p)], combine)
         results.append(out)
     return ex.scatter_local(results)
-
-
-def _board_reduce_scatter(ex: Exchange, parts: list[Values], combine: Combine, n: int, dim: int
-                          ) -> list[Values] | None:
-    """On the same-node board: each leader publishes its process's whole partial, summed straight
-    into its board buffer (`Exchange.board_round`), and sums only its local members' chunks of the
-    partials, in process order, into their results. Chunk i of a partial is the partial of the
-    chunks i (elementwise): the same operations in the same order as the messages' path below, so
-    the same bits. Each leader writes its whole partial once (that path wrote the chunks the other
-    processes need into buffers of their own, then copied them into the board), and no list of
-    chunks is pickled. None when the round does not go on the board (it does not fit a buffer)."""
-
-    partials = ex.board_round(parts[0], _summed_into(parts, combine))
-    if partials is None:
-        return None
-    pool = pool_of(ex.fabric)
-    widths = [v.shape[dim] // n for v in parts[0]]
-    results = []
-    for i in ex.topo.local:
-        cuts = [_slot(dim, i * w, (i + 1) * w) for w in widths]
-        chunks = [tuple(x[c] for x, c in zip(partial, cuts)) for partial in partials]
-        results.append(reduce_into(tuple(pool.empty(c.shape, c.dtype) for c in chunks[0]), chunks, combine))
-    ex.release()  # the results are this process's own: the peers may reuse their buffers
-    return results
 
 
 def _addressed(ex: Exchange, parts: list[Any], item: Callable[[Any, int], Any]) -> list[list[Any]]:
@@ -503,7 +414,12 @@ def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
     if parts is None:
         got = ex.result()
         return _assembled(ex, got[1], dim) if got[0] is _ASSEMBLE else got
-    received = _addressed(ex, [_chunks(p, n, dim) for p in parts], lambda chunks, j: chunks[j])
+    chunks = [chunks_of(p, n, dim) for p in parts]
+    if len(topo.layout.leaders) > 1 and nbytes(values) < MEMBER_ASSEMBLY_MIN_BYTES:
+        results = board_all_to_all(ex, chunks, dim)
+        if results is not None:
+            return ex.scatter_local(results)
+    received = _addressed(ex, chunks, lambda chunks, j: chunks[j])
     if (len(parts) > 1 and nbytes(values) >= MEMBER_ASSEMBLY_MIN_BYTES
             and all(_unchanging(ex.fabric, part) for part in parts)):
         return _assembled(ex, ex.scatter_local([(_ASSEMBLE, r) for r in received])[1], dim)
@@ -521,7 +437,7 @@ def _assembled(ex: Exchange, chunks_in: list[Values], dim: int) -> Values:
         shape[dim] = width * len(chunks_in)
         o = pool.empty(tuple(shape), first.dtype)
         for source, chunk in enumerate(chunks_in):
-            o[_slot(dim, source * width, (source + 1) * width)] = chunk[k]
+            o[slot(dim, source * width, (source + 1) * width)] = chunk[k]
         out.append(o)
     return tuple(out)
 
@@ -565,4 +481,4 @@ def collective_permute(ex: Exchange, targets: Sequence[int], source: int | None,
     ex.send_pairwise(targets, value)
     if source is None:
         return zeros()
-    return ex.settle(ex.recv_pairwise(source))
+    return ex.settle(ex.recv_pairwise(source, type(value) is np.ndarray))
