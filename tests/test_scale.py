@@ -82,7 +82,7 @@ def actor_pids(job: rp.Job) -> list[int]:
 
 
 def run_capped(module: rp.Module, args: list, n: int, backend: str) -> list:
-    job = rp.launch(module, args, n, backend=backend, timeout=50)
+    job = rp.launch(module, args, n, backend=backend, timeout=300)  # seconds normally; a slowed host took 50
     job._host_may_send = False  # noqa: SLF001 - as rp.run: nothing comes from the host
     with job, MemoryCap(job, actor_pids(job)):
         return job.result()
