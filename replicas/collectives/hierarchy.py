@@ -318,7 +318,7 @@ class Exchange:
         Arrays (a lone one as a tuple of one, C-contiguous) are written raw into the board buffer
         whatever their size up to a slot: one wait for the reader (the board word), where the arena
         and a socket message made it wait twice (the board's announcement, then the message through
-        the peer's reader thread and mailbox): 1 MiB 0.8 -> see bench/README.md "permute". Larger
+        the peer's reader thread and mailbox): 1 MiB 1.16 -> 0.64 ms, bench/README.md "permute". Larger
         ones, and large values of other kinds, are only announced on the board (so the reader
         compares fingerprints there first) and go as a message through the shared-memory arena."""
         for t in targets:
