@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from replicas.collectives.buffers import pool_of
 from replicas.collectives.fingerprint import Fingerprint, diff, mismatch_error
 from replicas.collectives.groups import Group
 from replicas.records import BlockInfo
@@ -312,10 +313,14 @@ class Exchange:
 
     def send_pairwise(self, targets: Sequence[int], value: Any) -> None:
         """Send `value` to each target (a replica is the source of at most one pair): through the
-        board to another actor of this node (reader position 0), as a message otherwise. A value of
-        `shm.MIN_BYTES` or more is only announced on the board and goes by the shared-memory arena,
-        which the receiver reads in place (the board would need a second copy out of the slot: 1 MiB
-        permutes measured 1.1 -> 1.9-2.8 ms)."""
+        board to another actor of this node (reader position 0), as a message otherwise.
+
+        Arrays (a lone one as a tuple of one, C-contiguous) are written raw into the board buffer
+        whatever their size up to a slot: one wait for the reader (the board word), where the arena
+        and a socket message made it wait twice (the board's announcement, then the message through
+        the peer's reader thread and mailbox): 1 MiB 1.16 -> 0.64 ms, bench/README.md "permute". Larger
+        ones, and large values of other kinds, are only announced on the board (so the reader
+        compares fingerprints there first) and go as a message through the shared-memory arena."""
         for t in targets:
             board = self._board_for(t)
             if board is None:
@@ -323,28 +328,46 @@ class Exchange:
                 continue
             fingerprint = board.fingerprint_bytes(self.fingerprint.wire)
             tag = shared_board.tag_of(self.seq, 0)
+            arrays = (value,) if type(value) is np.ndarray else value
+            if type(arrays) is tuple and _raw(arrays):
+                # `publish` announces what does not fit a slot: the bytes then follow as a message.
+                if board.publish(self.me, tag, fingerprint, arrays, (0,), self._wait_released):
+                    self.fabric.count_shm(self.me, t)
+                else:
+                    self.send(t, 0, value)
+                continue
             if payload_bytes(value) >= shm.MIN_BYTES:
                 # Announced first, then sent (sending first measured slower, 2026-11-26: 1 MiB 1.6-2.3
                 # against 1.2 ms).
                 board.publish(self.me, tag, fingerprint, value, (0,), self._wait_released, announce_only=True)
                 self.send(t, 0, value)
-                continue
-            # A lone array goes as a tuple of one: written raw into the buffer, no pickle of it.
-            raw = type(value) is np.ndarray and value.flags.c_contiguous
-            if board.publish(self.me, tag, fingerprint, (value,) if raw else value, (0,), self._wait_released):
+            elif board.publish(self.me, tag, fingerprint, value, (0,), self._wait_released):
                 self.fabric.count_shm(self.me, t)
             else:
                 self.send(t, 0, value)
 
     def recv_pairwise(self, source: int, lone: bool = False) -> Any:
-        """What `source` sent by `send_pairwise` (a view of its board buffer until `settle`); `lone`:
-        the value is one array (this replica's own operand is, and the fingerprints say the shapes
-        agree), which the board brings as a tuple of one."""
+        """What `source` sent by `send_pairwise` (a view of its board buffer until `settle` when it is
+        not a tuple of arrays); `lone`: the value is one array (this replica's own operand is, and the
+        fingerprints say the shapes agree), which the board brings as a tuple of one.
+
+        Arrays read off the board are copied at once into buffers of the replica's pool (no fresh
+        pages per call: a fresh 1 MiB result cost 80-120 page faults, bench/README.md "board") and
+        the board buffer is released to its writer before this returns."""
         board = self._board_for(source)
         if board is not None:
             value = self._read(board, source, 0, shared_board.tag_of(self.seq, 0), 0,
                                board.fingerprint_bytes(self.fingerprint.wire))
             if value is not _VIA_FABRIC:
+                if type(value) is tuple and _raw(value):
+                    pool = pool_of(self.fabric)
+                    copies = []
+                    for view in value:
+                        copy = pool.empty(view.shape, view.dtype)
+                        np.copyto(copy, view)
+                        copies.append(copy)
+                    self.release()
+                    value = tuple(copies)
                 # A lone array comes as a tuple of one (`send_pairwise`); a tuple operand as itself.
                 return value[0] if lone and type(value) is tuple else value
         return self.recv([source], 0)[0]
@@ -486,6 +509,15 @@ class Exchange:
             self.send(dst, RESULT, payload)
         results, shared = payload
         return shared if results is None else results[topo.rank]
+
+
+def _raw(arrays: tuple) -> bool:
+    """Whether `arrays` are all C-contiguous arrays of plain (non-object) dtypes: what the board
+    takes raw (`Board.publish`)."""
+    for a in arrays:
+        if type(a) is not np.ndarray or not a.flags.c_contiguous or a.dtype.hasobject:
+            return False
+    return True
 
 
 def _copied_out(value: Any, reads: list[shared_board.Read]) -> Any:
