@@ -27,9 +27,10 @@ shows a core with room again (one `sched_setaffinity` per thread each time).
 `REPLICAS_PIN`: "off" (the default: never pin), "auto" (the rule above), or a CPU number (always
 pin to that CPU, whatever the replicas and the program; it must be one this process may run on).
 Off by default for now: one of nine full test runs on the night it landed (2026-11-26) had a
-1024-replica threads job crawl for 50 s, with 7x the usual system time (both test workers held a
-1024-thread job), and it was not reproduced since; until that is understood the pinning is asked
-for, not imposed (bench/README.md, "Quiet rerun after affinity, handoff and suite3").
+1024-replica threads job crawl for 50 s, with 7x the usual system time. The same crawl came back
+later with pinning off: GIL waiters' wake-ups turning into a futex storm on a busy host, which
+`gil_slice.py` now damps (bench/README.md, "CI reliability"); pinning has not been re-measured
+since, so it stays asked for, not imposed.
 """
 
 from __future__ import annotations
