@@ -5,12 +5,14 @@ not disturb a job; a refused peer message fails it, naming the replica."""
 from __future__ import annotations
 
 import _thread
+import contextlib
 import gc
 import glob
 import os
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -386,19 +388,9 @@ def test_exception_in_with_block_ctrl_c_and_two_threads():
     # Ctrl-C while waiting for a job: the job is cancelled and KeyboardInterrupt propagates.
     job = rp.launch(m, [], num_replicas=2, timeout=None)
 
-    def interrupt():
-        if _eventually(lambda: main_thread_in("_wait", "job.py"), limit=300):  # the interrupt lands there
-            _thread.interrupt_main()
-        else:  # never waiting (a start slower than the limit): end the job rather than hang the run
-            job.cancel()
-
-    threading.Thread(target=interrupt, daemon=True).start()
-    gc.disable()  # a gc callback (JAX's) would swallow an interrupt raised while it runs
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            job.result()
-    finally:
-        gc.enable()
+    # Never waiting within the limit (a start slower than that): the job ends rather than hang the run.
+    with interrupted_in("_wait", "job.py", limit=300, otherwise=job.cancel):  # the interrupt lands there
+        job.result()
     with pytest.raises(rp.ReplicasError, match="interrupted"):
         job.result()
     # Two jobs from two threads of one driver.
@@ -445,6 +437,28 @@ def _eventually(predicate, limit: float = 30) -> bool:
             return True
         event.wait(0.05)
     return False
+
+
+@contextlib.contextmanager
+def interrupted_in(function: str, filename: str, limit: float = 30, otherwise: Callable[[], None] | None = None):
+    """Ctrl-C (`_thread.interrupt_main`) once the main thread is inside `function` of `filename`,
+    while the block runs, which must raise KeyboardInterrupt; `otherwise()` when it never gets there
+    within `limit` s. Without garbage collection meanwhile: a gc callback (JAX registers one) would
+    swallow an interrupt raised while it runs, and the block would go on."""
+
+    def interrupt():
+        if _eventually(lambda: main_thread_in(function, filename), limit=limit):
+            _thread.interrupt_main()
+        elif otherwise is not None:
+            otherwise()
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    gc.disable()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        gc.enable()
 
 
 def main_thread_in(function: str, filename: str) -> bool:

@@ -4,8 +4,6 @@ raises: the error says what happened, every replica stops, and the next job work
 
 from __future__ import annotations
 
-import _thread
-import gc
 import threading
 
 import numpy as np
@@ -20,7 +18,7 @@ from test_faults_ray import (
     _raise,
     _replica_one,
     healthy,
-    main_thread_in,
+    interrupted_in,
 )
 
 import replicas as rp
@@ -56,17 +54,8 @@ def test_ctrl_c_while_waiting_cancels_the_job_and_propagates():
     job = launch(FED, [], timeout=None)
     assert _eventually(lambda: all(_blocked_in(s, "infeed") for s in job.states()))
 
-    def interrupt():
-        if _eventually(lambda: main_thread_in("_wait", "job.py")):  # the interrupt lands there
-            _thread.interrupt_main()
-
-    threading.Thread(target=interrupt, daemon=True).start()
-    gc.disable()  # a gc callback (JAX's) would swallow an interrupt raised while it runs
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            job.result()
-    finally:
-        gc.enable()
+    with interrupted_in("_wait", "job.py"):  # the interrupt lands there
+        job.result()
     with pytest.raises(rp.ReplicasError, match="interrupted"):
         job.result()
     assert _eventually(lambda: stopped(job))
@@ -77,20 +66,9 @@ def test_ctrl_c_during_a_one_replica_run_in_the_callers_thread_propagates():
     """`rp.run` of one replica of a program without loops runs in the caller's thread
     (threads.run_alone); Ctrl-C there is a KeyboardInterrupt too, not a replica's failure."""
 
-    def interrupt():
-        if _eventually(lambda: main_thread_in("run_alone", "threads.py")):
-            _thread.interrupt_main()
-
-    threading.Thread(target=interrupt, daemon=True).start()
-    # Without collections while it runs: an interrupt that arrives while a gc callback runs (JAX
-    # registers one) is raised and swallowed there, and the run goes on to its end.
-    gc.disable()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            # ~4 s of BLAS on an idle machine, which the interrupt cuts short within ~0.1 s.
-            rp.run(*_dot_chain(512, 1000), backend="threads")
-    finally:
-        gc.enable()
+    with interrupted_in("run_alone", "threads.py"):
+        # ~4 s of BLAS on an idle machine, which the interrupt cuts short within ~0.1 s.
+        rp.run(*_dot_chain(512, 1000), backend="threads")
     assert rp.run(*_dot_chain(8, 2), backend="threads")[0].shape == (8, 8)  # the next run is not disturbed
 
 
