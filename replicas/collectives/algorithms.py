@@ -332,9 +332,9 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
         chunks = chunks_of(acc, n, dim)
         return ex.scatter_local([chunks[i] for i in topo.local])
     if hasattr(combine, "into"):
-        results = board_reduce_scatter(ex, parts, combine, n, dim)
-        if results is not None:
-            return ex.scatter_local(results)
+        mine = board_reduce_scatter(ex, parts, combine, n, dim)
+        if mine is not None:
+            return mine
     # Leader q receives every process's partial of its members' chunks and reduces them in process
     # order. Only the chunks other processes need are reduced into buffers of their own (sent from
     # there: leased buffers go to a peer without a copy); each local member's chunk is reduced
