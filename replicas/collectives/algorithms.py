@@ -416,9 +416,9 @@ def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
         return _assembled(ex, got[1], dim) if got[0] is _ASSEMBLE else got
     chunks = [chunks_of(p, n, dim) for p in parts]
     if len(topo.layout.leaders) > 1 and nbytes(values) < MEMBER_ASSEMBLY_MIN_BYTES:
-        results = board_all_to_all(ex, chunks, dim)
-        if results is not None:
-            return ex.scatter_local(results)
+        mine = board_all_to_all(ex, chunks, dim)
+        if mine is not None:
+            return mine
     received = _addressed(ex, chunks, lambda chunks, j: chunks[j])
     if (len(parts) > 1 and nbytes(values) >= MEMBER_ASSEMBLY_MIN_BYTES
             and all(_unchanging(ex.fabric, part) for part in parts)):

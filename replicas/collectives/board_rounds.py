@@ -47,14 +47,16 @@ def board_all_gather(ex: Exchange, parts: list[Values], place: Callable[[int, in
     return True
 
 
-def board_all_to_all(ex: Exchange, chunks: list[list[Values]], dim: int) -> list[Values] | None:
+def board_all_to_all(ex: Exchange, chunks: list[list[Values]], dim: int) -> Values | None:
     """The leaders' round on the same-node board, each chunk written once on its way and the results
     assembled in place: each leader copies, for every other process q in process order, each local
     member's chunks addressed to q's members (source in group order, then destination, then operand)
     into its board buffer; then builds each local member's result in a buffer of its pool, the local
     sources' chunks copied from their operands while the peers write theirs (`meanwhile`), the other
-    processes' straight from their board buffers; and releases the board at once (no view kept, no
-    list pickled, nothing settled). None, with nothing done, when the round does not go on the board."""
+    processes' straight from their board buffers (the other local members' results first, handed on
+    by `Exchange.scatter_local` before this one's is complete); and releases the board at once (no
+    view kept, no list pickled, nothing settled). This member's result; None, with nothing done, when
+    the round does not go on the board."""
     topo = ex.topo
     layout, pos, local = topo.layout, topo.position, topo.local
     processes = layout.processes
@@ -87,19 +89,30 @@ def board_all_to_all(ex: Exchange, chunks: list[list[Values]], dim: int) -> list
                          layout=tuple((x.dtype, x.shape) for x in sent), meanwhile=own)
     if got is None:
         return None
-    for q, views in enumerate(got):
-        if q == pos:
-            continue
-        # Process q wrote its blocks for the other processes in process order, the block for process
-        # r of len(processes[q]) x len(processes[r]) x width arrays: ours follows those before it.
-        at = sum(len(processes[r]) for r in range(pos) if r != q) * len(processes[q]) * width
-        for i_src in processes[q]:
-            for k_dst in range(len(local)):
+    # Process q wrote its blocks for the other processes in process order, the block for process r
+    # of len(processes[q]) x len(processes[r]) x width arrays (source, then destination, then
+    # operand): ours follows those before it.
+    starts = {q: sum(len(processes[r]) for r in range(pos) if r != q) * len(processes[q]) * width
+              for q in range(p) if q != pos}
+    m = len(local)
+
+    def receive(k_dst: int) -> None:
+        for q, at in starts.items():
+            views = got[q]
+            for s, i_src in enumerate(processes[q]):
                 for o in range(width):
-                    np.copyto(place(k_dst, i_src, o), views[at])
-                    at += 1
+                    np.copyto(place(k_dst, i_src, o), views[at + (s * m + k_dst) * width + o])
+
+    # The other local members' results first, handed on at once: a woken member takes the GIL while
+    # this thread copies its own part (numpy releases it), instead of after.
+    rank = topo.rank
+    for k in range(m):
+        if k != rank:
+            receive(k)
+    mine = ex.scatter_local(outs, settled=True)
+    receive(rank)
     ex.release()
-    return outs
+    return mine
 
 
 class _ScatterPlan:
