@@ -332,9 +332,9 @@ def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> 
         chunks = chunks_of(acc, n, dim)
         return ex.scatter_local([chunks[i] for i in topo.local])
     if hasattr(combine, "into"):
-        results = board_reduce_scatter(ex, parts, combine, n, dim)
-        if results is not None:
-            return ex.scatter_local(results)
+        mine = board_reduce_scatter(ex, parts, combine, n, dim)
+        if mine is not None:
+            return mine
     # Leader q receives every process's partial of its members' chunks and reduces them in process
     # order. Only the chunks other processes need are reduced into buffers of their own (sent from
     # there: leased buffers go to a peer without a copy); each local member's chunk is reduced
@@ -416,9 +416,9 @@ def all_to_all_split(ex: Exchange, values: Values, dim: int) -> Values:
         return _assembled(ex, got[1], dim) if got[0] is _ASSEMBLE else got
     chunks = [chunks_of(p, n, dim) for p in parts]
     if len(topo.layout.leaders) > 1 and nbytes(values) < MEMBER_ASSEMBLY_MIN_BYTES:
-        results = board_all_to_all(ex, chunks, dim)
-        if results is not None:
-            return ex.scatter_local(results)
+        mine = board_all_to_all(ex, chunks, dim)
+        if mine is not None:
+            return mine
     received = _addressed(ex, chunks, lambda chunks, j: chunks[j])
     if (len(parts) > 1 and nbytes(values) >= MEMBER_ASSEMBLY_MIN_BYTES
             and all(_unchanging(ex.fabric, part) for part in parts)):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from replicas.collectives.buffers import pool_of
-from replicas.collectives.hierarchy import Exchange
+from replicas.collectives.hierarchy import Exchange, Topology
 from replicas.collectives.reduction import (
     Combine,
     Values,
@@ -47,14 +47,16 @@ def board_all_gather(ex: Exchange, parts: list[Values], place: Callable[[int, in
     return True
 
 
-def board_all_to_all(ex: Exchange, chunks: list[list[Values]], dim: int) -> list[Values] | None:
+def board_all_to_all(ex: Exchange, chunks: list[list[Values]], dim: int) -> Values | None:
     """The leaders' round on the same-node board, each chunk written once on its way and the results
     assembled in place: each leader copies, for every other process q in process order, each local
     member's chunks addressed to q's members (source in group order, then destination, then operand)
     into its board buffer; then builds each local member's result in a buffer of its pool, the local
     sources' chunks copied from their operands while the peers write theirs (`meanwhile`), the other
-    processes' straight from their board buffers; and releases the board at once (no view kept, no
-    list pickled, nothing settled). None, with nothing done, when the round does not go on the board."""
+    processes' straight from their board buffers (the other local members' results first, handed on
+    by `Exchange.scatter_local` before this one's is complete); and releases the board at once (no
+    view kept, no list pickled, nothing settled). This member's result; None, with nothing done, when
+    the round does not go on the board."""
     topo = ex.topo
     layout, pos, local = topo.layout, topo.position, topo.local
     processes = layout.processes
@@ -87,46 +89,143 @@ def board_all_to_all(ex: Exchange, chunks: list[list[Values]], dim: int) -> list
                          layout=tuple((x.dtype, x.shape) for x in sent), meanwhile=own)
     if got is None:
         return None
-    for q, views in enumerate(got):
-        if q == pos:
-            continue
-        # Process q wrote its blocks for the other processes in process order, the block for process
-        # r of len(processes[q]) x len(processes[r]) x width arrays: ours follows those before it.
-        at = sum(len(processes[r]) for r in range(pos) if r != q) * len(processes[q]) * width
-        for i_src in processes[q]:
-            for k_dst in range(len(local)):
+    # Process q wrote its blocks for the other processes in process order, the block for process r
+    # of len(processes[q]) x len(processes[r]) x width arrays (source, then destination, then
+    # operand): ours follows those before it.
+    starts = {q: sum(len(processes[r]) for r in range(pos) if r != q) * len(processes[q]) * width
+              for q in range(p) if q != pos}
+    m = len(local)
+
+    def receive(k_dst: int) -> None:
+        for q, at in starts.items():
+            views = got[q]
+            for s, i_src in enumerate(processes[q]):
                 for o in range(width):
-                    np.copyto(place(k_dst, i_src, o), views[at])
-                    at += 1
+                    np.copyto(place(k_dst, i_src, o), views[at + (s * m + k_dst) * width + o])
+
+    # The other local members' results first, handed on at once: a woken member takes the GIL while
+    # this thread copies its own part (numpy releases it), instead of after.
+    rank = topo.rank
+    for k in range(m):
+        if k != rank:
+            receive(k)
+    mine = ex.scatter_local(outs, settled=True)
+    receive(rank)
     ex.release()
-    return outs
+    return mine
 
 
-def board_reduce_scatter(ex: Exchange, parts: list[Values], combine: Combine, n: int, dim: int
-                         ) -> list[Values] | None:
-    """Each leader publishes its process's whole partial, summed straight into its board buffer (in
-    group order), and sums only its local members' chunks of the partials, in process order, into
-    their results. Chunk i of a partial is the partial of the chunks i (elementwise): the same
-    operations in the same order as the messages' path, so the same bits. (Publishing only the
-    chunks the other processes need writes half the bytes at 2 processes, but costs ~60 us more
-    Python per call in `np.split` and the block-wise sums than the bytes save at 1 MiB, and ~60 us
-    at 4 KiB: measured 2026-11-26, bench/README.md "rounds".)"""
+class _ScatterPlan:
+    """What a reduce-scatter's board round needs that depends only on the member's topology and
+    the operands' layout: computed once, not per call (it was ~15 us of Python per call)."""
+
+    __slots__ = ("wanted", "cuts", "shapes", "layout", "reads")
+
+    def __init__(self, topo: Topology, first: Values, n: int, dim: int) -> None:
+        pos, local, processes = topo.position, topo.local, topo.layout.processes
+        width = len(first)
+        widths = [v.shape[dim] // n for v in first]
+        # Chunk i of every operand: its slices.
+        self.cuts = [tuple(slot(dim, i * w, (i + 1) * w) for w in widths) for i in range(n)]
+        shapes = []
+        for v, w in zip(first, widths):
+            shape = list(v.shape)
+            shape[dim] = w
+            shapes.append((tuple(shape), v.dtype))
+        self.shapes = tuple(shapes)
+        # The chunks the other processes' members get, in the board buffer's order: per other
+        # process in process order, its members in group order.
+        self.wanted = tuple(i for q in range(len(processes)) if q != pos for i in processes[q])
+        self.layout = tuple((dtype, shape) for shape, dtype in shapes) * len(self.wanted)
+        # Per local member k, per process q: where process q's partial of k's chunk is in q's buffer
+        # (None for this process). Process q wrote its partials for the other processes' members in
+        # process order: the ones for this process's members follow those before it, in local order.
+        self.reads = tuple(tuple(None if q == pos else
+                                 (sum(len(processes[r]) for r in range(pos) if r != q) + k) * width
+                                 for q in range(len(processes)))
+                           for k in range(len(local)))
+
+
+_plans: dict[tuple, _ScatterPlan] = {}
+
+
+def _plan(topo: Topology, first: Values, n: int, dim: int) -> _ScatterPlan:
+    key = (topo, n, dim, *((v.dtype, v.shape) for v in first))
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) > 256:  # a topology per member and placement: a pooled actor sees new ones per job
+            _plans.clear()
+        plan = _plans[key] = _ScatterPlan(topo, first, n, dim)
+    return plan
+
+
+def board_reduce_scatter(ex: Exchange, parts: list[Values], combine: Combine, n: int, dim: int) -> Values | None:
+    """Each leader publishes, for every other process q in process order, the partial (its members'
+    chunks reduced in group order) of each of q's members' chunks, and nothing else; while the peers
+    write theirs, it sums its own members' chunks straight into their results (`meanwhile`), then
+    adds the peers' partials in process order. Chunk i of a partial is the partial of the chunks i
+    (elementwise): the same operations in the same order as the messages' path, so the same bits.
+    Hands the other local members their results (`Exchange.scatter_local`) and returns this one's.
+
+    Per leader and call at 1 MiB on 2 processes of 2: 1 MiB of operands read and 512 KiB written for
+    the peer, the results written once (it used to publish its whole partial: 2 MiB read and 1 MiB
+    written into the board, then the results summed from it again). A handful of numpy calls per
+    chunk of another process's member and per local member, no split of the operands."""
+    topo = ex.topo
+    pos = topo.position
+    first = parts[0]
+    width = len(first)
+    plan = _plan(topo, first, n, dim)
+    cuts = plan.cuts
 
     def fill(views: Values) -> None:
-        if len(parts) == 1:
-            copy_all(views, parts[0])
-        else:
-            reduce_into(views, parts, combine)
+        for j, i in enumerate(plan.wanted):
+            out = views[j * width:(j + 1) * width]
+            cut = cuts[i]
+            if len(parts) == 1:
+                copy_all(out, [x[c] for x, c in zip(first, cut)])
+            else:
+                reduce_into(out, [tuple(x[c] for x, c in zip(part, cut)) for part in parts], combine)
 
-    partials = ex.board_round(parts[0], fill)
-    if partials is None:
-        return None
     pool = pool_of(ex.fabric)
-    widths = [v.shape[dim] // n for v in parts[0]]
-    results = []
-    for i in ex.topo.local:
-        cuts = [slot(dim, i * w, (i + 1) * w) for w in widths]
-        chunks = [tuple(x[c] for x, c in zip(partial, cuts)) for partial in partials]
-        results.append(reduce_into(tuple(pool.empty(c.shape, c.dtype) for c in chunks[0]), chunks, combine))
+    results = [tuple(pool.empty(shape, dtype) for shape, dtype in plan.shapes) for _ in topo.local]
+    # This process's partial of each local member's chunk: in its result where the result's first
+    # sum may overwrite it (process position 0 or 1), else in a scratch buffer; a lone member's
+    # chunk is its operand's view (nothing to sum).
+    partials: list[Values] = []
+
+    def own() -> None:
+        for i, out in zip(topo.local, results):
+            cut = cuts[i]
+            mine = [tuple(x[c] for x, c in zip(part, cut)) for part in parts]
+            if len(mine) == 1:
+                partials.append(mine[0])
+                continue
+            into = out if pos <= 1 else tuple(pool.empty(shape, dtype) for shape, dtype in plan.shapes)
+            partials.append(reduce_into(into, mine, combine))
+
+    got = ex.board_round(None, fill, layout=plan.layout, meanwhile=own)
+    if got is None:
+        return None
+    into_, accumulate = combine.into, combine.accumulate  # type: ignore[attr-defined]
+
+    def finish(k: int) -> None:
+        out = results[k]
+        terms = [partials[k] if at is None else got[q][at:at + width] for q, at in enumerate(plan.reads[k])]
+        if terms[0] is not out:
+            into_(out, terms[0], terms[1])  # out may be terms[1] (position 1): elementwise, in place
+        else:
+            accumulate(out, terms[1])
+        for term in terms[2:]:
+            accumulate(out, term)
+
+    # The other members' results first, handed on at once: a woken member takes the GIL while this
+    # thread sums its own result (numpy releases it), instead of after.
+    rank = topo.rank
+    for k in range(len(results)):
+        if k != rank:
+            finish(k)
+    mine = ex.scatter_local(results, settled=True)
+    finish(rank)
     ex.release()  # the results are this process's own: the peers may reuse their buffers
-    return results
+    return mine

@@ -447,9 +447,10 @@ class Exchange:
             return [payload]
         return [payload, *self.recv(others, DEPOSIT)]
 
-    def scatter_local(self, results: Sequence[Any] | None, shared: Any = None) -> Any:
+    def scatter_local(self, results: Sequence[Any] | None, shared: Any = None, settled: bool = False) -> Any:
         """On the leader: start handing each other local member its result (`results[k]` for local
-        member k, or `shared` for all) and return the leader's own.
+        member k, or `shared` for all) and return the leader's own. `settled`: no result is a view of
+        the board (whatever this replica still reads there, it releases itself later).
 
         The results travel down `RESULT_LANES` chains of the local members (member k forwards to
         member k + RESULT_LANES before it goes on with its own work): a few threads at a time become
@@ -459,7 +460,7 @@ class Exchange:
         row, not N (each a wait for a core on a loaded machine: at load 100, one chain of 1024 members
         took 40 s)."""
         topo = self.topo
-        if self._reads:
+        if self._reads and not settled:
             results, shared = self.settle((results, shared))
             if len(topo.local) > 1:  # one copy shared by several members: nobody may change it
                 for v in shared if isinstance(shared, tuple) else (shared,):
