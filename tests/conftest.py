@@ -1,6 +1,7 @@
 """Shared test set-up: JAX sees 8 CPU devices (the collective oracle) in 64-bit mode, compiled oracle
 programs are cached across runs, and one Ray session serves the whole run."""
 
+import contextlib
 import os
 import random
 import shutil
@@ -90,10 +91,55 @@ def keep_bytecode(prefix: Path) -> None:
     if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
         return
     prefix.mkdir(exist_ok=True)
+    seed_bytecode(prefix)
     del os.environ["PYTHONDONTWRITEBYTECODE"]
     os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
     sys.pycache_prefix = str(prefix)
     sys.dont_write_bytecode = False
+
+
+def seed_bytecode(prefix: Path) -> None:
+    """A pycache prefix hides the bytecode beside the sources: with an empty one (a fresh clone, a
+    fresh venv: every CI run) each process of a run compiled the standard library, JAX, Ray and
+    the rest of the venv again, several at once (both workers' start-up, the first Ray's daemons
+    and workers, the README's commands): ~5 CPU s per process, 18 s of a fresh clone's start-up.
+    The compiled modules of the interpreter's and the venv's libraries are linked into `prefix`
+    where Python looks for them (a stale one is recompiled and replaced, as beside its source:
+    the link, not the file beside the source), once per library directory (a marker file)."""
+    import sysconfig
+
+    tag = sys.implementation.cache_tag
+    if tag is None:
+        return
+    suffix = f".{tag}.pyc" if not sys.flags.optimize else f".{tag}.opt-{min(sys.flags.optimize, 2)}.pyc"
+    paths = sysconfig.get_paths()
+    roots = {os.path.realpath(paths[name]) for name in ("stdlib", "purelib", "platlib")}
+    for root in sorted(roots):
+        marker = Path(str(prefix) + root) / f".seeded{suffix}"
+        if marker.exists() or not os.path.isdir(root):
+            continue
+        for folder, dirs, _files in os.walk(root):
+            # The interpreter's own site-packages is not the venv's (a venv's library is a root).
+            dirs[:] = [d for d in dirs if d != "site-packages" or os.path.join(folder, d) in roots]
+            if "__pycache__" not in dirs:
+                continue
+            dirs.remove("__pycache__")
+            names = [name for name in os.listdir(os.path.join(folder, "__pycache__")) if name.endswith(suffix)]
+            if not names:
+                continue
+            target = str(prefix) + folder
+            os.makedirs(target, exist_ok=True)
+            for name in names:
+                source, link = os.path.join(folder, "__pycache__", name), os.path.join(target, name)
+                try:
+                    os.link(source, link)  # a hard link: a twentieth of a symlink's cost here
+                except FileExistsError:
+                    pass  # compiled into the prefix already (or seeded by a concurrent run)
+                except OSError:  # another file system, or no hard links allowed
+                    with contextlib.suppress(FileExistsError):
+                        os.symlink(source, link)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
 
 
 @pytest.fixture(scope="session")

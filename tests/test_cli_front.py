@@ -219,7 +219,7 @@ def test_live_status_on_a_terminal_and_ctrl_c_cancels(tmp_path: Path) -> None:
             if not chunk:
                 break
             seen += chunk
-        assert proc.wait(timeout=60) == 130
+        assert proc.wait(timeout=60) == 130, seen.decode(errors="replace")[-4000:]  # what it printed instead
     finally:
         if proc.poll() is None:
             proc.kill()
