@@ -16,6 +16,7 @@ from buggy_programs import BY_NAME, branches
 from collective_kit import Comp, bits, module, rand, reducer
 from test_collectives_hierarchy import run_placed
 from test_diagnostics import check_error, run_case
+from test_shm import shm_sent
 
 import replicas as rp
 from replicas.collectives.hierarchy import Exchange
@@ -55,8 +56,6 @@ def program(groups: list[list[int]], g: int) -> rp.Module:
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.parametrize("groups", [[], [[0, 2], [3, 1]]], ids=["all", "pairs"])
 def test_every_collective_and_dtype_on_the_board_equals_numpy_and_threads_bitwise(groups):
-    import ray
-
     n = 4
     g = len(groups[0]) if groups else n
     m = program(groups, g)
@@ -64,9 +63,7 @@ def test_every_collective_and_dtype_on_the_board_equals_numpy_and_threads_bitwis
     args = [[rand((3, 4 * g), dt, rng) for _, dt in DTYPES] for _ in range(n)]
     job = rp.launch(m, args, num_replicas=n, replicas_per_actor=1, timeout=120)
     out = job.result()
-    sent = {}
-    for part in ray.get([a.shm_sent.remote() for a in job._backend._actors]):
-        sent.update(part)
+    sent = shm_sent(job)
     assert all(sum(sent[r].values()) > 0 for r in range(n)), sent  # small payloads went through the board
     reference = run_placed(m, args, list(range(n)))
     for got, want in zip(out, reference):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from collective_kit import Comp, bits, module
 from test_collectives_hierarchy import run_placed
+from test_shm import shm_sent
 
 import replicas as rp
 from replicas.errors import CollectiveMismatchError
@@ -58,42 +59,38 @@ def expected(args: list[list[np.ndarray]], r: int) -> list[np.ndarray]:
 
 def run_on_ray(elements: int, per_actor: int) -> dict[int, dict[int, int]]:
     """Per replica, its sends through shared memory by destination (results checked here)."""
-    import ray
-
     m = program(elements)
     args = inputs(elements)
     job = rp.launch(m, args, num_replicas=N, replicas_per_actor=per_actor, timeout=120)
     out = job.result()
-    shm_sent: dict[int, dict[int, int]] = {}
-    for part in ray.get([a.shm_sent.remote() for a in job._backend._actors]):
-        shm_sent.update(part)
+    sent = shm_sent(job)
     placement = [r // per_actor for r in range(N)]
     want = run_placed(m, args, placement)
     for r in range(N):
         assert [bits(v) for v in out[r]] == [bits(v) for v in want[r]], f"replica {r}"
         assert [bits(v) for v in out[r]] == [bits(v) for v in expected(args, r)], f"replica {r}"
         assert all(v.flags.writeable or not v.flags.owndata for v in out[r])
-    return shm_sent
+    return sent
 
 
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.parametrize("per_actor", [1, 2])
 def test_large_permutes_go_raw_through_the_board_and_equal_numpy_and_threads_bitwise(per_actor):
-    shm_sent = run_on_ray(E, per_actor)
+    sent = run_on_ray(E, per_actor)
     placement = [r // per_actor for r in range(N)]
     for s, t in RING + PARTIAL:
         if placement[s] != placement[t]:  # across actors: two permutes per list naming the pair, on the board
-            assert shm_sent[s].get(t, 0) == 2 * (RING + PARTIAL).count((s, t)), shm_sent
+            assert sent[s].get(t, 0) == 2 * (RING + PARTIAL).count((s, t)), sent
 
 
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
 def test_a_permute_larger_than_a_slot_is_announced_on_the_board_and_sent_over_the_fabric():
     elements = shared_board.SLOT_BYTES // 4 + 1000
-    shm_sent = run_on_ray(elements, 1)
+    sent = run_on_ray(elements, 1)
     for s, t in RING + PARTIAL:  # by the arena, a message each
-        assert shm_sent[s].get(t, 0) == 2 * (RING + PARTIAL).count((s, t)), shm_sent
+        assert sent[s].get(t, 0) == 2 * (RING + PARTIAL).count((s, t)), sent
 
 
 MISMATCHED = f"""HloModule mismatched_permutes, replica_count={N}

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from collective_kit import Comp, bits, module, reducer
 from test_collectives_hierarchy import run_placed
+from test_shm import shm_sent
 
 import replicas as rp
 
@@ -62,17 +63,13 @@ def expected(args: list[list[np.ndarray]], dim: int) -> list[list[np.ndarray]]:
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.parametrize("dim", [0, 1])
 def test_board_rounds_of_unequal_processes_equal_numpy_and_threads_bitwise(dim):
-    import ray
-
     m = program(dim)
     rng = np.random.default_rng(11 + dim)
     args = [[(rng.standard_normal((5, 10)) * 10.0 ** rng.integers(-3, 4, (5, 10))).astype(np.float32),
              rng.integers(-1000, 1000, (5, 10), dtype=np.int32)] for _ in range(N)]
     job = rp.launch(m, args, num_replicas=N, replicas_per_actor=PER_ACTOR, timeout=120)
     out = job.result()
-    sent: dict[int, dict[int, int]] = {}
-    for part in ray.get([a.shm_sent.remote() for a in job._backend._actors]):
-        sent.update(part)
+    sent = shm_sent(job)
     # Every process's leader wrote its eight rounds on the board, as its first member, for each peer.
     leaders = [0, 2, 4]
     for r in leaders:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from collective_kit import Comp, bits, module, reducer
 from test_collectives_hierarchy import run_placed
+from test_shm import shm_sent
 
 import replicas as rp
 
@@ -40,17 +41,13 @@ def program(dim: int, group: list[int]) -> rp.Module:
 @pytest.mark.parametrize("dim", [0, 1])
 @pytest.mark.parametrize("group", [list(range(N)), [0, 2, 4, 1, 3, 5]], ids=["in-order", "interleaved"])
 def test_board_reduce_scatter_of_three_processes_equals_numpy_and_threads_bitwise(dim, group):
-    import ray
-
     m = program(dim, group)
     rng = np.random.default_rng(7 + dim + len(set(group[:2])))
     args = [[(rng.standard_normal((6, 12)) * 10.0 ** rng.integers(-3, 4, (6, 12))).astype(np.float32),
              rng.integers(-1000, 1000, (6, 12), dtype=np.int32)] for _ in range(N)]
     job = rp.launch(m, args, num_replicas=N, replicas_per_actor=PER_ACTOR, timeout=120)
     out = job.result()
-    sent: dict[int, dict[int, int]] = {}
-    for part in ray.get([a.shm_sent.remote() for a in job._backend._actors]):
-        sent.update(part)
+    sent = shm_sent(job)
     # Every process's leader wrote its three rounds on the board, as its first member, for each peer.
     leaders = sorted({min(r for r in group if r // PER_ACTOR == a) for a in range(N // PER_ACTOR)})
     for r in leaders:

@@ -15,6 +15,7 @@ import secrets
 import numpy as np
 import pytest
 from collective_kit import Comp, bits, module, reducer
+from test_shm import shm_sent
 
 import replicas as rp
 from replicas.errors import CollectiveMismatchError
@@ -168,8 +169,6 @@ def test_packed_actors_lead_by_the_last_to_arrive_and_match_threads_placed_alike
     partial summed into its board buffer by whichever member arrived last; every member gets the
     bits of the threads backend with the same placement, and the board's writes are counted as the
     first member's (the slot the peers read)."""
-    import ray
-
     from replicas.runtime.compile import compile_module
     from replicas.runtime.job import Job
     from replicas.runtime.threads import ThreadBackend
@@ -189,8 +188,6 @@ def test_packed_actors_lead_by_the_last_to_arrive_and_match_threads_placed_alike
     job = rp.launch(m, args, num_replicas=4, timeout=120, replicas_per_actor=2)
     got = job.result()
     assert all(bits(a) == bits(b) for r in range(4) for a, b in zip(got[r], want[r]))
-    sent = {}
-    for part in ray.get([a.shm_sent.remote() for a in job._backend._actors]):
-        sent.update(part)
+    sent = shm_sent(job)
     assert sent[0].get(2, 0) == 3 and sent[2].get(0, 0) == 3  # three rounds, each written as the first member
     assert not sent[1] and not sent[3]

@@ -74,6 +74,17 @@ ENTRY main {{
 """
 
 
+def shm_sent(job: rp.Job) -> dict[int, dict[int, int]]:
+    """Per replica, per destination: the messages its actor sent through shared memory (the board or
+    its arena) in `job`."""
+    import ray
+
+    sent: dict[int, dict[int, int]] = {}
+    for part in ray.get([a.shm_sent.remote() for a in job._backend._actors]):
+        sent.update(part)
+    return sent
+
+
 def _inputs(n: int) -> list[list[np.ndarray]]:
     rng = np.random.default_rng(7)
     return [[rng.standard_normal(SIZE).astype(np.float32)] for _ in range(n)]
@@ -92,9 +103,7 @@ def test_collectives_through_shared_memory_equal_the_threads_backend_bitwise():
     for r in range(4):
         for a, b in zip(got[r], want[r]):
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
-    sent = {}
-    for part in ray.get([a.shm_sent.remote() for a in job._backend._actors]):
-        sent.update(part)
+    sent = shm_sent(job)
     assert all(sent[r].get(d, 0) > 0 for r in range(4) for d in range(4) if d != r), sent
     assert job_segments(token) == []
     # The pooled actors unmapped the job's arenas too (not only unlinked them).
@@ -105,8 +114,6 @@ def test_collectives_through_shared_memory_equal_the_threads_backend_bitwise():
 
 @pytest.mark.usefixtures("ray_session")
 def test_packed_actors_exchange_through_shared_memory_across_actors_only():
-    import ray
-
     m = rp.parse_hlo(COLLECTIVES.format(e=SIZE, g=4 * SIZE, q=SIZE // 4))
     args = _inputs(4)
     # Packed, the float reductions sum in-actor first ((x0 + x1) + (x2 + x3)): compare with threads
@@ -120,9 +127,7 @@ def test_packed_actors_exchange_through_shared_memory_across_actors_only():
     job = rp.launch(m, args, num_replicas=4, timeout=120, replicas_per_actor=2)
     got = job.result()
     assert all(a.tobytes() == b.tobytes() for r in range(4) for a, b in zip(got[r], want[r]))
-    sent = {}
-    for part in ray.get([a.shm_sent.remote() for a in job._backend._actors]):
-        sent.update(part)
+    sent = shm_sent(job)
     assert sent[0].get(1, 0) == 0 and sent[0].get(2, 0) > 0  # 0 and 1 share an actor: no copy at all
 
 
