@@ -45,6 +45,7 @@ import numpy as np
 from replicas.collectives.buffers import pool_of
 from replicas.collectives.fingerprint import Fingerprint, diff, mismatch_error
 from replicas.collectives.groups import Group
+from replicas.collectives.reduction import copy_all
 from replicas.records import BlockInfo
 from replicas.runtime import board as shared_board
 from replicas.runtime import keys, shm
@@ -361,13 +362,10 @@ class Exchange:
             if value is not _VIA_FABRIC:
                 if type(value) is tuple and _raw(value):
                     pool = pool_of(self.fabric)
-                    copies = []
-                    for view in value:
-                        copy = pool.empty(view.shape, view.dtype)
-                        np.copyto(copy, view)
-                        copies.append(copy)
+                    copies = tuple(pool.empty(view.shape, view.dtype) for view in value)
+                    copy_all(copies, value)
                     self.release()
-                    value = tuple(copies)
+                    value = copies
                 # A lone array comes as a tuple of one (`send_pairwise`); a tuple operand as itself.
                 return value[0] if lone and type(value) is tuple else value
         return self.recv([source], 0)[0]
