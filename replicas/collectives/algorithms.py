@@ -60,9 +60,9 @@ def _reduce_pooled(ex: Exchange, parts: Sequence[Values], combine: Combine) -> V
         return parts[0]
     pool = pool_of(ex.fabric)
     out = tuple(pool.empty(v.shape, v.dtype) for v in parts[0])
-    if len(parts) > 2 and hasattr(combine, "into"):
+    if len(parts) > 2 and hasattr(combine, "into") and max(o.nbytes for o in out) > BLOCK_BYTES:
         return reduce_specs_into(out, [list(parts)], combine, BLOCK_BYTES)  # the sum of a block stays in cache
-    return reduce_into(out, parts, combine)
+    return reduce_into(out, parts, combine)  # one block: the same operations, without views of every part
 
 
 def _shared(values: Any, topo: Topology) -> Any:

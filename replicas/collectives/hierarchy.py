@@ -162,7 +162,7 @@ class Exchange:
         # Where the group's members live (group collectives only; point-to-point ones have none). An
         # attribute, not a checking property: an algorithm reads it several times per call.
         self.topo: Topology = topo  # type: ignore[assignment]
-        self._reads: list[shared_board.Read] = []
+        self._reads: list[shared_board.Read] | tuple = ()  # a list once something was read off the board
         # The mailbox the process's members meet on when the last to arrive leads (None: the first
         # local member leads); on the acting leader, the members' mailboxes by rank.
         self.meeting = meeting
@@ -299,7 +299,10 @@ class Exchange:
         theirs, value, via_fabric, read = board.open(self._wait_published(board, writer, tag), tag, position)
         if theirs != fingerprint:
             self._check(writer, pickle.loads(theirs))  # noqa: S301 - this job's actors only
-        self._reads.append(read)  # an announcement too: its writer reuses the buffer once it was seen
+        if self._reads:  # an announcement too: its writer reuses the buffer once it was seen
+            self._reads.append(read)
+        else:
+            self._reads = [read]
         return _VIA_FABRIC if via_fabric else value
 
     # -- point to point (collective-permute) ---------------------------------------------------------
@@ -420,7 +423,7 @@ class Exchange:
     def release(self) -> None:
         if not self._reads:  # the usual case: nothing was read off the board
             return
-        reads, self._reads = self._reads, []
+        reads, self._reads = self._reads, ()
         for read in reads:
             read.release()
 
@@ -493,15 +496,20 @@ class Exchange:
         topo = self.topo
         if self.meeting is not None:
             # The members but the acting one, in rank order, form RESULT_LANES lanes: the k-th of
-            # them hands the results on to the (k + RESULT_LANES)-th.
-            payload = self.recv_one(topo.leader, RESULT)
-            results, shared, acting, boxes = payload
+            # them hands the results on to the (k + RESULT_LANES)-th: the very message it took, under
+            # the same key. Taken from the mailbox itself (what `fabric.recv` does for any key but a
+            # channel's), its fingerprint checked first as `recv_one` does.
+            leader, key = topo.leader, keys.collective(self.seq, RESULT)
+            mailbox = self.fabric.mailbox
+            message = mailbox.take(leader, key, self.block)
+            theirs, (results, shared, acting, boxes) = message
+            if theirs is not self.fingerprint.wire:
+                self._check(leader, theirs)
             rank = topo.rank
             following = (rank if rank < acting else rank - 1) + RESULT_LANES
             if following < len(boxes) - 1:
-                self.fabric.mailbox.count_sent()
-                boxes[following if following < acting else following + 1].deliver(
-                    topo.leader, keys.collective(self.seq, RESULT), (self.fingerprint.wire, payload))
+                mailbox.count_sent()
+                boxes[following if following < acting else following + 1].deliver(leader, key, message)
             return shared if results is None else results[rank]
         payload = self.recv_one(topo.result_from, RESULT)
         for dst in topo.result_to:

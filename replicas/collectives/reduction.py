@@ -35,6 +35,13 @@ def reduce_into(out: Values, parts: Sequence[Values], combine: Combine) -> Value
         for o, v in zip(out, reduce_in_order(parts, combine)):
             np.copyto(o, v)
         return out
+    ufunc = getattr(combine, "ufunc", None)
+    if ufunc is not None:  # one operand (the usual all-reduce): the ufunc itself, no call per part around it
+        o = out[0]
+        ufunc(parts[0][0], parts[1][0], out=o)
+        for p in parts[2:]:
+            ufunc(o, p[0], out=o)
+        return out
     into(out, parts[0], parts[1])
     for p in parts[2:]:
         combine.accumulate(out, p)  # type: ignore[attr-defined]

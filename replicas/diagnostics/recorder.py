@@ -33,7 +33,6 @@ def clock_anchor() -> tuple[int, float]:
 
 
 ANCHOR_LIFETIME_NS = 600 * 10**9
-_NONE = (None, None)
 _anchor: tuple[int, float] | None = None
 
 
@@ -49,8 +48,9 @@ class FlightRecorder:
         self._t0, self._epoch_us = clock_anchor()
         self.recorded = 0  # every event begun, kept or since dropped
         self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
-        # id(wire) -> (wire, its JSON-able dict), for the events' fingerprints (see `collective`).
-        self._fingerprints: dict[int, tuple[tuple, dict[str, Any]]] = {}
+        # (group, JSON-able fingerprint) of each collective template, by the number its events hold
+        # in their place (see `collective_template`).
+        self._collectives: list[tuple[tuple[int, ...], dict[str, Any]]] = []
 
     def begin(self, kind: str, instruction: str, opcode: str, **info: Any) -> dict[str, Any]:
         event = {"kind": kind, "instruction": instruction, "opcode": opcode,
@@ -59,21 +59,28 @@ class FlightRecorder:
         self.recorded += 1
         return event
 
-    def collective(self, instruction: str, opcode: str, seq: int, group: tuple[int, ...], wire: tuple,
-                   fingerprint: dict[str, Any]) -> dict[str, Any]:
-        """`begin("collective", ..., seq=, group=, fingerprint=)` without the keyword dicts (a
-        collective's own event, recorded by every member of every collective).
+    def collective_template(self, group: tuple[int, ...], fingerprint: dict[str, Any], instruction: str,
+                            opcode: str) -> dict[str, Any]:
+        """What every event of one collective instruction shares, for `begin_collective` (made once
+        per instruction and job: every member of every collective records one event per call).
 
-        The event holds the fingerprint's `wire` (a tuple of plain values, like the group) and
-        `events()` puts its dict in: an event of plain values is a dict the cycle collector does not
-        track, so the ring (up to `capacity` events per replica, thousands of replicas per process)
-        adds nothing to its collections (8% of the CPU at 256 threads before: bench/README.md,
-        "percall")."""
-        if self._fingerprints.get(id(wire), _NONE)[0] is not wire:
-            self._fingerprints[id(wire)] = (wire, fingerprint)
-        event = {"kind": "collective", "instruction": instruction, "opcode": opcode, "replica": self.replica,
-                 "start_us": self._epoch_us + (perf_counter_ns() - self._t0) / 1000, "end_us": None,
-                 "seq": seq, "group": group, "fingerprint": wire}
+        Its events hold plain values only (strings, numbers, None): the group and the fingerprint
+        are a number here, which `events()` turns back into them. A dict of plain values is one the
+        cycle collector does not track, and a copy of it neither: so the ring (up to `capacity`
+        events per replica, hundreds of replicas per process) neither triggers collections as it
+        fills nor lengthens them (with the tuples in place every event was tracked: at N=256 a
+        collection of the young objects every op or two, and the full ones walked every event kept)."""
+        number = len(self._collectives)
+        self._collectives.append((group, fingerprint))
+        return {"kind": "collective", "instruction": instruction, "opcode": opcode, "replica": self.replica,
+                "start_us": None, "end_us": None, "seq": None, "group": number, "fingerprint": number}
+
+    def begin_collective(self, template: dict[str, Any], seq: int) -> dict[str, Any]:
+        """`begin("collective", ..., seq=, group=, fingerprint=)` from the instruction's template: a copy
+        of a dict and two stores, where building the event cost twice as much."""
+        event = template.copy()
+        event["start_us"] = self._epoch_us + (perf_counter_ns() - self._t0) / 1000
+        event["seq"] = seq
         self._events.append(event)
         self.recorded += 1
         return event
@@ -96,10 +103,10 @@ class FlightRecorder:
         # first, so a ring that is not full never looks truncated.
         recorded = self.recorded
         events = [dict(e) for e in list(self._events)]
-        fingerprints = self._fingerprints
+        collectives = self._collectives
         for e in events:
-            if e["kind"] == "collective" and type(e.get("fingerprint")) is tuple:
-                e["fingerprint"] = fingerprints[id(e["fingerprint"])][1]
+            if e["kind"] == "collective" and type(e.get("fingerprint")) is int:
+                e["group"], e["fingerprint"] = collectives[e["fingerprint"]]
         if last:
             return events[-last:]
         dropped = recorded - len(events)

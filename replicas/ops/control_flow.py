@@ -42,6 +42,10 @@ def make_while(inst: Instruction, ctx: KernelContext) -> Callable[[Any], Any]:
         body = ctx.computation(body_name, donation)
     updated = sorted(i for _, i in getattr(body, "updated_in_place", ()) if i is not None)
     if not updated:
+        loop = getattr(condition, "loop", None)  # a bound computation's loop without per-call checks
+        if loop is not None:
+            return lambda state: loop(body, state)
+
         def while_(state: Any) -> Any:
             while condition(state):
                 state = body(state)

@@ -80,6 +80,37 @@ class BoundComputation:
                 raise
             raise kernel_failure(interp.replica_id, inst, e) from e
 
+    def loop(self, body: Any, state: Any) -> Any:
+        """`while self(state): state = body(state)`, the While loop of a condition and a body of one
+        argument each, without their calls' per-call checks: one abort check per iteration, and a
+        kernel's error translated as `__call__` does (by the computation whose code raised it). A
+        While iteration of a small body is a few dozen microseconds, two computation calls of it."""
+        interp = self._interp
+        if (type(body) is not BoundComputation or interp.every_instruction_recorder is not None
+                or len(self._params) != 1 or len(body._params) != 1):
+            while self(state):
+                state = body(state)
+            return state
+        condition, step = self._run, body._run
+        mailbox = interp.mailbox
+        try:
+            while True:
+                if mailbox is not None and mailbox.aborted is not None:
+                    raise mailbox.aborted
+                if not condition(state):
+                    return state
+                state = step(state)
+        except ProgramError:
+            raise
+        except Exception as e:
+            if getattr(e, "_replicas_passthrough", False) or _is_replicas_error(e):
+                raise
+            for bound in (body, self):
+                inst = bound._failed_instruction(e)
+                if inst is not None:
+                    raise kernel_failure(interp.replica_id, inst, e) from e
+            raise
+
     def _failed_instruction(self, e: BaseException) -> Instruction | None:
         """The step whose kernel raised `e`, from the generated code's line in the traceback."""
         inst = None
