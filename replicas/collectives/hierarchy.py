@@ -146,11 +146,12 @@ def topology(group: Group, index: int, placement: Sequence[int]) -> Topology:
 
 
 class Exchange:
-    """The messages of one collective on one replica."""
+    """The messages of one collective on one replica: one per call site and job, numbered anew by each
+    call (`kernels.Collective.run` sets `seq` and `block`; a replica runs one collective at a time)."""
 
     __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "topo", "_reads", "meeting", "_boxes")
 
-    def __init__(self, fabric: Fabric, seq: int, fingerprint: Fingerprint, block: BlockInfo,
+    def __init__(self, fabric: Fabric, seq: int, fingerprint: Fingerprint, block: BlockInfo | None,
                  topo: Topology | None, meeting: Mailbox | None = None) -> None:
         # The fabric itself, not the interpreter's `FabricSlot` (whose every attribute is a forwarding
         # call, and a collective reads a dozen): `kernels.Collective` unwraps it once per call.
@@ -162,7 +163,7 @@ class Exchange:
         # Where the group's members live (group collectives only; point-to-point ones have none). An
         # attribute, not a checking property: an algorithm reads it several times per call.
         self.topo: Topology = topo  # type: ignore[assignment]
-        self._reads: list[shared_board.Read] | tuple = ()  # a list once something was read off the board
+        self._reads: list[shared_board.Read] = []
         # The mailbox the process's members meet on when the last to arrive leads (None: the first
         # local member leads); on the acting leader, the members' mailboxes by rank.
         self.meeting = meeting
@@ -299,10 +300,7 @@ class Exchange:
         theirs, value, via_fabric, read = board.open(self._wait_published(board, writer, tag), tag, position)
         if theirs != fingerprint:
             self._check(writer, pickle.loads(theirs))  # noqa: S301 - this job's actors only
-        if self._reads:  # an announcement too: its writer reuses the buffer once it was seen
-            self._reads.append(read)
-        else:
-            self._reads = [read]
+        self._reads.append(read)  # an announcement too: its writer reuses the buffer once it was seen
         return _VIA_FABRIC if via_fabric else value
 
     # -- point to point (collective-permute) ---------------------------------------------------------
@@ -423,7 +421,7 @@ class Exchange:
     def release(self) -> None:
         if not self._reads:  # the usual case: nothing was read off the board
             return
-        reads, self._reads = self._reads, ()
+        reads, self._reads = self._reads, []
         for read in reads:
             read.release()
 

@@ -86,18 +86,20 @@ class Collective:
             self._placement = placement
         return self._topology
 
-    def _job_of(self, fabric: Any) -> tuple[Any, Topology | None, Any, dict[str, Any] | None]:
+    def _job_of(self, fabric: Any) -> tuple[Any, Exchange, dict[str, Any] | None]:
         """What a call needs of its job, decided at its first call and kept with the job's fabric (a
-        pooled kernel holds nothing of a job): (the placement it was decided for, the group's
-        topology under it, the meeting (see `_meeting_of`), the recorder's template of its events)."""
+        pooled kernel holds nothing of a job): (the placement it was decided for, an `Exchange` over
+        the group's topology under it and the meeting (see `_meeting_of`), which each call numbers
+        anew, and the recorder's template of its events)."""
         topo = self.topology()
         recorder = fabric.recorder
         template = None
         if recorder is not None:
             # The group is the interned tuple itself: a copy per event would cost O(N) per member.
-            template = recorder.collective_template(self.group, self.fingerprint_dict, self.inst.name,
-                                                    self.inst.opcode)
-        job = fabric.kernel_state[self] = (fabric.placement, topo, self._meeting_of(fabric, topo), template)
+            template = recorder.collective_template(self.group, self.fingerprint.wire, self.fingerprint_dict,
+                                                    self.inst.name, self.inst.opcode)
+        ex = Exchange(fabric, -1, self.fingerprint, None, topo, self._meeting_of(fabric, topo))
+        job = fabric.kernel_state[self] = (fabric.placement, ex, template)
         return job
 
     def _meeting_of(self, fabric: Any, topo: Topology | None) -> Any:
@@ -136,8 +138,10 @@ class Collective:
         job = fabric.kernel_state.get(self)
         if job is None or job[0] is not fabric.placement:
             job = self._job_of(fabric)
-        ex = Exchange(fabric, seq, self.fingerprint, block, job[1], job[2])
-        template = job[3]
+        # The job's exchange of this call site, for this call (a replica runs one collective at a time).
+        ex = job[1]
+        ex.seq, ex.block, ex._boxes = seq, block, None
+        template = job[2]
         try:
             if template is None:
                 return algorithm(ex, *args)

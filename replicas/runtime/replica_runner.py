@@ -30,6 +30,7 @@ class ReplicaRunner:
         self._done: threading.Event | None = None  # set when the replica's run returned
         # The job's `affinity.Pin` when its replica threads are kept on one core (set before `start`).
         self.pin: Pin | None = None
+        self._named: tuple[Any, str | None] = (None, None)  # (the last instruction `state` named, its name)
 
     def start(self, args: Sequence[Any]) -> None:
         values = list(args)
@@ -71,7 +72,9 @@ class ReplicaRunner:
         s.collectives_started = self.fabric.collectives_started()
         if s.status == "running":
             inst = self.interpreter.current
-            s.instruction = None if inst is None else f"%{inst.name} ({inst.opcode})"
+            if inst is not self._named[0]:  # the monitor polls every replica many times per instruction
+                self._named = (inst, None if inst is None else f"%{inst.name} ({inst.opcode})")
+            s.instruction = self._named[1]
         return s
 
     def own_error(self) -> BaseException | None:
