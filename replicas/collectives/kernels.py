@@ -44,7 +44,6 @@ def computation_of(ctx: KernelContext, inst: Instruction) -> str:
 
 
 _new = object.__new__
-_UNDECIDED = object()
 
 
 class Collective:

@@ -55,6 +55,9 @@ class ReplicaRunner:
             checkin(self.interpreter)
             status = "cancelled" if self.mailbox.aborted is e else "failed"
             error = f"{type(e).__name__}: {e}"
+        # The kernels' state of this job (a collective keeps its `Exchange` there, which refers to the
+        # fabric: a cycle that would keep the job's mailbox and recorder until a collection).
+        self.fabric.kernel_state.clear()
         gil_slice.leave()
         if pin is not None:
             # Before the status: once every replica is finished, no thread of the job is pinned (a
