@@ -18,7 +18,7 @@ Meanwhile the cycle collector's threshold of young objects is raised too (to `YO
 Python's 700). Each waiting replica holds a few container objects of its collective (its
 exchange, blocked record, message keys): at N=256, 2,500 of them alive at any time, so a
 collection every 700 allocations found young objects that were all still alive, moved them on
-and collected the older generations often (~1 ms per all-reduce of 20, bench/README.md "lean").
+and collected the older generations often (1.3 ms per all-reduce of ~25, bench/README.md "lean").
 With the higher threshold most of what a collection would have seen is freed by then.
 """
 
@@ -62,7 +62,7 @@ def enter() -> None:
                 _raised = (before, sys.getswitchinterval())  # as Python keeps it (in microseconds)
         if _running > MANY and _young is None:
             threshold = gc.get_threshold()
-            if 0 < threshold[0] < YOUNG:  # 0: the collector is off (gc.disable() leaves it on)
+            if 0 < threshold[0] < YOUNG:  # a threshold of 0 keeps automatic collection off: left so
                 gc.set_threshold(YOUNG, *threshold[1:])
                 _young = (threshold[0], YOUNG)
 
