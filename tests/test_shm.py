@@ -241,11 +241,12 @@ def test_cancel_removes_the_jobs_segments():
 
 @pytest.mark.usefixtures("ray_session")
 def test_timeout_removes_the_jobs_segments():
-    m = rp.parse_hlo(STUCK_AFTER_COLLECTIVE.format(e=SIZE))
-    job = rp.launch(m, _inputs(2), num_replicas=2, timeout=3)
+    job = _launch_stuck()
     _past_the_collective(job)
-    with pytest.raises(rp.ExecutionTimeout):
-        job.result()
+    # The timeout counts from the wait, past the collective: both replicas loop meanwhile (a 3 s
+    # job timeout kept two cores busy for 3 s), so the shortest is the cheapest.
+    with pytest.raises(rp.ExecutionTimeout, match="still running after 0.2 s"):
+        job.result(timeout=0.2)
     assert job_segments(job._backend._token) == []
 
 
