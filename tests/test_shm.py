@@ -74,6 +74,16 @@ ENTRY main {{
 """
 
 
+# The same past the collective, then waiting for an infeed the host never sends: blocked, not looping
+# (the killed driver's actors run until Ray ends them, seconds on a loaded machine).
+WAITING_AFTER_COLLECTIVE = STUCK_AFTER_COLLECTIVE.replace("""  z = s32[] constant(0)
+  w = s32[] while(z), condition=cond, body=body
+""", """  in = (s32[], token[]) infeed(done)
+  w = s32[] get-tuple-element(in), index=0
+""")
+assert WAITING_AFTER_COLLECTIVE != STUCK_AFTER_COLLECTIVE
+
+
 def shm_sent(job: rp.Job) -> dict[int, dict[int, int]]:
     """Per replica, per destination: the messages its actor sent through shared memory (the board or
     its arena) in `job`."""
@@ -269,7 +279,7 @@ sys.path.insert(0, sys.argv[2])
 import replicas as rp
 import test_shm
 
-m = rp.parse_hlo(test_shm.STUCK_AFTER_COLLECTIVE.format(e=test_shm.SIZE))
+m = rp.parse_hlo(test_shm.WAITING_AFTER_COLLECTIVE.format(e=test_shm.SIZE))
 job = rp.launch(m, test_shm._inputs(2), num_replicas=2, timeout=None, address=sys.argv[1])
 test_shm._past_the_collective(job)
 print(job._backend._token, flush=True)
