@@ -251,10 +251,11 @@ def test_cancel_removes_the_jobs_segments():
 
 @pytest.mark.usefixtures("ray_session")
 def test_timeout_removes_the_jobs_segments():
-    job = _launch_stuck()
+    m = rp.parse_hlo(STUCK_AFTER_COLLECTIVE.format(e=SIZE))
+    job = rp.launch(m, _inputs(2), num_replicas=2, timeout=3)
     _past_the_collective(job)
-    # The timeout counts from the wait, past the collective: both replicas loop meanwhile (a 3 s
-    # job timeout kept two cores busy for 3 s), so the shortest is the cheapest.
+    # The wait's timeout counts from the wait, past the collective, where both replicas loop (the
+    # job's 3 s kept two cores busy for 3 s): the shorter of the two ends the job.
     with pytest.raises(rp.ExecutionTimeout, match="still running after 0.2 s"):
         job.result(timeout=0.2)
     assert job_segments(job._backend._token) == []
