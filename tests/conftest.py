@@ -144,7 +144,8 @@ def seed_bytecode(prefix: Path) -> None:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A local Ray started once for the whole run and shut down at its end."""
+    """A local Ray started once for the whole run and shut down at its end (on the xdist worker
+    that runs the "ray" group, after that group's last test: `pytest_runtest_teardown`)."""
     import ray
 
     from replicas.runtime.ray_backend import ensure_ray
@@ -390,6 +391,19 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     yield
     if _uses_cluster(item) and not _uses_cluster(nextitem):
         CLUSTER.stop()
+    if nextitem is not None and _ray_group_ended(item, nextitem):
+        # The session's Ray is idle from here to the worker's end (a third of the run): its daemons
+        # and ~20 pooled actors took ~0.2 CPU s per second of it.
+        import ray
+
+        ray.shutdown()
+
+
+def _ray_group_ended(item: pytest.Item, nextitem: pytest.Item) -> bool:
+    """`item` was the last test of the "ray" group on an xdist worker of tests/parallel.py, where
+    the group's tests run one after another, and no test after it uses this run's Ray."""
+    grouped = parallel is not None and parallel.GROUPS_KEY in getattr(item.config, "workerinput", {})
+    return grouped and group_of(item) == "ray" != group_of(nextitem) and _ray_running()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -344,6 +344,28 @@ def test_hand_written_body_loads():
     assert module.computation("e").instruction("p").shape == Shape.parse("f32[2]")
 
 
+@pytest.mark.parametrize("pad", [0, 8192], ids=["small instruction", "instruction over 4 KiB"])
+def test_lists_where_a_name_or_line_belongs_are_refused_undecoded(pad):
+    """A list or map in a string, bool or int field is refused as it would be decoded (the same
+    message), without being decoded: an instruction of over 4 KiB is read field by field."""
+    attrs = {"parameter_number": 0, "pad": "x" * pad}
+    nested = [[[]] * 50] * 50
+    assert "line of instruction %p must be an int or null" in str(
+        _expect_program_error(_with_body(_module_body({"attrs": attrs, "line": nested}))))
+    assert "an instruction name must be str, not list" in str(
+        _expect_program_error(_with_body(_module_body({"attrs": attrs, "name": nested}))))
+    assert "opcode of instruction %p must be str, not dict" in str(
+        _expect_program_error(_with_body(_module_body({"attrs": attrs, "opcode": {"a": nested}}))))
+    assert "is_fusion of e must be bool, not list" in str(
+        _expect_program_error(_with_body(_module_body(computations=[
+            {"name": "e", "root": "p", "is_fusion": nested, "instructions": []}]))))
+    assert "the module name must be str, not dict" in str(_expect_program_error(_with_body(_module_body(name={}))))
+    assert "not allowed for map key" in str(_expect_program_error(
+        HEADER + msgpack.packb(_module_body({"attrs": attrs})).replace(b"\xa4line", b"\x91\x91\xc0", 1)))
+    module = module_from_bytes(_with_body(_module_body({"attrs": attrs})))  # and a well-formed one loads
+    assert module.computation("e").instruction("p").attrs["pad"] == "x" * pad
+
+
 def _array_ext(type_name, dims, data):
     return msgpack.ExtType(2, msgpack.packb([type_name, dims, data], use_bin_type=True))
 

@@ -74,6 +74,16 @@ ENTRY main {{
 """
 
 
+# The same past the collective, then waiting for an infeed the host never sends: blocked, not looping
+# (the killed driver's actors run until Ray ends them, seconds on a loaded machine).
+WAITING_AFTER_COLLECTIVE = STUCK_AFTER_COLLECTIVE.replace("""  z = s32[] constant(0)
+  w = s32[] while(z), condition=cond, body=body
+""", """  in = (s32[], token[]) infeed(done)
+  w = s32[] get-tuple-element(in), index=0
+""")
+assert WAITING_AFTER_COLLECTIVE != STUCK_AFTER_COLLECTIVE
+
+
 def shm_sent(job: rp.Job) -> dict[int, dict[int, int]]:
     """Per replica, per destination: the messages its actor sent through shared memory (the board or
     its arena) in `job`."""
@@ -244,8 +254,10 @@ def test_timeout_removes_the_jobs_segments():
     m = rp.parse_hlo(STUCK_AFTER_COLLECTIVE.format(e=SIZE))
     job = rp.launch(m, _inputs(2), num_replicas=2, timeout=3)
     _past_the_collective(job)
-    with pytest.raises(rp.ExecutionTimeout):
-        job.result()
+    # The wait's timeout counts from the wait, past the collective, where both replicas loop (the
+    # job's 3 s kept two cores busy for 3 s): the shorter of the two ends the job.
+    with pytest.raises(rp.ExecutionTimeout, match="still running after 0.2 s"):
+        job.result(timeout=0.2)
     assert job_segments(job._backend._token) == []
 
 
@@ -268,7 +280,7 @@ sys.path.insert(0, sys.argv[2])
 import replicas as rp
 import test_shm
 
-m = rp.parse_hlo(test_shm.STUCK_AFTER_COLLECTIVE.format(e=test_shm.SIZE))
+m = rp.parse_hlo(test_shm.WAITING_AFTER_COLLECTIVE.format(e=test_shm.SIZE))
 job = rp.launch(m, test_shm._inputs(2), num_replicas=2, timeout=None, address=sys.argv[1])
 test_shm._past_the_collective(job)
 print(job._backend._token, flush=True)
