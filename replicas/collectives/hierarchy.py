@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import pickle
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -190,10 +190,14 @@ class Exchange:
 
     def recv_one(self, src: int, round_: int) -> Any:
         """The payload `src` sent in `round_`, its fingerprint checked first."""
-        theirs, payload = self.fabric.recv(src, keys.collective(self.seq, round_), self.block)
-        if theirs is not self.fingerprint.wire:
-            self._check(src, theirs)
-        return payload
+        return self._received(src, keys.collective(self.seq, round_))[1]
+
+    def _received(self, src: int, key: Hashable) -> tuple[tuple, Any]:
+        """The message (fingerprint, payload) `src` sent under `key`, the fingerprint checked."""
+        message = self.fabric.recv(src, key, self.block)
+        if message[0] is not self.fingerprint.wire:
+            self._check(src, message[0])
+        return message
 
     def _check(self, src: int, theirs: tuple) -> None:
         own = self.fingerprint.wire
@@ -495,18 +499,14 @@ class Exchange:
         if self.meeting is not None:
             # The members but the acting one, in rank order, form RESULT_LANES lanes: the k-th of
             # them hands the results on to the (k + RESULT_LANES)-th: the very message it took, under
-            # the same key. Taken from the mailbox itself (what `fabric.recv` does for any key but a
-            # channel's), its fingerprint checked first as `recv_one` does.
+            # the same key.
             leader, key = topo.leader, keys.collective(self.seq, RESULT)
-            mailbox = self.fabric.mailbox
-            message = mailbox.take(leader, key, self.block)
-            theirs, (results, shared, acting, boxes) = message
-            if theirs is not self.fingerprint.wire:
-                self._check(leader, theirs)
+            message = self._received(leader, key)
+            results, shared, acting, boxes = message[1]
             rank = topo.rank
             following = (rank if rank < acting else rank - 1) + RESULT_LANES
             if following < len(boxes) - 1:
-                mailbox.count_sent()
+                self.fabric.mailbox.count_sent()
                 boxes[following if following < acting else following + 1].deliver(leader, key, message)
             return shared if results is None else results[rank]
         payload = self.recv_one(topo.result_from, RESULT)

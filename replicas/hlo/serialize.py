@@ -309,12 +309,16 @@ def _read(data: bytes | bytearray | memoryview, what: str, read: Callable[[msgpa
     return obj
 
 
+def _options(limit: int) -> dict[str, Any]:
+    """msgpack's options for an input of `limit` bytes: no declared length over it."""
+    return dict(raw=False, use_list=True, strict_map_key=True, max_str_len=limit, max_bin_len=limit,
+                max_array_len=limit, max_map_len=limit, max_ext_len=limit)
+
+
 def _unpacker(size: int) -> msgpack.Unpacker:
     """An unpacker that accepts no length over `size` (the input's)."""
     limit = max(size, 1)
-    return msgpack.Unpacker(
-        None, raw=False, use_list=True, strict_map_key=True, max_buffer_size=limit, max_str_len=limit,
-        max_bin_len=limit, max_array_len=limit, max_map_len=limit, max_ext_len=limit)
+    return msgpack.Unpacker(None, max_buffer_size=limit, **_options(limit))
 
 
 class _ModuleReader:
@@ -331,6 +335,7 @@ class _ModuleReader:
 
     def __init__(self, unpacker: msgpack.Unpacker, data: memoryview) -> None:
         self.unpacker, self.data, self.limit = unpacker, data, max(len(data), 1)
+        self.options = _options(self.limit)  # for each instruction decoded whole
 
     def module(self) -> Any:
         try:
@@ -345,9 +350,7 @@ class _ModuleReader:
         unpacker.skip()  # checks the structure and finds the end, decoding nothing
         data = self.data[start:unpacker.tell()]
         if len(data) <= self.WHOLE:
-            limit = self.limit
-            return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True, max_str_len=limit,
-                                   max_bin_len=limit, max_array_len=limit, max_map_len=limit, max_ext_len=limit)
+            return msgpack.unpackb(data, **self.options)
         return _ModuleReader(_unpacker_of(data, self.limit), data)._map(("name", "opcode", "line"))
 
     def _map(self, scalars: tuple[str, ...], nested: str = "", item: Callable[[], Any] | None = None) -> Any:

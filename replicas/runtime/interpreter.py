@@ -70,15 +70,11 @@ class BoundComputation:
             return self._call_recorded(slots, interp.every_instruction_recorder)
         try:
             return self._run(*args)
-        except ProgramError:
-            raise
         except Exception as e:
-            if getattr(e, "_replicas_passthrough", False) or _is_replicas_error(e):
+            failure = self._kernel_failure(e, (self,))
+            if failure is None:
                 raise
-            inst = self._failed_instruction(e)
-            if inst is None:
-                raise
-            raise kernel_failure(interp.replica_id, inst, e) from e
+            raise failure from e
 
     def loop(self, body: Any, state: Any) -> Any:
         """`while self(state): state = body(state)`, the While loop of a condition and a body of one
@@ -100,16 +96,22 @@ class BoundComputation:
                 if not condition(state):
                     return state
                 state = step(state)
-        except ProgramError:
-            raise
         except Exception as e:
-            if getattr(e, "_replicas_passthrough", False) or _is_replicas_error(e):
+            failure = self._kernel_failure(e, (body, self))
+            if failure is None:
                 raise
-            for bound in (body, self):
-                inst = bound._failed_instruction(e)
-                if inst is not None:
-                    raise kernel_failure(interp.replica_id, inst, e) from e
-            raise
+            raise failure from e
+
+    def _kernel_failure(self, e: Exception, computations: tuple[BoundComputation, ...]) -> BaseException | None:
+        """The error a kernel's `e` becomes, named by the instruction of whichever of `computations`
+        raised it; None when `e` is to pass as it is (the project's own errors, or not a kernel's)."""
+        if isinstance(e, ProgramError) or getattr(e, "_replicas_passthrough", False) or _is_replicas_error(e):
+            return None
+        for bound in computations:
+            inst = bound._failed_instruction(e)
+            if inst is not None:
+                return kernel_failure(self._interp.replica_id, inst, e)
+        return None
 
     def _failed_instruction(self, e: BaseException) -> Instruction | None:
         """The step whose kernel raised `e`, from the generated code's line in the traceback."""
