@@ -6,8 +6,8 @@
 One program, two replicas: a While loop whose body sends the buffer 0 -> 1 on channel 1 and
 back 1 -> 0 on channel 2 (routes by `_xla_send_recv_source_target_pairs`); replica 0's next
 buffer is what came back, so every iteration is one full round trip. Per-iteration time by
-differencing two loop lengths, the longer one sized from a pilot run so that the difference is
-~`--budget` seconds; `--repeats` samples per cell, median and [min-max] shown, UNRELIABLE when the
+differencing two loop lengths, the longer one grown until the difference is ~`--budget` seconds
+(`loop_length`); `--repeats` samples per cell, median and [min-max] shown, UNRELIABLE when the
 spread exceeds the median. Anchors, interleaved with the replicas' samples: MPI Send/Recv
 ping-pong (mpi4py under `mpiexec -n 2`, one batch per sample) and a raw Ray actor round trip of the
 same buffer. Latency is the 4 KiB row; bandwidth the 64 MiB row (2 x bytes per round trip / time).
@@ -20,6 +20,7 @@ import importlib.util
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -91,8 +92,8 @@ def ping_pong_program(elements: int) -> rp.Module:
 
 
 def time_replicas(nbytes: int, backend: str, repeats: int, budget: float) -> list[float]:
-    """Seconds per round trip, one sample per repetition: (T(k2) - T(1)) / (k2 - 1), with k2 chosen
-    from a pilot run so that the difference is about `budget` seconds (well above the noise of a
+    """Seconds per round trip, one sample per repetition: (T(k2) - T(1)) / (k2 - 1), with k2 sized
+    by `loop_length` so that the difference is about `budget` seconds (well above the noise of a
     job's start and stop, which differencing cancels)."""
     elements = nbytes // 4
     module = ping_pong_program(elements)
@@ -107,9 +108,7 @@ def time_replicas(nbytes: int, backend: str, repeats: int, budget: float) -> lis
         return took
 
     run(2)
-    pilot_k = 200 if nbytes <= 64 * 1024 else 10
-    pilot = max((run(pilot_k) - run(1)) / (pilot_k - 1), 1e-6)
-    k2 = int(min(max(pilot_k, budget / pilot), 100_000))
+    k2 = loop_length(run, budget)
     samples = []
     for _ in range(repeats):
         for _attempt in range(3):  # a sample the noise made <= 0 is measured again, never reported
@@ -118,6 +117,24 @@ def time_replicas(nbytes: int, backend: str, repeats: int, budget: float) -> lis
                 samples.append(sample)
                 break
     return samples
+
+
+def loop_length(run: Callable[[int], float], budget: float, most: int = 100_000) -> int:
+    """Iterations k whose job takes about `budget` s longer than a one-iteration job.
+
+    Why not one pilot of a fixed length: its difference from a one-iteration job was a few
+    milliseconds at 1 MiB (10 round trips), below the jitter of a job's start under Ray, so the
+    estimate per round trip came out near zero now and then and the sample loop was sized to the
+    cap, minutes long (a run that seemed to stall, 2026-11-26). Here k grows fourfold until the
+    difference is at least a quarter of the budget, so start-up jitter moves the estimate by a
+    bounded fraction whatever the size."""
+    one = min(run(1), run(1))
+    k = 10
+    while True:
+        extra = run(k) - one
+        if extra >= budget / 4 or k >= most:
+            return int(min(max(k, k * budget / max(extra, 1e-9)), most))
+        k = min(4 * k, most)
 
 
 def mpi_pingpong(sizes: list[int]) -> tuple[dict | None, str]:

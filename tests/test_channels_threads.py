@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from collective_kit import Comp, launch_threads, module, run_threads
 
+import replicas as rp
 from replicas.errors import DeadlockError, ProgramError
 from replicas.shapes import TOKEN, Shape
 
@@ -260,3 +261,46 @@ def test_tuple_data_over_a_channel():
     out = run_threads(module(c.done(got)), args, 2)
     assert out[0][0].tolist() == [1, 1] and int(out[0][1]) == 11
     assert out[1][0].tolist() == [0, 0] and int(out[1][1]) == 10
+
+
+def test_zeros_of_a_replica_that_is_no_target_are_fresh_every_iteration():
+    """Replica 0 is no target of channel 1: its recv-done yields zeros each iteration, which an
+    in-place update must never change for the next one (they are shared and read-only)."""
+    fa = 'frontend_attributes={_xla_send_recv_source_target_pairs="{{0,1}}"}'
+    text = f"""HloModule m, replica_count=2
+
+cond {{
+  p = (s32[], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  three = s32[] constant(3)
+  ROOT lt = pred[] compare(i, three), direction=LT
+}}
+
+body {{
+  p = (s32[], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  x = f32[4] get-tuple-element(p), index=1
+  tok = token[] after-all()
+  r = (f32[4], u32[], token[]) recv(tok), channel_id=1, {fa}
+  s = (f32[4], u32[], token[]) send(x, tok), channel_id=1, {fa}
+  d = (f32[4], token[]) recv-done(r), channel_id=1, {fa}
+  sd = token[] send-done(s), channel_id=1, {fa}
+  got = f32[4] get-tuple-element(d), index=0
+  one = f32[1] constant({{1}})
+  marked = f32[4] dynamic-update-slice(got, one, i)
+  k = s32[] constant(1)
+  next = s32[] add(i, k)
+  ROOT t = (s32[], f32[4]) tuple(next, marked)
+}}
+
+ENTRY main {{
+  x = f32[4] parameter(0)
+  zero = s32[] constant(0)
+  init = (s32[], f32[4]) tuple(zero, x)
+  loop = (s32[], f32[4]) while(init), condition=cond, body=body
+  ROOT out = f32[4] get-tuple-element(loop), index=1
+}}
+"""
+    out = run_threads(rp.parse_hlo(text), [[np.full(4, 5, np.float32)]] * 2, 2)
+    assert out[0].tolist() == [0, 0, 1, 0]  # zeros, marked at the last iteration's index only
+    assert out[1].tolist() == [0, 1, 1, 0]  # replica 0's second iteration's value, marked

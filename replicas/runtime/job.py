@@ -7,13 +7,14 @@ The job is the same whatever runs the replicas; a *backend* (threads here, Ray a
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
 from replicas.diagnostics.mismatch import with_sides
 from replicas.diagnostics.monitor import Monitor
 from replicas.diagnostics.progress import LiveStatus, Progress, host_waits, progress_of
-from replicas.diagnostics.report import Report
+from replicas.diagnostics.report import Report, replicas_text
 from replicas.diagnostics.wait_for import deadlock_error
 from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError
 from replicas.hlo.ir import Instruction, Module
@@ -198,6 +199,7 @@ class Job:
         budget = [t for t in (timeout, self.timeout) if t is not None]
         deadline = time.monotonic() + min(budget) if budget else None
         monitor = Monitor(self.num_replicas)
+        movement = Movement()
         backend = self._backend
         try:
             completed = getattr(backend, "completed", None)  # a job that ends at once, in one reply
@@ -211,6 +213,7 @@ class Job:
                     return self._finish(False, self._failure(states))
                 if all(s.status == "finished" for s in states):
                     return self._finish(True, backend.results())
+                movement.observe(states, time.monotonic())
                 report = monitor.observe(states, self._host_may_send)
                 if report is not None:
                     report.events = backend.events()
@@ -220,7 +223,7 @@ class Job:
                 if deadline is not None and time.monotonic() >= deadline:
                     report = Report(f"still running after {timeout if timeout is not None else self.timeout} s "
                                     f"(not a deadlock: some replica is running or a message is in flight)",
-                                    states, lines=host_waits(states))
+                                    states, lines=host_waits(states) + movement.lines(states, time.monotonic()))
                     report.events = backend.events()
                     _trim_events(report)
                     return self._finish(False, ExecutionTimeout(report.title, report))
@@ -281,6 +284,47 @@ class Job:
         states = self._backend.states()
         if any(s.status == "failed" for s in states):
             self.result(0)
+
+
+class Movement:
+    """How the replicas' messages moved in the last seconds before a timeout, so its report tells a
+    long job (replicas still taking and receiving messages: they advance) from a stuck one (nothing
+    moved for a while, though some replica runs or a message is in flight). A replica's `progress`
+    counts the messages it took or was delivered; a poll keeps one sample of them."""
+
+    WINDOW = 5.0  # seconds of samples kept (the count of messages a report gives)
+    RECENT = 1.0  # a replica whose messages moved this close to the timeout was advancing
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, dict[int, int]]] = deque()
+        self._changed: dict[int, tuple[int, float]] = {}  # replica -> (its progress, when it last changed)
+
+    def observe(self, states: list[ReplicaState], now: float) -> None:
+        progress = {s.replica: s.progress for s in states}
+        for r, p in progress.items():
+            seen = self._changed.get(r)
+            if seen is None or seen[0] != p:
+                self._changed[r] = (p, now)
+        samples = self._samples
+        samples.append((now, progress))
+        while len(samples) > 2 and now - samples[1][0] >= self.WINDOW:
+            samples.popleft()
+
+    def lines(self, states: list[ReplicaState], now: float) -> list[str]:
+        active = sorted(s.replica for s in states if s.status in ("running", "blocked") and s.replica in self._changed)
+        if not active or len(self._samples) < 2:
+            return []
+        recent = [r for r in active if now - self._changed[r][1] <= self.RECENT]
+        if not recent:
+            still = now - max(self._changed[r][1] for r in active)
+            return [f"no message moved for {still:.1f} s before the timeout ({replicas_text(active)} running or "
+                    "blocked)"]
+        since, first = self._samples[0]
+        last = self._samples[-1][1]
+        most = max(recent, key=lambda r: last[r] - first.get(r, 0))
+        return [f"{replicas_text(recent)} took or received messages in the last {self.RECENT:.0f} s before the "
+                f"timeout ({last[most] - first.get(most, 0):,} by replica {most} in the last {now - since:.1f} s): "
+                "the job was advancing, only slower than its timeout"]
 
 
 def replica_error(replica: int, error: BaseException) -> ReplicasError:
