@@ -3,4 +3,4 @@
 Importing the package registers the collective kernels (and replica-id / partition-id).
 """
 
-from replicas.collectives import kernels  # noqa: F401  (registers the kernels)
+from replicas.collectives import kernels, ragged  # noqa: F401  (registers the kernels)

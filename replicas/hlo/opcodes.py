@@ -97,7 +97,7 @@ _TABLE: list[Opcode] = [
     # One operand; XLA also writes combined (several) and in-place (4) forms: the shape rule names them.
     *_ops("collectives", None, "collective-permute", "collective-permute-start", **_PERMUTE),
     Opcode("ragged-all-to-all", "collectives", 6, side_effect=True, collective=True, grouping="groups",
-           channel_groups_partitions=True, supported=False),
+           channel_groups_partitions=True),
     Opcode("all-reduce-done", "collectives", 1, side_effect=True, done_of=("all-reduce-start",)),
     Opcode("all-gather-done", "collectives", 1, side_effect=True, done_of=("all-gather-start",)),
     Opcode("collective-permute-done", "collectives", 1, side_effect=True, done_of=("collective-permute-start",)),

@@ -204,8 +204,12 @@ def _ragged_all_to_all(c: Ctx) -> Shape:
     if data.element_type is not output.element_type or data.rank != output.rank:
         raise c.fail(f"output {output} must have the input's element type and rank ({data})")
     check_replica_groups(c, uniform=True)
-    for i, what in enumerate(("input_offsets", "send_sizes", "output_offsets", "recv_sizes"), start=2):
-        s = c.array(i, what)
-        if not s.element_type.is_integral:
-            raise c.fail(f"{what} {s} must be integers")
+    if data.rank == 0:
+        raise c.fail(f"input {data} must have a dimension 0 to split into rows")
+    tables = [c.array(i, what) for i, what in
+              enumerate(("input_offsets", "send_sizes", "output_offsets", "recv_sizes"), start=2)]
+    for s, what in zip(tables, ("input_offsets", "send_sizes", "output_offsets", "recv_sizes")):
+        if not s.element_type.is_integral or s.rank != 1 or s.dimensions != tables[0].dimensions:
+            raise c.fail(f"{what} {s} must be a 1-D integer array of as many entries as input_offsets "
+                         f"({tables[0]})")
     return output
