@@ -160,3 +160,22 @@ def test_the_command_line_runs_lowered_jax_text(tmp_path, capsys) -> None:
     with np.load(out) as results:
         assert sorted(results.files) == ["r0", "r1", "r2", "r3"]  # one replica per device of the mesh
         np.testing.assert_allclose(results["r2"], np.asarray(jax.jit(f)(X)), rtol=1e-6)
+
+
+def test_a_program_xla_cpu_cannot_run_runs_from_its_optimized_dump() -> None:
+    """ragged-all-to-all has no XLA:CPU runtime (JAX's own test skips on CPU): replicas runs the
+    module XLA optimized for it, with JAX's expected values (jax tests/ragged_collective_test.py)."""
+
+    def f(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes):
+        return jax.lax.ragged_all_to_all(operand[0], output[0], input_offsets[0], send_sizes[0], output_offsets[0],
+                                         recv_sizes[0], axis_name="x")[None]
+
+    args = [np.array(a, np.int32) for a in ([[1, 2, 2], [3, 4, 0]], [[0] * 4] * 2, [[0, 1], [0, 1]],
+                                            [[1, 2], [1, 1]], [[0, 0], [1, 2]], [[1, 1], [2, 1]])]
+    with pytest.raises(jax.errors.JaxRuntimeError, match="not supported by XLA:CPU"):
+        jax.jit(shard_map(f, mesh=mesh_of(2, names=("x",)), in_specs=(P("x"),) * 6, out_specs=P("x")))(*args)
+    got = rp.jax.run(f, *args, num_replicas=2, in_specs=(P("x"),) * 6, out_specs=P("x"), backend="threads")
+    np.testing.assert_array_equal(got, [[1, 3, 0, 0], [2, 2, 4, 0]])
+    with pytest.raises(ProgramError, match="XLA:CPU cannot run this program .* with in_specs and out_specs"):
+        rp.jax.run(jax.jit(shard_map(f, mesh=mesh_of(2, names=("x",)), in_specs=(P("x"),) * 6, out_specs=P("x"))),
+                   *args, backend="threads")

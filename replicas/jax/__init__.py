@@ -21,6 +21,9 @@ JAX needs as many devices as partitions: on a CPU-only machine set
 from __future__ import annotations
 
 import functools
+import glob
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -142,14 +145,23 @@ def compile_jax(f: Callable[..., Any], *args: Any, num_replicas: int | None = No
             raise ProgramError("in_specs/out_specs need num_replicas=N or mesh=...")
         fn = _shard_map(f, mesh, in_specs, out_specs)
     leaves = [jax.numpy.asarray(leaf) for leaf in jax.tree_util.tree_leaves(list(args))]
+    compiled = None
     try:
         lowered = jax.jit(fn, keep_unused=True).lower(*args)
         compiled = lowered.compile()
+        text = compiled.as_text()
     except RuntimeError as e:
         if "devices" in str(e):
             raise ProgramError(f"JAX could not compile for this mesh: {e}; {DEVICE_COUNT_HINT}") from None
-        raise
-    module = parse_hlo(compiled.as_text())
+        if "not supported by XLA:CPU" not in str(e):
+            raise
+        # XLA:CPU optimized and partitioned the program but has no runtime for one of its ops (e.g.
+        # ragged-all-to-all, which replicas runs): take the per-device module from the compile's dump.
+        if mesh is None or in_specs is None or out_specs is None:
+            raise ProgramError(f"XLA:CPU cannot run this program ({e}); replicas can, given num_replicas or mesh "
+                               "with in_specs and out_specs (its shardings then come from them)") from None
+        text = _optimized_text(lowered, e)
+    module = parse_hlo(text)
     partitions = module.num_partitions
     if num_replicas is None:
         num_replicas = partitions if partitions > 1 else (mesh.devices.size if mesh is not None else 1)
@@ -157,14 +169,46 @@ def compile_jax(f: Callable[..., Any], *args: Any, num_replicas: int | None = No
         raise ProgramError(f"JAX partitioned the program {partitions} ways; num_replicas={num_replicas}")
     if partitions == 1:
         module.attrs.pop("num_partitions", None)
-    in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0]) if partitions > 1 else [None] * len(leaves)
     out_avals = jax.tree_util.tree_leaves(lowered.out_info)
-    out_shardings = jax.tree_util.tree_leaves(compiled.output_shardings) if partitions > 1 \
-        else [None] * len(out_avals)
+    if partitions == 1:
+        in_shardings, out_shardings = [None] * len(leaves), [None] * len(out_avals)
+    elif compiled is not None:
+        in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
+        out_shardings = jax.tree_util.tree_leaves(compiled.output_shardings)
+    else:
+        in_shardings = _named(mesh, in_specs, tuple(args))
+        out_shardings = _named(mesh, out_specs, lowered.out_info)
     devices = _device_order(in_shardings[0] if in_shardings and in_shardings[0] is not None
                             else out_shardings[0]) if partitions > 1 else []
     return JaxProgram(module, num_replicas, in_shardings, out_shardings, out_avals, lowered.out_tree, devices,
                       [np.dtype(leaf.dtype) for leaf in leaves])
+
+
+def _optimized_text(lowered: Any, error: BaseException) -> str:
+    """The optimized per-device module XLA:CPU dumps before it fails to emit code for it."""
+    with tempfile.TemporaryDirectory(prefix="replicas-jax-") as where:
+        try:
+            lowered.compile(compiler_options={"xla_dump_to": where})
+        except RuntimeError:
+            pass
+        found = sorted(glob.glob(os.path.join(where, "*cpu_after_optimizations.txt")))
+        if not found:
+            raise ProgramError(f"XLA:CPU cannot run this program ({error}) and left no optimized module "
+                               "to run instead") from None
+        with open(found[-1]) as f:
+            return f.read()
+
+
+def _named(mesh: Any, specs: Any, tree: Any) -> list[Any]:
+    """One NamedSharding per leaf of `tree`, from the shard_map `specs` (a prefix of it)."""
+    jax = _jax()
+    spec_type = jax.sharding.PartitionSpec
+
+    def is_spec(x: Any) -> bool:
+        return x is None or isinstance(x, spec_type)
+
+    per_leaf = jax.tree.leaves(jax.tree.broadcast(specs, tree, is_leaf=is_spec), is_leaf=is_spec)
+    return [jax.sharding.NamedSharding(mesh, spec if spec is not None else spec_type()) for spec in per_leaf]
 
 
 def _shard_map(f: Callable[..., Any], mesh: Any, in_specs: Any, out_specs: Any) -> Callable[..., Any]:
