@@ -33,12 +33,8 @@ PROGRAMS = ["send_done_cycle", "recv_without_send", "while_trip_count_depends_on
 def stuck_since_us(error: rp.ReplicasError) -> float | None:
     """When the last replica became stuck, from the report's flight-recorder events (wall clock, us)."""
     report = getattr(error, "report", None)
-    events: dict[Any, list[dict[str, Any]]] = {}
-    if isinstance(report, dict):
-        deadlock = report.get("deadlock") or {}
-        events = deadlock.get("events") or {}
-    elif report is not None:
-        events = report.events
+    report = getattr(report, "deadlock", report)  # a mismatch that showed as a deadlock carries one
+    events: dict[Any, list[dict[str, Any]]] = getattr(report, "events", None) or {}
     starts = [ev["start_us"] for evs in events.values() for ev in evs if ev.get("end_us") is None]
     return max(starts) if starts else None
 

@@ -24,6 +24,12 @@ class Monitor:
         self.num_replicas = num_replicas
         self._last: tuple | None = None
 
+    @property
+    def suspects(self) -> bool:
+        """The last snapshot looked stuck: the next one, taken at once, confirms or clears it (the
+        time between them proves nothing; equal progress counters do)."""
+        return self._last is not None
+
     def observe(self, states: list[ReplicaState], host_may_send: bool) -> Report | None:
         """Feed one snapshot; returns a deadlock Report once the deadlock is certain."""
         key = stuck_key(states, host_may_send)

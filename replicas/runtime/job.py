@@ -200,6 +200,7 @@ class Job:
         deadline = time.monotonic() + min(budget) if budget else None
         monitor = Monitor(self.num_replicas)
         movement = Movement()
+        confirming = False
         backend = self._backend
         try:
             completed = getattr(backend, "completed", None)  # a job that ends at once, in one reply
@@ -230,7 +231,11 @@ class Job:
                 if self._status is not None:
                     self._last_progress = progress_of(states, time.monotonic() - self._started)
                     self._status.show(self._last_progress)
-                backend.wait(backend.poll_interval)
+                # A snapshot that looks stuck is confirmed by the next one at once, but only once in a
+                # row: a job whose every snapshot looks stuck yet moves is still polled at the interval.
+                confirming = monitor.suspects and not confirming
+                if not confirming:
+                    backend.wait(backend.poll_interval)
         except ReplicasError as e:  # the backend lost a replica (an actor died): name it, clean up
             return self._finish(False, e)
         except KeyboardInterrupt:
