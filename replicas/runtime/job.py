@@ -295,29 +295,31 @@ class Movement:
     """How the replicas' messages moved in the last seconds before a timeout, so its report tells a
     long job (replicas still taking and receiving messages: they advance) from a stuck one (nothing
     moved for a while, though some replica runs or a message is in flight). A replica's `progress`
-    counts the messages it took or was delivered; a poll keeps one sample of them."""
+    counts the messages it took or was delivered."""
 
-    WINDOW = 5.0  # seconds of samples kept (the count of messages a report gives)
+    WINDOW = 5.0  # seconds over which a report counts the messages moved
     RECENT = 1.0  # a replica whose messages moved this close to the timeout was advancing
 
     def __init__(self) -> None:
+        # (time, progress by replica), one every WINDOW / 10 s: O(N) memory per sample at any poll rate.
         self._samples: deque[tuple[float, dict[int, int]]] = deque()
         self._changed: dict[int, tuple[int, float]] = {}  # replica -> (its progress, when it last changed)
 
     def observe(self, states: list[ReplicaState], now: float) -> None:
-        progress = {s.replica: s.progress for s in states}
-        for r, p in progress.items():
-            seen = self._changed.get(r)
-            if seen is None or seen[0] != p:
-                self._changed[r] = (p, now)
+        changed = self._changed
+        for s in states:
+            seen = changed.get(s.replica)
+            if seen is None or seen[0] != s.progress:
+                changed[s.replica] = (s.progress, now)
         samples = self._samples
-        samples.append((now, progress))
-        while len(samples) > 2 and now - samples[1][0] >= self.WINDOW:
-            samples.popleft()
+        if not samples or now - samples[-1][0] >= self.WINDOW / 10:
+            samples.append((now, {s.replica: s.progress for s in states}))
+            while len(samples) > 1 and now - samples[1][0] >= self.WINDOW:
+                samples.popleft()
 
     def lines(self, states: list[ReplicaState], now: float) -> list[str]:
         active = sorted(s.replica for s in states if s.status in ("running", "blocked") and s.replica in self._changed)
-        if not active or len(self._samples) < 2:
+        if not active:
             return []
         recent = [r for r in active if now - self._changed[r][1] <= self.RECENT]
         if not recent:
@@ -325,11 +327,11 @@ class Movement:
             return [f"no message moved for {still:.1f} s before the timeout ({replicas_text(active)} running or "
                     "blocked)"]
         since, first = self._samples[0]
-        last = self._samples[-1][1]
-        most = max(recent, key=lambda r: last[r] - first.get(r, 0))
+        moved = {s.replica: s.progress - first.get(s.replica, 0) for s in states if s.replica in recent}
+        most = max(recent, key=lambda r: moved[r])
         return [f"{replicas_text(recent)} took or received messages in the last {self.RECENT:.0f} s before the "
-                f"timeout ({last[most] - first.get(most, 0):,} by replica {most} in the last {now - since:.1f} s): "
-                "the job was advancing, only slower than its timeout"]
+                f"timeout ({moved[most]:,} by replica {most} in the last {now - since:.1f} s): the job was "
+                "advancing, only slower than its timeout"]
 
 
 def replica_error(replica: int, error: BaseException) -> ReplicasError:
