@@ -266,3 +266,19 @@ def test_fusions_and_copies_of_scalar_ops_are_composed_as_xla_compiled_loops_hav
         fast = rp.evaluate(module, [h])
         numpy_path = rp.run(module, [h], num_replicas=1, backend="threads", record_every_instruction=True)[0]
         assert [(v.dtype, v.tobytes()) for v in fast] == [(v.dtype, v.tobytes()) for v in numpy_path]
+
+
+def test_a_fusion_whose_expression_would_grow_too_long_stays_numpy():
+    # Each maximum writes its operands twice: 40 nested ones would be 2**40 characters long.
+    chain = "\n".join(f"  m{i + 1} = s32[] maximum(m{i}, p1)" for i in range(40))
+    text = FUSED.replace("  ROOT lt = pred[] compare(p0, p1), direction=LT",
+                         f"  m0 = s32[] copy(p0)\n{chain}\n  ROOT lt = pred[] compare(m40, p1), direction=LT")
+    module = rp.parse_hlo(text)
+    loop = module.entry_computation.root_instruction
+    cond, body = (module.computation(loop.attrs[k]) for k in ("condition", "body"))
+    fusion = cond.root_instruction
+    assert expression(fusion, [PrimitiveType.S32] * 2, module) is None
+    assert loop_scalars(module, loop.shape, cond, body) == {1}  # h; the counter reaches the fusion
+    fast = rp.evaluate(module, [np.uint16(3)])
+    numpy_path = rp.run(module, [np.uint16(3)], num_replicas=1, backend="threads", record_every_instruction=True)[0]
+    assert [(v.dtype, v.tobytes()) for v in fast] == [(v.dtype, v.tobytes()) for v in numpy_path]

@@ -53,8 +53,8 @@ _BITWISE = {"and": "&", "or": "|", "xor": "^"}
 _PRED_BINARY = {"add": "|", "maximum": "|", "or": "|", "multiply": "&", "minimum": "&", "and": "&", "xor": "^"}
 
 
-def expression(inst: Instruction, operand_types: list[PrimitiveType],
-               module: Module | None = None) -> Expression | None:
+def expression(inst: Instruction, operand_types: list[PrimitiveType], module: Module | None = None,
+               depth: int = 0) -> Expression | None:
     """The Python expression of `inst` on Python-number operands, or None when it has none. Only
     ops whose result is exactly numpy's for every operand value are here (no divide, remainder,
     shifts or power: their edge cases stay with the numpy kernels). A fusion or call (of `module`)
@@ -67,7 +67,7 @@ def expression(inst: Instruction, operand_types: list[PrimitiveType],
     if op in ("copy", "bitcast", "reshape") and operand_types == [t]:
         return lambda a: a[0]
     if op in ("fusion", "call"):
-        return None if module is None else _composed(module, module.computation(inst.called_computations()[0]))
+        return None if module is None else _composed(module, module.computation(inst.called_computations()[0]), depth)
     if op == "compare":
         symbol = _COMPARE[inst.attrs["comparison_direction"]]
         return lambda a: f"({a[0]} {symbol} {a[1]})"
@@ -105,23 +105,30 @@ def expression(inst: Instruction, operand_types: list[PrimitiveType],
     return None
 
 
-# A composed expression longer than this (a deep fusion repeating its shared values) stays numpy.
+# A composed expression longer than this (a deep fusion repeating its shared values) stays numpy;
+# so does a fusion nested deeper than MAX_DEPTH.
 MAX_COMPOSED = 2000
+MAX_DEPTH = 8
+# Placeholders as long as any operand text of the generated code (a variable, or a 64-bit literal),
+# so a composed expression measured with them is never shorter than the one generated.
+_PLACEHOLDER = "x" * 24
 
 
-def _composed(module: Module, comp: Computation) -> Expression | None:
+def _composed(module: Module, comp: Computation, depth: int) -> Expression | None:
     """`comp`'s root as one Python expression of its parameters: every instruction a parameter, a
     fast constant or an op with an expression. A value read twice is written out twice (pure, and
     a conditional expression may evaluate either branch only, so no shared temporaries)."""
+    if depth > MAX_DEPTH:
+        return None
     steps: list[tuple[Instruction, Expression | None]] = []
     by_name = comp.by_name
     for inst in comp.instructions:
-        if inst.opcode == "parameter" or (inst.opcode == "constant" and is_fast(inst.shape)):
-            if not is_fast(inst.shape):
+        if inst.opcode == "parameter" or inst.opcode == "constant":
+            if not is_fast(inst.shape) or (inst.opcode == "constant" and literal(inst) is None):
                 return None
             steps.append((inst, None))
             continue
-        found = expression(inst, [by_name[o].shape.element_type for o in inst.operands], module)
+        found = expression(inst, [by_name[o].shape.element_type for o in inst.operands], module, depth + 1)
         if found is None:
             return None
         steps.append((inst, found))
@@ -130,16 +137,25 @@ def _composed(module: Module, comp: Computation) -> Expression | None:
         texts: dict[str, str] = {}
         for inst, found in steps:
             if found is not None:
-                texts[inst.name] = found([texts[o] for o in inst.operands])
+                text = found([texts[o] for o in inst.operands])
+                if len(text) > MAX_COMPOSED:
+                    raise _TooLong
+                texts[inst.name] = text
             elif inst.opcode == "parameter":
                 texts[inst.name] = operands[inst.attrs["parameter_number"]]
             else:
-                texts[inst.name] = literal(inst)
+                texts[inst.name] = literal(inst)  # type: ignore[assignment]
         return texts[comp.root]
 
-    if len(compose([f"p{i}" for i in range(len(comp.parameters))])) > MAX_COMPOSED:
+    try:
+        compose([_PLACEHOLDER] * len(comp.parameters))
+    except _TooLong:
         return None
     return compose
+
+
+class _TooLong(Exception):
+    pass
 
 
 def _converting(src: PrimitiveType, dst: PrimitiveType) -> Expression:
@@ -151,10 +167,14 @@ def _converting(src: PrimitiveType, dst: PrimitiveType) -> Expression:
     return lambda a: wrap(a[0])
 
 
-def literal(inst: Instruction) -> str:
-    """A fast 0-d constant's value as a Python literal (numpy's conversion to its dtype first)."""
-    value: Any = np.asarray(inst.attrs["literal"]).astype(inst.shape.dtype).reshape(()).item()
-    return repr(value)
+def literal(inst: Instruction) -> str | None:
+    """A fast 0-d constant's value as a Python literal (numpy's conversion to its dtype first), or
+    None for a literal that is not one value (the constant's kernel reports it)."""
+    try:
+        value: Any = np.asarray(inst.attrs["literal"]).astype(inst.shape.dtype)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    return repr(value.item()) if value.size == 1 else None
 
 
 @dataclass
@@ -186,7 +206,9 @@ def plan(module: Module, comp: Computation, scalars: frozenset[int]) -> Plan:
                 origin[name] = frozenset((index,))
             continue
         if inst.opcode == "constant" and is_fast(inst.shape):
-            result.literals[name] = literal(inst)
+            text = literal(inst)
+            if text is not None:
+                result.literals[name] = text
             continue
         sources = [origin[o] for o in inst.operands if o in origin]
         if name == body_root:
