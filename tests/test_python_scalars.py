@@ -282,3 +282,16 @@ def test_a_fusion_whose_expression_would_grow_too_long_stays_numpy():
     fast = rp.evaluate(module, [np.uint16(3)])
     numpy_path = rp.run(module, [np.uint16(3)], num_replicas=1, backend="threads", record_every_instruction=True)[0]
     assert [(v.dtype, v.tobytes()) for v in fast] == [(v.dtype, v.tobytes()) for v in numpy_path]
+
+
+def test_a_body_that_reads_its_own_next_state_keeps_arrays():
+    text = LOOP.format(t="s32", trips=5, step=3, kind="SIGNED").replace(
+        "  ROOT next = (s32[], s32[], s32[], pred[], f32[2]) tuple(a2, b2, n2, flag2, y)",
+        "  ROOT next = (s32[], s32[], s32[], pred[], f32[2]) tuple(a2, b2, n2, flag2, y)\n"
+        "  again = s32[] get-tuple-element(next), index=0")
+    module = rp.parse_hlo(text)
+    loop = module.entry_computation.root_instruction
+    cond, body = (module.computation(loop.attrs[k]) for k in ("condition", "body"))
+    assert loop_scalars(module, loop.shape, cond, body) == frozenset()
+    out = rp.evaluate(module, [np.int32(2), np.int32(9)])
+    assert [v.dtype for v in out] == [np.int32, np.int32, np.int32, np.bool_, np.float32]

@@ -238,6 +238,8 @@ def loop_scalars(module: Module, state: Shape, condition: Computation, body: Com
     (empty when none, or when no op of the loop would compute on them)."""
     if not state.is_tuple or body.root_instruction.opcode != "tuple":
         return frozenset()
+    if any(body.root in i.operands for i in body.instructions):
+        return frozenset()  # the next state is read inside the body too: its elements must be arrays
     for comp in (condition, body):
         if len(comp.parameters) != 1:
             return frozenset()
