@@ -499,9 +499,8 @@ class Exchange:
         if self.meeting is not None:
             # The members but the acting one, in rank order, form RESULT_LANES lanes: the k-th of
             # them hands the results on to the (k + RESULT_LANES)-th: the very message it took, under
-            # the same key.
-            # `_received` inlined, and the fabric's `recv` (which takes a collective key from the mailbox
-            # under every transport): two frames fewer per member and collective.
+            # the same key. (`_received` and the fabric's `recv`, which takes a collective key from the
+            # mailbox under every transport, inlined: two frames fewer per member and collective.)
             leader, key = topo.leader, (keys.COLLECTIVE, self.seq, RESULT)
             message = self.fabric.mailbox.take(leader, key, self.block)
             if message[0] is not self.fingerprint.wire:
