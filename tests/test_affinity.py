@@ -65,7 +65,9 @@ def test_the_rule_and_the_environment(monkeypatch):
     monkeypatch.setenv(affinity.ENV, "off")
     assert affinity.choose_cpu(1000) is None
     monkeypatch.delenv(affinity.ENV)
-    assert affinity.choose_cpu(1000) is None  # off unless asked for
+    assert affinity.choose_cpu(affinity.DEFAULT_MIN_REPLICAS - 1) is None  # unset: only many replicas
+    many = affinity.choose_cpu(affinity.DEFAULT_MIN_REPLICAS)
+    assert many is None if len(allowed) < 2 else many in allowed
     monkeypatch.setenv(affinity.ENV, str(allowed[-1]))
     assert affinity.choose_cpu(1) == allowed[-1]  # a CPU given: always that one
     monkeypatch.setenv(affinity.ENV, str(max(allowed) + 1))
@@ -234,11 +236,11 @@ def test_a_new_job_starts_once_the_threads_of_an_aborted_one_have_ended():
     assert out[0][0].tobytes() == out[1][0].tobytes()
 
 
-def test_the_threads_leave_a_core_others_keep_busy_for_an_idler_one_or_for_none():
+def test_the_threads_leave_a_core_others_keep_busy_for_an_idler_one_or_stay():
     # where the threads are, each CPU's busy share over a window, this process's CPU over it (in CPUs)
     assert affinity.better_cpu(0, {0: 0.9, 1: 0.0}, ours=0.9) == 0  # core 0 busy with us only: stay
     assert affinity.better_cpu(0, {0: 1.0, 1: 0.1}, ours=0.5) == 1  # a hog takes half of core 0: move
     assert affinity.better_cpu(1, {0: 0.2, 1: 0.9, 2: 0.05}, ours=0.3) == 2
-    assert affinity.better_cpu(0, {0: 1.0, 1: 1.0}, ours=0.5) is None  # no core idler: let them go
+    assert affinity.better_cpu(0, {0: 1.0, 1: 1.0}, ours=0.5) == 0  # no core idler: stay
     assert affinity.better_cpu(None, {0: 1.0, 1: 1.0}, ours=0.6) is None  # still busy: stay unpinned
     assert affinity.better_cpu(None, {0: 0.3, 1: 0.2}, ours=0.4) == 1  # room again: the idlest core

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from replicas.hlo.ir import Computation, Instruction
+from replicas.ops.python_scalars import loop_scalars
 from replicas.ops.registry import Kernel, KernelContext, kernel
 
 
@@ -31,35 +32,25 @@ def make_call(inst: Instruction, ctx: KernelContext) -> Kernel:
 
 @kernel("while")
 def make_while(inst: Instruction, ctx: KernelContext) -> Callable[[Any], Any]:
-    condition = ctx.computation(inst.attrs["condition"])
-    cond_ir = ctx.computation_ir(inst.attrs["condition"])
-    body_name = inst.attrs["body"]
-    body = ctx.computation(body_name)
+    cond_name, body_name = inst.attrs["condition"], inst.attrs["body"]
+    cond_ir = ctx.computation_ir(cond_name)
+    # The loop's integer and pred scalars (its counter, its condition) as Python numbers.
+    scalars = loop_scalars(ctx.module, inst.shape, cond_ir, ctx.computation_ir(body_name))
+    condition = ctx.computation(cond_name, scalars=scalars)
     # The loop owns its state: the body may update state arrays in place (a scan's accumulator)
-    # instead of copying them every iteration. Elements the condition reads are never given away.
-    donation = _state_donation(inst, cond_ir)
-    if donation and hasattr(ctx, "computation"):
-        body = ctx.computation(body_name, donation)
-    updated = sorted(i for _, i in getattr(body, "updated_in_place", ()) if i is not None)
+    # instead of copying them every iteration. Elements the condition reads are never given away,
+    # nor Python numbers (nothing to own).
+    donation = frozenset(d for d in _state_donation(inst, cond_ir) if d[1] not in scalars)
+    body = ctx.computation(body_name, donation, scalars=scalars)
+    updated = sorted(i for _, i in body.updated_in_place if i is not None)
+    loop = condition.loop  # the loop of a bound condition and body, without per-call checks
     if not updated:
-        loop = getattr(condition, "loop", None)  # a bound computation's loop without per-call checks
-        if loop is not None:
-            return lambda state: loop(body, state)
+        return lambda state: loop(body, state)
 
-        def while_(state: Any) -> Any:
-            while condition(state):
-                state = body(state)
-            return state
+    def own(state: tuple, entry: bool) -> tuple:
+        return _owning(state, updated, entry=entry)
 
-        return while_
-
-    def owned_while(state: Any) -> Any:
-        state = _owning(state, updated, entry=True)
-        while condition(state):
-            state = _owning(body(state), updated, entry=False)
-        return state
-
-    return owned_while
+    return lambda state: loop(body, state, own)
 
 
 def _state_donation(inst: Instruction, cond_ir: Computation) -> frozenset:

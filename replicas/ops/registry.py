@@ -30,10 +30,12 @@ class KernelContext(Protocol):
     num_replicas: int
     fabric: Fabric  # the replica's fabric (collectives, channels, feeds); opaque to ops/
 
-    def computation(self, name: str) -> Kernel:
+    def computation(self, name: str, donated: frozenset = frozenset(), *, scalars: frozenset[int] = frozenset()) -> Any:
         """The named computation compiled to `fn(*args) -> value`. Called with whole arrays where
         the computation is written for scalars, it evaluates element-wise (every op in a scalar
-        computation is element-wise or broadcasts scalars)."""
+        computation is element-wise or broadcasts scalars). `donated`: the arguments it may
+        overwrite; `scalars`: a While loop's state elements it takes as Python numbers (the
+        result's `loop(body, state)` runs the loop)."""
         ...
 
     def computation_ir(self, name: str) -> Computation:

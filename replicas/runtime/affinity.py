@@ -20,17 +20,19 @@ Which core: the one the driver's thread runs on when the job starts (the schedul
 there), or where the previous job's threads were at its end. A fixed core must not become a trap
 when other processes keep it busy: `Pin.watch`, called by the monitor at each poll, compares each
 core's busy time (/proc/stat) with this process's CPU time over a window (`better_cpu`): when the
-others took more than `_OTHERS` of the pinned core, the threads move to an idler core, or, when
-no core is idler (a busy machine), run unpinned where the scheduler puts them until a window
-shows a core with room again (one `sched_setaffinity` per thread each time).
+others took more than `_OTHERS` of the pinned core, the threads move to an idler core (one
+`sched_setaffinity` per thread); when no core is idler (a busy machine), they stay.
 
-`REPLICAS_PIN`: "off" (the default: never pin), "auto" (the rule above), or a CPU number (always
-pin to that CPU, whatever the replicas and the program; it must be one this process may run on).
-Off by default for now: one of nine full test runs on the night it landed (2026-11-26) had a
-1024-replica threads job crawl for 50 s, with 7x the usual system time. The same crawl came back
-later with pinning off: GIL waiters' wake-ups turning into a futex storm on a busy host, which
-`gil_slice.py` now damps (bench/README.md, "CI reliability"); pinning has not been re-measured
-since, so it stays asked for, not imposed.
+`REPLICAS_PIN`: "auto" (the rule above), "off" (never pin), or a CPU number (always pin to that CPU,
+whatever the replicas and the program; it must be one this process may run on). Unset, the rule
+applies from `DEFAULT_MIN_REPLICAS` replica threads in the process: N=256 and 1024 on threads, not
+the few replicas of most jobs. Pinned threads stay pinned while the machine is busy (no core
+idler than theirs): at N=256 under the load of other processes, threads kept on one core took half
+the CPU and wall time per all-reduce of threads let go (bench/README.md, "n256"), where letting
+them go on a busy machine, as this rule did before, put every hand-off between cores again.
+(Pinning was first off by default after one of nine full test runs had a 1024-replica threads job
+crawl for 50 s; the same crawl came back with pinning off, a futex storm of GIL waiters that
+`gil_slice.py` now damps: bench/README.md, "CI reliability".)
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ import time
 from replicas.runtime.compile import Executable, uses_blas
 
 ENV = "REPLICAS_PIN"
-DEFAULT = "off"
+DEFAULT = "auto"
+DEFAULT_MIN_REPLICAS = 128  # replica threads in one process from which the unset setting pins them
 LIGHT_BYTES = 1 << 20  # the largest array of a program whose replicas are pinned
 _WINDOW = 0.2  # seconds of /proc/stat between two decisions of `watch` (its ticks are 10 ms)
 _OTHERS = 0.3  # share of the pinned core other processes may take before the threads move
@@ -64,7 +67,11 @@ def current_cpu() -> int | None:
 def choose_cpu(replicas_in_process: int, executable: Executable | None = None) -> int | None:
     """The CPU to keep a job's `replicas_in_process` replica threads on, or None (do not pin).
     `executable`: the job's program (`compile.Executable`); None counts as a light one."""
-    setting = (os.environ.get(ENV, "").strip().lower() or DEFAULT)
+    setting = os.environ.get(ENV, "").strip().lower()
+    if not setting:
+        if replicas_in_process < DEFAULT_MIN_REPLICAS:
+            return None
+        setting = DEFAULT
     if setting == "off" or not _supported:
         return None
     allowed = sorted(os.sched_getaffinity(0))
@@ -113,7 +120,7 @@ def plan(replicas_in_process: int, executable: Executable | None = None) -> Pin 
     cpu = choose_cpu(replicas_in_process, executable)
     if cpu is None:
         return None
-    if (os.environ.get(ENV, "").strip().lower() or DEFAULT) != "auto":
+    if (os.environ.get(ENV, "").strip().lower() or DEFAULT) != "auto":  # a CPU number
         return Pin(cpu, movable=False)
     when, where = _last
     if time.monotonic() - when < _MEMORY and (where is None or where in os.sched_getaffinity(0)):
@@ -239,9 +246,9 @@ def better_cpu(cpu: int | None, busy: dict[int, float], ours: float) -> int | No
     makes `others` smaller).
 
     Pinned, they stay while other processes take at most `_OTHERS` of their core, move to an idler
-    core when there is one, and are let go when there is none (a busy machine: the scheduler may
-    then run them on whichever core frees first). Unpinned, they are pinned again to the idlest core
-    once the others leave more than a core and a half free."""
+    core when there is one, and stay when there is none (a busy machine: let go, they would hand the
+    GIL between cores again, at twice the CPU per hand-off). Unpinned (after an abort's `release`),
+    they are pinned again to the idlest core once the others leave more than a core and a half free."""
     if cpu is not None:
         others = busy.get(cpu, 0.0) - ours
         if others <= _OTHERS:
@@ -249,7 +256,7 @@ def better_cpu(cpu: int | None, busy: dict[int, float], ours: float) -> int | No
         best = min((c for c in busy if c != cpu), key=busy.__getitem__, default=None)
         if best is not None and busy[best] + _MARGIN < others:
             return best
-        return None
+        return cpu
     if not busy:
         return None
     others = sum(busy.values()) - ours

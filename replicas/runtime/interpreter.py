@@ -18,6 +18,7 @@ import replicas.collectives  # noqa: F401  (registers the collective kernels)
 import replicas.ops  # noqa: F401  (registers the kernel families)
 from replicas.errors import ProgramError, ReplicaFailure
 from replicas.hlo.ir import Computation, Instruction, Module
+from replicas.ops import python_scalars
 from replicas.ops.registry import lookup
 from replicas.runtime.compile import Executable, Schedule, compile_module
 from replicas.shapes import Shape, Token
@@ -27,15 +28,20 @@ class BoundComputation:
     """A schedule whose steps carry their kernels: `bound(*args) -> value`."""
 
     __slots__ = ("name", "schedule", "_steps", "_num_slots", "_params", "_root", "_interp", "_run", "_code",
-                 "_line_to_inst", "donated", "updated_in_place")
+                 "_line_to_inst", "donated", "scalars", "_numpy_dtypes", "updated_in_place")
 
-    def __init__(self, schedule: Schedule, interp: Interpreter, donated: Donation = frozenset()) -> None:
+    def __init__(self, schedule: Schedule, interp: Interpreter, donated: Donation = frozenset(),
+                 scalars: frozenset[int] = frozenset()) -> None:
         self.name = schedule.computation
         self.schedule = schedule
         self._interp = interp
         # Arguments the caller gives away, which this computation may overwrite: (parameter, None) for
         # an array, (parameter, i) for element i of a tuple. See `_ownership`.
         self.donated = donated
+        # A While loop's condition or body whose state elements `scalars` are Python numbers, not 0-d
+        # arrays (`ops.python_scalars`): only `loop` runs it, converting them on entry and exit.
+        self.scalars = scalars
+        self._numpy_dtypes: tuple[tuple[int, np.dtype], ...] = ()  # (element, dtype) of `scalars`, for the exit
         self.updated_in_place: frozenset[tuple[int, int | None]] = frozenset()
         self._num_slots = schedule.num_slots
         self._params = schedule.parameter_slots
@@ -51,7 +57,10 @@ class BoundComputation:
             fn = lookup(step.inst)(step.inst, ctx)
             steps.append((fn, step.operand_slots, step.result_slot, step.release, step.inst))
         self._steps = steps
-        self._run, self._line_to_inst = _straight_line(self)
+        if self.scalars:
+            state = comp.parameters[0].shape.tuple_shapes
+            self._numpy_dtypes = tuple((k, state[k].dtype) for k in sorted(self.scalars))
+        self._run, self._line_to_inst = _straight_line(self, comp)
         self._code = self._run.__code__
 
     def __call__(self, *args: Any) -> Any:
@@ -76,17 +85,30 @@ class BoundComputation:
                 raise
             raise failure from e
 
-    def loop(self, body: Any, state: Any) -> Any:
+    def loop(self, body: Any, state: Any, own: Callable[[Any, bool], Any] | None = None) -> Any:
         """`while self(state): state = body(state)`, the While loop of a condition and a body of one
         argument each, without their calls' per-call checks: one abort check per iteration, and a
         kernel's error translated as `__call__` does (by the computation whose code raised it). A
-        While iteration of a small body is a few dozen microseconds, two computation calls of it."""
+        While iteration of a small body is a few dozen microseconds, two computation calls of it.
+        `own(state, entry)`: the state made the loop's own, on entry and after every iteration."""
         interp = self._interp
+        scalars = self.scalars
+        if scalars and interp.every_instruction_recorder is not None:
+            # Recording runs the numpy kernels step by step: the computations without Python scalars.
+            plain = interp.computation(self.name), interp.computation(body.name, body.donated)
+            return plain[0].loop(plain[1], state, own)
+        if own is not None:
+            state = own(state, True)
         if (type(body) is not BoundComputation or interp.every_instruction_recorder is not None
                 or len(self._params) != 1 or len(body._params) != 1):
             while self(state):
-                state = body(state)
+                state = body(state) if own is None else own(body(state), False)
             return state
+        if scalars:
+            values = list(state)
+            for k in scalars:
+                values[k] = values[k].item()  # a 0-d array's value as a Python int (bool for pred)
+            state = tuple(values)
         condition, step = self._run, body._run
         mailbox = interp.mailbox
         try:
@@ -94,13 +116,21 @@ class BoundComputation:
                 if mailbox is not None and mailbox.aborted is not None:
                     raise mailbox.aborted
                 if not condition(state):
-                    return state
+                    break
                 state = step(state)
+                if own is not None:
+                    state = own(state, False)
         except Exception as e:
             failure = self._kernel_failure(e, (body, self))
             if failure is None:
                 raise
             raise failure from e
+        if scalars:
+            values = list(state)
+            for k, dtype in self._numpy_dtypes:
+                values[k] = np.array(values[k], dtype)
+            state = tuple(values)
+        return state
 
     def _kernel_failure(self, e: Exception, computations: tuple[BoundComputation, ...]) -> BaseException | None:
         """The error a kernel's `e` becomes, named by the instruction of whichever of `computations`
@@ -151,14 +181,18 @@ class BoundComputation:
 DONATE_MIN_ELEMENTS = 1 << 16
 
 
-def _straight_line(bound: BoundComputation) -> tuple[Callable[..., Any], dict[int, Instruction]]:
+def _straight_line(bound: BoundComputation, comp: Computation) -> tuple[Callable[..., Any], dict[int, Instruction]]:
     """Compile the bound steps to straight-line Python: one local per value, `del` at its last use
-    (the schedule's liveness), `_interp.current` set per step. This removes the per-step loop,
-    list and slot overhead from every computation call (a While body runs it every iteration).
+    (the schedule's liveness), `_interp.current` set per kernel call. This removes the per-step
+    loop, list and slot overhead from every computation call (a While body runs it every iteration).
+    Tuples and their elements are Python's own tuple display and subscript, which cannot fail.
 
     A large element-wise result is written into an operand's buffer (`out=`) when that operand is
     a fresh array made by another element-wise ufunc step of this computation, of the same shape
-    and type, and this step is its only reader: nothing else can see the buffer change."""
+    and type, and this step is its only reader: nothing else can see the buffer change.
+
+    A loop's condition or body with `scalars` (`ops.python_scalars`) computes on those state
+    elements as Python expressions; its fast constants are Python literals there."""
     params = bound._params
     steps = bound._steps
     arg_names = [f"a{i}" for i in range(len(params))]
@@ -179,37 +213,70 @@ def _straight_line(bound: BoundComputation) -> tuple[Callable[..., Any], dict[in
                 and inst.shape.numel >= DONATE_MIN_ELEMENTS)
 
     in_place, callee_donations = _ownership(bound, operand_vars, readers, root_var, arg_names)
+    plan = python_scalars.plan(bound._interp.module, comp, bound.scalars) if bound.scalars else None
+    texts = operand_vars if plan is None else _python_operands(plan, comp, steps, operand_vars)
+    used = {n for names in texts for n in names}
     name_of = {slot: arg_names[i] for i, slot in enumerate(params)}
+    defined = set(arg_names)
     env: dict[str, Any] = {"_interp": bound._interp}
     lines = [f"def run({', '.join(arg_names)}):"]
     line_to_inst: dict[int, Instruction] = {}
     for k, (fn, _, result_slot, release, inst) in enumerate(steps):
-        if k in in_place:
-            fn = fn.in_place
-        elif k in callee_donations:
-            fn = bound._interp.computation(_callee(inst), callee_donations[k])
-        env[f"k{k}"] = fn
-        env[f"i{k}"] = inst
-        names = operand_vars[k]
-        out = ""
-        if fresh_ufunc(k):
-            for n in names:
-                producer = int(n[1:]) if n[0] == "v" else None
-                if (producer is not None and readers[n] == 1 and n != root_var and fresh_ufunc(producer)
-                        and steps[producer][4].shape.compatible(inst.shape)):
-                    out = f", out={n}"
-                    break
-        lines.append(f"    _interp.current = i{k}; v{k} = k{k}({', '.join(names)}{out})")
-        line_to_inst[len(lines)] = inst
+        names = texts[k]
+        var = f"v{k}"
+        opcode = inst.opcode
+        expression = plan.python.get(inst.name) if plan is not None else None
+        line = None  # a constant that only Python expressions read (as a literal) is never defined
+        if opcode == "get-tuple-element":
+            line = f"{var} = {names[0]}[{int(inst.attrs['index'])}]"
+        elif opcode == "tuple":
+            line = f"{var} = ({''.join(n + ', ' for n in names)})"
+        elif expression is not None:
+            line = f"{var} = {expression(names)}"
+        elif plan is None or inst.name not in plan.literals or var in used or var == root_var:
+            if k in in_place:
+                fn = fn.in_place
+            elif k in callee_donations:
+                fn = bound._interp.computation(_callee(inst), callee_donations[k])
+            env[f"k{k}"] = fn
+            env[f"i{k}"] = inst
+            out = ""
+            if fresh_ufunc(k):
+                for n in names:
+                    producer = int(n[1:]) if n[0] == "v" else None
+                    if (producer is not None and readers[n] == 1 and n != root_var and fresh_ufunc(producer)
+                            and steps[producer][4].shape.compatible(inst.shape)):
+                        out = f", out={n}"
+                        break
+            line = f"_interp.current = i{k}; {var} = k{k}({', '.join(names)}{out})"
+            line_to_inst[len(lines) + 1] = inst
+        if line is not None:
+            lines.append("    " + line)
+            defined.add(var)
         dead = [name_of[s] for s in release if s in name_of and s != result_slot]
-        name_of[result_slot] = f"v{k}"
+        name_of[result_slot] = var
         if result_slot in release:
-            dead.append(f"v{k}")
+            dead.append(var)
+        dead = [d for d in dict.fromkeys(dead) if d in defined]
         if dead:
-            lines.append(f"    del {', '.join(dict.fromkeys(dead))}")
+            lines.append(f"    del {', '.join(dead)}")
     lines.append(f"    return {name_of[bound._root]}")
     exec(compile("\n".join(lines) + "\n", f"<computation {bound.name}>", "exec"), env)  # noqa: S102
     return env["run"], line_to_inst
+
+
+def _python_operands(plan: python_scalars.Plan, comp: Computation, steps: list[Any],
+                     operand_vars: list[list[str]]) -> list[list[str]]:
+    """Each step's operands as generated code names them: a fast constant read by a Python
+    expression, or by the body's next state in an element kept as a Python number, is its literal."""
+    root = comp.root if comp.root_instruction.shape.is_tuple else None
+    texts = []
+    for (_, _, _, _, inst), names in zip(steps, operand_vars):
+        if inst.name in plan.python or inst.name == root:
+            names = [plan.literals[o] if o in plan.literals and (inst.name != root or j in plan.scalars) else n
+                     for j, (o, n) in enumerate(zip(inst.operands, names))]
+        texts.append(names)
+    return texts
 
 
 def kernel_failure(replica: int, inst: Instruction, error: BaseException) -> ReplicaFailure:
@@ -314,7 +381,7 @@ class Interpreter:
         self.current: Instruction | None = None
         self.attach(fabric)
         self._binding: Computation | None = None
-        self._bound: dict[tuple[str, Donation], BoundComputation] = {}
+        self._bound: dict[tuple[str, Donation, frozenset[int]], BoundComputation] = {}
         self._entry = self.computation(self.module.entry)
 
     def attach(self, fabric: Any) -> None:
@@ -327,16 +394,19 @@ class Interpreter:
         self.current = None
 
     # -- KernelContext ---------------------------------------------------------------------------
-    def computation(self, name: str, donated: Donation = frozenset()) -> BoundComputation:
-        """The named computation, bound; with `donated`, the variant that may overwrite those arguments."""
-        key = (name, donated)
+    def computation(self, name: str, donated: Donation = frozenset(), *,
+                    scalars: frozenset[int] = frozenset()) -> BoundComputation:
+        """The named computation, bound; with `donated`, the variant that may overwrite those arguments;
+        with `scalars`, the variant of a While loop's condition or body taking those state elements
+        as Python numbers (`ops.python_scalars`)."""
+        key = (name, donated, scalars)
         bound = self._bound.get(key)
         if bound is None:
             try:
                 schedule = self.executable.schedules[name]
             except KeyError:
                 raise ProgramError(f"module {self.module.name} has no computation {name!r}") from None
-            bound = BoundComputation(schedule, self, donated)
+            bound = BoundComputation(schedule, self, donated, scalars)
             self._bound[key] = bound  # before bind(): a computation may be referenced twice
             binding = self._binding
             bound.bind()
