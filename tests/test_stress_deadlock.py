@@ -137,8 +137,8 @@ def test_no_false_deadlocks_and_every_planted_one_found_on_ray():
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the jitter call runs in the actors
     # One burner: it takes a core, and the actors share the other with the driver (and, in the
-    # suite, with the other xdist worker). Two left the actors almost no CPU: the 7 jobs took 10-18 s
-    # instead of 4.5-6.5 (a planted deadlock found in 2.3-3.7 s instead of 1.2-1.8; 0.7-1.1 unloaded),
-    # and the burners ~10 CPU s of a suite run. The threads test keeps two: there the burners also
-    # contend for the replicas' GIL.
+    # suite, with the other xdist worker). Two left the actors almost no CPU: alone, the 7 jobs took
+    # 10-18 s instead of 4.5-6.5 (a planted deadlock found in 2.3-3.7 s instead of 1.2-1.8; 0.7-1.1
+    # unloaded); in a suite run the test's own CPU was 9.7-9.9 s, 4.7-6.1 with one. The threads test
+    # keeps two: there the burners also contend for the replicas' GIL.
     _runs("ray", n=3, correct=4, planted=3, scale=0.05, timeout=120, burners=1)  # start-up counts: a loaded machine
