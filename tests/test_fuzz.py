@@ -46,9 +46,10 @@ RAN: dict[str, int] = {}  # examples run per fuzz test (printed with -s)
 def fuzz(name: str, examples: int, body, **strategies) -> None:
     """Run `body(**example)` on the first `examples` (times REPLICAS_FUZZ_SCALE) hypothesis examples.
 
-    A count, not a time: the same examples on every machine and every run (a time budget ran
-    55-2000 of them, fewer on a loaded machine, the first 10 twice). Each count is about what the
-    old budgets ran on this project's 2-core machines; REPLICAS_FUZZ_SCALE=10 or
+    A count, not a time: the same examples on every machine and every run, and a loaded machine
+    no longer runs fewer. The time budgets (2-5 s, up to 1000-2000 examples) ran 55-430 per test
+    on a loaded 2-core machine and more on a quiet one (12-19 CPU s in all), the first 10 twice;
+    the counts are about the loaded machine's (~6 CPU s in all). REPLICAS_FUZZ_SCALE=10 or
     REPLICAS_FUZZ_RANDOM=1 explores further."""
 
     @settings(max_examples=max(1, int(examples * SCALE)), deadline=None, database=None, derandomize=not EXPLORE,
