@@ -165,7 +165,7 @@ text_ops = st.lists(st.tuples(st.sampled_from(["drop", "dup", "swap", "number", 
 
 def test_fuzz_hlo_text():
     fuzz("hlo text", 150, lambda seed, ops: run_target(parse_target, mutate_text(HLO_SEEDS[seed], ops),
-                                                            "HLO text"),
+                                                       "HLO text"),
          seed=st.sampled_from(range(len(HLO_SEEDS))), ops=text_ops)
 
 
@@ -190,7 +190,7 @@ def test_fuzz_msgpack_structure():
 
 def test_fuzz_msgpack_bytes():
     fuzz("msgpack bytes", 300, lambda seed, ops: run_target(msgpack_target, flip_bytes(_SEED_MSGPACK[seed], ops),
-                                                                 "msgpack bytes"),
+                                                            "msgpack bytes"),
          seed=st.sampled_from(range(len(HLO_SEEDS))), ops=byte_ops)
 
 

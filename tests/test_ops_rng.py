@@ -40,13 +40,12 @@ def _rng_bit_generator_text(algorithm: str, state_len: int, element_type: str, d
     """One stablehlo.rng_bit_generator (the oracle; jax.lax only takes u64[2] keys)."""
     data = "tensor<" + "".join(f"{d}x" for d in dims) + MLIR_TYPES[element_type] + ">"
     state = f"tensor<{state_len}xui64>"
-    text = (
+    return (
         f"module @oracle {{\n func.func public @main(%s: {state}) -> ({state}, {data}) {{\n"
         f'  %0:2 = "stablehlo.rng_bit_generator"(%s) {{rng_algorithm = #stablehlo<rng_algorithm '
         f"{ALGORITHMS[algorithm]}>}} : ({state}) -> ({state}, {data})\n"
         f"  return %0#0, %0#1 : {state}, {data}\n }}\n}}\n"
     )
-    return text
 
 
 @functools.cache
@@ -57,8 +56,8 @@ def _compiled(text: str):
 
 
 def xla_bits(algorithm: str, state: np.ndarray, element_type: str, dims: tuple[int, ...]):
-    """XLA's answer, recorded in tests/golden/ (each program compiled here cost ~0.1-0.2 CPU s: ~7 per
-    run for this file, the only oracle outside the store)."""
+    """XLA's answer, recorded in tests/golden/ (compiling each program here every run cost this file
+    5-8 CPU s of the suite: it was the only oracle outside the store)."""
     text = _rng_bit_generator_text(algorithm, len(state), element_type, dims)
 
     def compute() -> list[np.ndarray]:
