@@ -38,7 +38,23 @@ def configure_jax_and_hypothesis() -> None:
     # tests/golden/ match them); REPLICAS_HYPOTHESIS=explore draws new ones.
     settings.register_profile("repeatable", derandomize=True, database=None)
     settings.register_profile("explore", derandomize=False)
-    settings.load_profile("explore" if os.environ.get("REPLICAS_HYPOTHESIS") == "explore" else "repeatable")
+    explore = os.environ.get("REPLICAS_HYPOTHESIS") == "explore"
+    settings.load_profile("explore" if explore else "repeatable")
+    if not explore:
+        without_local_constants()
+
+
+def without_local_constants() -> None:
+    """Hypothesis (6.x) draws some choices from the constants of the project's modules imported so
+    far (`replicas/`, not the tests): an edit of any constant there changed the suite's examples,
+    and the XLA answers tests/golden/ must hold for them (every branch that touched a constant
+    needed answers recorded again, and so did their merge). Without them the examples depend on
+    the tests alone (hypothesis's own constants stay). No setting turns them off: its internal
+    hook, where it exists."""
+    from hypothesis.internal.conjecture import providers
+
+    if hasattr(providers, "_get_local_constants") and hasattr(providers, "Constants"):
+        providers._get_local_constants = providers.Constants  # an empty set of each kind
 
 
 def runs_tests(config: pytest.Config) -> bool:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from jax._src import xla_bridge
 from jax._src.lib import xla_client
 from opkit import run_module, run_op, single_op_module
+from xla_oracle import GOLDEN
 
 from replicas.errors import ProgramError
 from replicas.runtime.compile import compile_module
@@ -35,26 +36,36 @@ MLIR_TYPES = {
 ALGORITHMS = {"rng_three_fry": "THREE_FRY", "rng_philox": "PHILOX", "rng_default": "DEFAULT"}
 
 
-@functools.cache
-def _xla_rng_bit_generator(algorithm: str, state_len: int, element_type: str, dims: tuple[int, ...]):
-    """Compile one stablehlo.rng_bit_generator on XLA:CPU (the oracle; jax.lax only takes u64[2] keys)."""
+def _rng_bit_generator_text(algorithm: str, state_len: int, element_type: str, dims: tuple[int, ...]) -> str:
+    """One stablehlo.rng_bit_generator (the oracle; jax.lax only takes u64[2] keys)."""
     data = "tensor<" + "".join(f"{d}x" for d in dims) + MLIR_TYPES[element_type] + ">"
     state = f"tensor<{state_len}xui64>"
-    text = (
+    return (
         f"module @oracle {{\n func.func public @main(%s: {state}) -> ({state}, {data}) {{\n"
         f'  %0:2 = "stablehlo.rng_bit_generator"(%s) {{rng_algorithm = #stablehlo<rng_algorithm '
         f"{ALGORITHMS[algorithm]}>}} : ({state}) -> ({state}, {data})\n"
         f"  return %0#0, %0#1 : {state}, {data}\n }}\n}}\n"
     )
+
+
+@functools.cache
+def _compiled(text: str):
     backend = xla_bridge.get_backend("cpu")
     devices = xla_client.DeviceList(tuple(backend.local_devices()[:1]))
     return backend, backend.compile_and_load(text, devices, xla_client.CompileOptions())
 
 
 def xla_bits(algorithm: str, state: np.ndarray, element_type: str, dims: tuple[int, ...]):
-    backend, exe = _xla_rng_bit_generator(algorithm, len(state), element_type, dims)
-    out = exe.execute_sharded([jax.device_put(state, backend.local_devices()[0])])
-    new_state, bits = (np.asarray(o[0]) for o in out.disassemble_into_single_device_arrays())
+    """XLA's answer, recorded in tests/golden/ (compiling each program here every run cost this file
+    5-8 CPU s of the suite: it was the only oracle outside the store)."""
+    text = _rng_bit_generator_text(algorithm, len(state), element_type, dims)
+
+    def compute() -> list[np.ndarray]:
+        backend, exe = _compiled(text)
+        out = exe.execute_sharded([jax.device_put(state, backend.local_devices()[0])])
+        return [np.asarray(o[0]) for o in out.disassemble_into_single_device_arrays()]
+
+    new_state, bits = GOLDEN.answer(("stablehlo", text), [state], compute)
     return new_state, bits
 
 

@@ -1,6 +1,11 @@
 """Reports that fit a terminal at 1024 replicas (threads): replicas in the same situation share a
 line, ranges are compressed, the wait-for graph is summarized, event tails only for the replicas
-the diagnosis names; `rp.run` and `rp.check` give the same text; a mismatch names both sides."""
+the diagnosis names; `rp.run` and `rp.check` give the same text; a mismatch names both sides.
+
+`rp.check` is compared with `rp.run` at CHECKED replicas, not 1024: both run the same threads job
+(`checker.find_problem` launches it as `rp.run` does), so the comparison needs no 1024-replica job
+of its own (two of them cost ~4 CPU s); CHECKED is past `threads.ABORT_INLINE`, so the job's abort
+takes the large jobs' path, and its ranges are compressed as at 1024."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import replicas as rp
 from replicas.errors import CollectiveMismatchError, DeadlockError
 
 N = 1024
+CHECKED = 128
 REDUCERS = """
 add {
   a = f32[] parameter(0)
@@ -28,9 +34,9 @@ max {
 """
 
 
-def last_replica_differs(on_last: str, on_others: str) -> str:
-    """Replica N-1 runs `on_last`, every other replica `on_others` (bodies map p = f32[4] to f32[4])."""
-    return f"""HloModule one_culprit, replica_count={N}
+def last_replica_differs(on_last: str, on_others: str, n: int = N) -> str:
+    """Replica n-1 runs `on_last`, every other replica `on_others` (bodies map p = f32[4] to f32[4])."""
+    return f"""HloModule one_culprit, replica_count={n}
 {REDUCERS}
 on_last {{
   p = f32[4] parameter(0)
@@ -45,17 +51,23 @@ on_others {{
 ENTRY main {{
   x = f32[4] parameter(0)
   id = u32[] replica-id()
-  last = u32[] constant({N - 1})
+  last = u32[] constant({n - 1})
   is_last = pred[] compare(id, last), direction=EQ
   ROOT out = f32[4] conditional(is_last, x, x), true_computation=on_last, false_computation=on_others
 }}
 """
 
 
-DEADLOCK = last_replica_differs("ROOT n = f32[4] negate(p)",
-                                "ROOT r = f32[4] all-reduce(p), replica_groups={}, to_apply=add")
-MISMATCH = last_replica_differs("ROOT ar_b = f32[4] all-reduce(p), replica_groups={}, to_apply=max",
-                                "ROOT ar_a = f32[4] all-reduce(p), replica_groups={}, to_apply=add")
+def deadlock(n: int = N) -> str:
+    return last_replica_differs("ROOT n = f32[4] negate(p)",
+                                "ROOT r = f32[4] all-reduce(p), replica_groups={}, to_apply=add", n)
+
+
+def mismatch(n: int = N) -> str:
+    return last_replica_differs("ROOT ar_b = f32[4] all-reduce(p), replica_groups={}, to_apply=max",
+                                "ROOT ar_a = f32[4] all-reduce(p), replica_groups={}, to_apply=add", n)
+
+
 X = [np.zeros(4, np.float32)]
 
 
@@ -66,7 +78,7 @@ def without_event_times(text: str) -> str:
 @pytest.mark.slow
 def test_a_one_culprit_deadlock_at_1024_replicas_fits_a_terminal() -> None:
     with pytest.raises(DeadlockError) as info:
-        rp.run(DEADLOCK, X, backend="threads", timeout=300)
+        rp.run(deadlock(), X, backend="threads", timeout=300)
     text = f"DeadlockError: {info.value}"
     assert len(text.splitlines()) < 40 and len(text) < 4000, text
     assert "replicas 0-1022: blocked in %r (all-reduce #0) in on_others waiting for replica 1023" in text
@@ -74,17 +86,22 @@ def test_a_one_culprit_deadlock_at_1024_replicas_fits_a_terminal() -> None:
     assert "replicas 0-1022 -> replica 1023  [all] in %r" in text
     assert "last events of replicas [0, 1023]" in text
     report = info.value.report
-    assert len(report.to_dict()["wait_for_all"]) == 1023 and len(report.to_dict()["replicas"]) == N
-    with pytest.raises(DeadlockError) as checked:
-        rp.check(DEADLOCK, X, timeout=300)
-    assert without_event_times(str(checked.value)) == without_event_times(str(info.value))
+    as_dict = report.to_dict()  # ~2 CPU s at 1024 replicas (dataclasses.asdict of every record): once
+    assert len(as_dict["wait_for_all"]) == 1023 and len(as_dict["replicas"]) == N
+    assert sorted(report.blocked) == list(range(N - 1))  # test_scale's threads case checked this too
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 << 20  # KiB: under 4 GiB
+    with pytest.raises(DeadlockError) as ran:
+        rp.run(deadlock(CHECKED), X, backend="threads", timeout=300)
+    with pytest.raises(DeadlockError) as checked:
+        rp.check(deadlock(CHECKED), X, timeout=300)
+    assert f"replicas 0-{CHECKED - 2}: blocked in %r (all-reduce #0)" in str(checked.value)
+    assert without_event_times(str(checked.value)) == without_event_times(str(ran.value))
 
 
 @pytest.mark.slow
 def test_a_mismatch_at_1024_replicas_shows_the_diff_and_both_sides() -> None:
     with pytest.raises(CollectiveMismatchError) as info:
-        rp.run(MISMATCH, X, backend="threads", timeout=300)
+        rp.run(mismatch(), X, backend="threads", timeout=300)
     text = str(info.value)
     assert len(text.splitlines()) < 40, text
     assert "- replica 0 %ar_a: reduction = add(f32)" in text or "+ replica 0 %ar_a: reduction = add(f32)" in text
@@ -94,9 +111,12 @@ def test_a_mismatch_at_1024_replicas_shows_the_diff_and_both_sides() -> None:
     assert isinstance(report, rp.MismatchReport)
     assert report.sides == [list(range(N - 1)), [N - 1]] or report.sides == [[N - 1], list(range(N - 1))]
     assert report.to_dict()["collective"] == 0
+    with pytest.raises(CollectiveMismatchError) as ran:
+        rp.run(mismatch(CHECKED), X, backend="threads", timeout=300)
     with pytest.raises(CollectiveMismatchError) as checked:
-        rp.check(MISMATCH, X, timeout=300)
-    assert str(checked.value).splitlines()[-2:] == text.splitlines()[-2:]
+        rp.check(mismatch(CHECKED), X, timeout=300)
+    assert f"replicas 0-{CHECKED - 2} ran %ar_a as collective #0" in str(checked.value)
+    assert str(checked.value).splitlines()[-2:] == str(ran.value).splitlines()[-2:]
 
 
 def recv_ring(n: int) -> str:

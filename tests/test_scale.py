@@ -109,6 +109,9 @@ def test_many_replicas_give_numpy_results_bitwise(n, backend):
         assert g.tobytes() == gathered.tobytes(), f"replica {r}"
 
 
+# On Ray only: test_reports_at_scale finds the same planted deadlock among 1024 threads (its
+# report's blocked replicas, the text, the memory), and test_affinity the While loop's on threads.
+@pytest.mark.parametrize("backend", [pytest.param("ray", marks=pytest.mark.ray)], indirect=True)
 def test_a_deadlock_among_1024_replicas_is_reported(backend):
     n = 1024
     m = rp.parse_hlo(loop_the_last_replica_skips(n, elements=4, trips=3))
