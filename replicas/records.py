@@ -8,7 +8,7 @@ second, and under Ray each poll pickles the states.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 HOST = -1  # the driver, as a peer of host transfers and feeds
@@ -38,7 +38,9 @@ class BlockInfo:
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Its fields as they are: `dataclasses.asdict` rebuilt the group tuple value by value, ~1M
+        # values for the blocked replicas of a 1024-member group (2.2 s of CPU per report).
+        return dict(self.__dict__)
 
 
 @dataclass
@@ -57,4 +59,7 @@ class ReplicaState:
     node: str | None = None  # the Ray node running it (None for threads)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = dict(self.__dict__)
+        if self.block is not None:
+            out["block"] = self.block.to_dict()
+        return out
