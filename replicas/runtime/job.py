@@ -303,13 +303,19 @@ class Movement:
     def __init__(self) -> None:
         # (time, progress by replica), one every WINDOW / 10 s: O(N) memory per sample at any poll rate.
         self._samples: deque[tuple[float, dict[int, int]]] = deque()
-        self._changed: dict[int, tuple[int, float]] = {}  # replica -> (its progress, when it last changed)
+        # replica -> (its progress, when a poll saw it change; None: not since the first poll looked)
+        self._changed: dict[int, tuple[int, float | None]] = {}
+        self._first_look: float | None = None
 
     def observe(self, states: list[ReplicaState], now: float) -> None:
         changed = self._changed
+        if self._first_look is None:
+            self._first_look = now
         for s in states:
             seen = changed.get(s.replica)
-            if seen is None or seen[0] != s.progress:
+            if seen is None:
+                changed[s.replica] = (s.progress, None)
+            elif seen[0] != s.progress:
                 changed[s.replica] = (s.progress, now)
         samples = self._samples
         if not samples or now - samples[-1][0] >= self.WINDOW / 10:
@@ -318,14 +324,16 @@ class Movement:
                 samples.popleft()
 
     def lines(self, states: list[ReplicaState], now: float) -> list[str]:
-        active = sorted(s.replica for s in states if s.status in ("running", "blocked") and s.replica in self._changed)
-        if not active:
+        changed = self._changed
+        active = sorted(s.replica for s in states if s.status in ("running", "blocked") and s.replica in changed)
+        if not active or self._first_look is None:
             return []
-        recent = [r for r in active if now - self._changed[r][1] <= self.RECENT]
+        moves = [changed[r][1] for r in active if changed[r][1] is not None]
+        recent = [r for r in active if changed[r][1] is not None and now - changed[r][1] <= self.RECENT]
         if not recent:
-            still = now - max(self._changed[r][1] for r in active)
-            return [f"no message moved for {still:.1f} s before the timeout ({replicas_text(active)} running or "
-                    "blocked)"]
+            still = now - max(moves, default=self._first_look)
+            return [f"no message moved in the last {still:.1f} s before the timeout ({replicas_text(active)} "
+                    "running or blocked)"]
         since, first = self._samples[0]
         moved = {s.replica: s.progress - first.get(s.replica, 0) for s in states if s.replica in recent}
         most = max(recent, key=lambda r: moved[r])
