@@ -6,11 +6,13 @@ the GIL passed between CPUs) and the scheduler's migrations. At 256 threads on 2
 2.4-2.6 context switches per all-reduce, and the runs whose threads migrated cost twice the CPU of
 the others; the same process pinned to one core (`taskset -c 0`) never had the slow runs.
 
-When: only when the job's replicas in this process outnumber the cores (N=256 or 1024 on threads;
-not N=4 on 4 cores), and only for a program whose replicas cannot overlap real work outside the
-GIL: no op that calls BLAS/LAPACK or a custom call (`compile.uses_blas`), and no array over
-`LIGHT_BYTES` (numpy's loops over large arrays release the GIL, and several replicas' loops run
-in parallel on several cores). The small collectives of a While loop at N=256 are the case. (The
+When: whenever a job has two replica threads or more in this process, and only for a program whose
+replicas cannot overlap real work outside the GIL: no op that calls BLAS/LAPACK or a custom call
+(`compile.uses_blas`), and no array over `LIGHT_BYTES` (numpy's loops over large arrays release the
+GIL, and several replicas' loops run in parallel on several cores). Not only when they outnumber
+the cores: on 2 cores, 2 replicas' all-reduce in a While loop took 50-52 us pinned against 68-192 us
+free at 4 KiB, 106-121 against 244-270 us at 1 MiB, and their 4 KiB Send/Recv ping-pong 166-226
+against 505-548 us per round trip (bench/README.md, "Quiet rerun after n256 and suite6"). (The
 in-process collective itself gains nothing from a second core at any size: at N=4, 16 and 64 MiB
 all-reduces cost the same wall time pinned and free, its reduction being one thread's.) Only the
 replica threads are pinned: the driver's thread (the monitor, the host side) keeps every core, and
@@ -23,16 +25,15 @@ core's busy time (/proc/stat) with this process's CPU time over a window (`bette
 others took more than `_OTHERS` of the pinned core, the threads move to an idler core (one
 `sched_setaffinity` per thread); when no core is idler (a busy machine), they stay.
 
-`REPLICAS_PIN`: "auto" (the rule above), "off" (never pin), or a CPU number (always pin to that CPU,
-whatever the replicas and the program; it must be one this process may run on). Unset, the rule
-applies from `DEFAULT_MIN_REPLICAS` replica threads in the process: N=256 and 1024 on threads, not
-the few replicas of most jobs. Pinned threads stay pinned while the machine is busy (no core
-idler than theirs): at N=256 under the load of other processes, threads kept on one core took half
-the CPU and wall time per all-reduce of threads let go (bench/README.md, "n256"), where letting
-them go on a busy machine, as this rule did before, put every hand-off between cores again.
-(Pinning was first off by default after one of nine full test runs had a 1024-replica threads job
-crawl for 50 s; the same crawl came back with pinning off, a futex storm of GIL waiters that
-`gil_slice.py` now damps: bench/README.md, "CI reliability".)
+`REPLICAS_PIN`: "auto" (the rule above, and the default), "off" (never pin), or a CPU number (always
+pin to that CPU, whatever the replicas and the program; it must be one this process may run on).
+Pinned threads stay pinned while the machine is busy (no core idler than theirs): at N=256 under
+the load of other processes, threads kept on one core took half the CPU and wall time per
+all-reduce of threads let go (bench/README.md, "n256"), where letting them go on a busy machine, as
+this rule did before, put every hand-off between cores again. (Pinning was first off by default
+after one of nine full test runs had a 1024-replica threads job crawl for 50 s; the same crawl came
+back with pinning off, a futex storm of GIL waiters that `gil_slice.py` now damps: bench/README.md,
+"CI reliability".)
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from replicas.runtime.compile import Executable, uses_blas
 
 ENV = "REPLICAS_PIN"
 DEFAULT = "auto"
-DEFAULT_MIN_REPLICAS = 128  # replica threads in one process from which the unset setting pins them
 LIGHT_BYTES = 1 << 20  # the largest array of a program whose replicas are pinned
 _WINDOW = 0.2  # seconds of /proc/stat between two decisions of `watch` (its ticks are 10 ms)
 _OTHERS = 0.3  # share of the pinned core other processes may take before the threads move
@@ -67,11 +67,7 @@ def current_cpu() -> int | None:
 def choose_cpu(replicas_in_process: int, executable: Executable | None = None) -> int | None:
     """The CPU to keep a job's `replicas_in_process` replica threads on, or None (do not pin).
     `executable`: the job's program (`compile.Executable`); None counts as a light one."""
-    setting = os.environ.get(ENV, "").strip().lower()
-    if not setting:
-        if replicas_in_process < DEFAULT_MIN_REPLICAS:
-            return None
-        setting = DEFAULT
+    setting = os.environ.get(ENV, "").strip().lower() or DEFAULT
     if setting == "off" or not _supported:
         return None
     allowed = sorted(os.sched_getaffinity(0))
@@ -83,7 +79,7 @@ def choose_cpu(replicas_in_process: int, executable: Executable | None = None) -
         if cpu not in allowed:
             raise ValueError(f"{ENV}={cpu}: this process may run on CPUs {allowed} only")
         return cpu
-    if len(allowed) < 2 or replicas_in_process <= len(allowed):  # `cores()`, without a second call
+    if len(allowed) < 2 or replicas_in_process < 2:
         return None
     if executable is not None and not light(executable):
         return None
