@@ -76,7 +76,7 @@ class ThreadBackend:
         if n == 1 and runs_bounded_alone(executable):  # no thread hand-off for a program that cannot wait
             self._replicas[0].run_here(args[0])
             return
-        # More replica threads than cores: keep them on one core (they serialize on the GIL anyway;
+        # Two replica threads or more: keep them on one core (they serialize on the GIL anyway;
         # see affinity.py). The driver's thread, the monitor, stays free.
         self._pin = plan(n, executable)
         if self._pin is not None:
