@@ -47,7 +47,8 @@ def make_ragged_all_to_all(inst: Instruction, ctx: KernelContext) -> Callable[..
         return f"{name}[{j * per_peer + u}] = {int(table[j, u])}"
 
     def ragged_all_to_all(data: np.ndarray, output: np.ndarray, *tables: np.ndarray) -> np.ndarray:
-        offsets_in, sizes, offsets_out, expected = (np.asarray(t, np.int64).reshape(n, per_peer) for t in tables)
+        # Copies (of s64 tables too): receivers read the offsets and sizes sent them after this member went on.
+        offsets_in, sizes, offsets_out, expected = (np.array(t, np.int64).reshape(n, per_peer) for t in tables)
         for table, name in zip((offsets_in, sizes, offsets_out, expected), _NAMES):
             if (table < 0).any():
                 j, u = np.argwhere(table < 0)[0]

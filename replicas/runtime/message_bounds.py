@@ -57,9 +57,9 @@ class MessageBounds:
                 by_name = comp.by_name
                 operands = sum(shape_bytes(by_name[o].shape) for o in inst.operands if o in by_name)
                 members = max((len(g) for g in inst.attrs.get("replica_groups") or ()), default=num_replicas)
-                if inst.opcode == "ragged-all-to-all" and len(inst.operands) > 2 and inst.operands[0] in by_name:
+                if inst.opcode == "ragged-all-to-all" and all(o in by_name for o in inst.operands[:3]):
                     # Its updates to one member may repeat rows: at most every update the whole input.
-                    operands += shape_bytes(by_name[inst.operands[0]].shape) * shape_numel(by_name, inst.operands[2])
+                    operands += shape_bytes(by_name[inst.operands[0]].shape) * by_name[inst.operands[2]].shape.numel
                 self.collective = max(self.collective, max(members, 1) * (operands + shape_bytes(inst.shape)) + slack)
             elif inst.opcode in ("send", "recv") and not inst.attrs.get("is_host_transfer"):
                 channel = _int(inst.attrs.get("channel_id"))
@@ -122,12 +122,6 @@ def described_bytes(value: Any) -> int:
         elif isinstance(v, (tuple, list)):
             stack.extend(v)
     return total
-
-
-def shape_numel(by_name: dict[str, Any], name: str) -> int:
-    """Elements of the array operand `name` (0 when it is not an array here)."""
-    inst = by_name.get(name)
-    return math.prod(inst.shape.dimensions) if inst is not None and inst.shape.is_array else 0
 
 
 def _int(value: Any) -> int | None:
