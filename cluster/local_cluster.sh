@@ -5,7 +5,9 @@
 #   cluster/local_cluster.sh start [PORT]   -> prints the address; `--address auto` finds it too
 #   cluster/local_cluster.sh stop
 # `ray` is the one of the project's Python: $PYTHON, else the active virtualenv, else the
-# repository's .venv, else python3 (never whatever `ray` is first on PATH). $RAY overrides it.
+# repository's .venv, else python3 (never whatever `ray` is first on PATH), run through
+# ray_loopback.py so that the nodes keep 127.0.0.1 and listen on loopback only. $RAY overrides it
+# (and then Ray picks the nodes' address itself).
 set -euo pipefail
 HERE="$(cd "$(dirname "$(readlink -f "$0")")" && pwd)"
 if [ -z "${PYTHON:-}" ]; then
@@ -14,7 +16,7 @@ if [ -z "${PYTHON:-}" ]; then
   else PYTHON="python3"; fi
 fi
 ray_cli() {
-  if [ -n "${RAY:-}" ]; then "$RAY" "$@"; else "$PYTHON" -m ray.scripts.scripts "$@"; fi
+  if [ -n "${RAY:-}" ]; then "$RAY" "$@"; else "$PYTHON" "$HERE/ray_loopback.py" "$@"; fi
 }
 PORT="${2:-${REPLICAS_CLUSTER_PORT:-6390}}"
 BASE="${REPLICAS_CLUSTER_DIR:-/tmp/replicas-cluster}"
@@ -24,7 +26,8 @@ CURRENT=/tmp/ray/ray_current_cluster
 export RAY_USAGE_STATS_ENABLED=0
 # A driver that already joined another Ray exports RAY_ADDRESS: this cluster is a new one.
 unset RAY_ADDRESS
-# Token auth guards real clusters; this one listens on loopback only and is torn down by `stop`.
+# Token auth guards real clusters; this one listens on loopback only (ray_loopback.py) and is torn
+# down by `stop`.
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 case "${1:-}" in
   start)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import logging
 import os
 import secrets
@@ -49,9 +50,50 @@ def ensure_ray(address: str | None = None) -> None:
             address = "local"
             kwargs["include_dashboard"] = False
         try:
-            ray.init(address=address, **kwargs)
+            with _loopback_node() if address == "local" or _on_loopback(address) else contextlib.nullcontext():
+                ray.init(address=address, **kwargs)
         except Exception as e:  # noqa: BLE001 - Ray raises many kinds; the user needs one
             raise ReplicaFailure(f"cannot start or join Ray (address={address!r}): {type(e).__name__}: {e}") from e
+
+
+@contextlib.contextmanager
+def _loopback_node() -> Any:
+    """Ray's addresses kept on loopback while `ray.init` starts a private local instance or joins
+    a cluster on 127.0.0.1 (cluster/local_cluster.sh): the instance's GCS, raylet, agents and
+    workers then listen on loopback only, and this driver finds its node by 127.0.0.1.
+
+    Why: on Linux Ray replaces 127.0.0.1 by the machine's routable address, both for a node it
+    starts (even with `_node_ip_address="127.0.0.1"`) and for the address it joins, and a node
+    with a routable address listens on every interface. Ray keeps loopback where it takes the
+    machine for one that cannot form a cluster (macOS, Windows: `ray_constants.ENABLE_RAY_CLUSTER`).
+    That switch is read when an address is chosen, so it is off only during this `ray.init`: a
+    later one of this process that joins a real cluster gets the routable address again.
+    tests/test_loopback.py checks the listeners, so a Ray that moves the switch shows up there."""
+    from ray._private import ray_constants
+
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        yield
+        return
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+def _on_loopback(address: str) -> bool:
+    """Whether `address` ("auto" or host:port, not "ray://") names a cluster on 127.0.0.1."""
+    if address.startswith("ray://"):
+        return False
+    from ray._private import services
+
+    try:
+        found = services.get_ray_address_from_environment(address, None) if address == "auto" else address
+        host = found.rpartition(":")[0].strip("[]") if found else ""
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except Exception:  # noqa: BLE001 - not an address this can read: Ray chooses, as without this check
+        return False
 
 
 _actor_class = None
