@@ -7,7 +7,7 @@ the board; the caller then takes the messages' path, which gives the same bits."
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -17,34 +17,106 @@ from replicas.collectives.reduction import (
     Combine,
     Values,
     copy_all,
-    flat_layout,
+    index_runs,
     reduce_into,
     slot,
 )
 
 
-def board_all_gather(ex: Exchange, parts: list[Values], place: Callable[[int, int, int], np.ndarray],
-                     own: Callable[[], None]) -> bool:
-    """The leaders' round on the same-node board: each leader copies its members' operands (group
-    order, operands in order) into its board buffer, its own members' into their places in the
-    result while the peers write theirs (`own`), then each peer's straight from the peer's buffer
-    into their places, and releases the board at once (the result keeps no view of it). No list is
-    pickled, nothing is settled. False, with nothing done, when the round does not go on the board."""
+def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | None:
+    """The leaders' round on the same-node board, into one result the whole node shares (read-only):
+    the leader of the first process copies its members' operands (group order, operands in order)
+    into their places in a result of its pool and, when that lies in leased blocks of its arena
+    (collectives/buffers.py), publishes where, one release word per reader; every other leader
+    copies its members' operands straight into their places there and publishes that it did; each
+    leader hands the result on once every leader published. A reader's views of the result release
+    its words when they are garbage (`Inbox.array`), and the block serves again only then. When the
+    first process's result is not in its arena, every leader publishes its parts themselves and
+    copies the others' into a result of its own.
+
+    Per node at 1 MiB on 2 processes of 2: 4 MiB written once (it was 12 MiB: the board, then each
+    process's own result), the second half while the first process waits. None, with nothing done,
+    when the round does not go on the board (the caller takes the messages' path)."""
     topo = ex.topo
-    processes = topo.layout.processes
-    flat = [x for part in parts for x in part]
-    got = ex.board_round(None, lambda views: copy_all(views, flat), layout=flat_layout(parts), meanwhile=own)
-    if got is None:
-        return False
-    width = len(parts[0])
-    for q, views in enumerate(got):
-        if q == topo.position:
-            continue
-        for j, i in enumerate(processes[q]):
-            for k in range(width):
-                np.copyto(place(k, i, 1), views[j * width + k])
+    if not ex.leaders_share_board():
+        return None
+    fabric = ex.fabric
+    pos, n = topo.position, len(topo.group)
+    first = parts[0]
+    widths = [x.shape[dim] for x in first]
+    shapes = [(tuple(n * s if d == dim else s for d, s in enumerate(x.shape)), x.dtype) for x in first]
+    runs = index_runs(topo.local)
+
+    def runs_of(arrays: Values, runs: list[tuple[int, int]]) -> list[Values]:
+        return [tuple(x[slot(dim, f * w, (f + c) * w)] for x, w in zip(arrays, widths)) for f, c in runs]
+
+    def write_own(out: Values) -> None:
+        for i, part in zip(topo.local, parts):
+            for x, w, v in zip(out, widths, part):
+                np.copyto(x[slot(dim, i * w, (i + 1) * w)], v)
+
+    def own_result() -> Values:
+        pool = pool_of(fabric)
+        out = tuple(pool.empty(shape, dtype) for shape, dtype in shapes)
+        write_own(out)
+        return out
+
+    def copy_in(out: Values, their_runs: list[tuple[int, int]], items: list[Values]) -> None:
+        copy_all([x for here in runs_of(out, their_runs) for x in here], [x for part in items for x in part])
+
+    others = topo.other_positions
+    if pos == 0:
+        out = own_result()
+        lent = _lent(fabric.outbox, out, others, len(topo.layout.leaders)) if fabric.inbox is not None else None
+        # Plain numbers (a descriptor's pickle costs 10x), or the parts themselves.
+        ex.publish_on_board((runs, fabric.outbox.name, lent) if lent is not None else (runs, None, runs_of(out, runs)))
+        for q in others:
+            their_runs, _, items = ex.read_board(q)
+            if lent is None:
+                copy_in(out, their_runs, items)
+    else:
+        their_runs, segment, items = ex.read_board(0)
+        if segment is not None:  # the first process's result: this process's parts go there
+            out = tuple(fabric.inbox.lent(segment, where[pos], shape, dtype, writable=True)
+                        for where, (shape, dtype) in zip(items, shapes))
+            write_own(out)
+            ex.publish_on_board((runs, None, None))
+            for q in others:
+                if q:
+                    ex.read_board(q)  # its parts are in the result too
+        else:
+            out = own_result()
+            copy_in(out, their_runs, items)
+            ex.publish_on_board((runs, None, runs_of(out, runs)))
+            for q in others:
+                if q:
+                    their_runs, _, items = ex.read_board(q)
+                    copy_in(out, their_runs, items)
+        del items
     ex.release()
-    return True
+    for x in out:
+        x.flags.writeable = False  # the node's members share it
+    return out
+
+
+def _lent(outbox: Any, out: Values, readers: tuple[int, ...], p: int) -> list[list[Any]] | None:
+    """Per result array, per process position, where the array lies in this actor's arena, lent to
+    that reader ((offset, slot, start), None at the others); None, with nothing lent, unless every
+    one could be."""
+    if outbox is None:
+        return None
+    refs: list[list[Any]] = []
+    for x in out:
+        per: list[Any] = [None] * p
+        for q in readers:
+            ref = outbox.lend(x)
+            if ref is None:
+                for taken in (r for row in [*refs, per] for r in row if r is not None):
+                    outbox.give_back(taken)
+                return None
+            per[q] = ref
+        refs.append(per)
+    return refs
 
 
 def board_all_to_all(ex: Exchange, chunks: list[list[Values]], dim: int) -> Values | None:

@@ -250,6 +250,43 @@ class Exchange:
                 out[q] = self.recv([leaders[q]], round_)[0]
         return out
 
+    def leaders_share_board(self) -> bool:
+        """Whether the leaders' rounds go through the same-node board: every leader is an actor of
+        this node, and they are at most `board.READERS`."""
+        fabric = self.fabric
+        leaders = self.topo.layout.leaders
+        if fabric.board is None or len(leaders) > shared_board.READERS:
+            return False
+        same_node = fabric.same_node
+        for q in self.topo.other_positions:
+            if leaders[q] not in same_node:
+                return False
+        return True
+
+    def publish_on_board(self, payload: Any) -> None:
+        """Publish `payload` to the other leaders in the first leaders' round, on the board (where
+        `leaders_share_board`); one too large for a slot is announced there and sent as messages."""
+        topo = self.topo
+        board, leaders, others = self.fabric.board, topo.layout.leaders, topo.other_positions
+        writer = topo.leader  # its slot, whoever acts (see `_on_board`)
+        if board.publish(writer, shared_board.tag_of(self.seq, LEADER_ROUND),
+                         board.fingerprint_bytes(self.fingerprint.wire), payload, others, self._wait_released):
+            for q in others:
+                self.fabric.count_shm(writer, leaders[q])
+            return
+        if writer != self.me:  # `kernels.Collective` lets a member act only where payloads fit
+            raise RuntimeError(f"replica {self.me}: a payload acting for replica {writer} did not fit the board")
+        for q in others:
+            self.send(leaders[q], LEADER_ROUND, payload)
+
+    def read_board(self, q: int) -> Any:
+        """What the leader of process `q` published in the first leaders' round (`publish_on_board`),
+        its fingerprint checked first: views of the board until `release`."""
+        board, leader = self.fabric.board, self.topo.layout.leaders[q]
+        value = self._read(board, leader, LEADER_ROUND, shared_board.tag_of(self.seq, LEADER_ROUND),
+                           self.topo.position, board.fingerprint_bytes(self.fingerprint.wire))
+        return self.recv([leader], LEADER_ROUND)[0] if value is _VIA_FABRIC else value
+
     def board_round(self, first: tuple[np.ndarray, ...] | None, fill: Callable[[tuple[np.ndarray, ...]], Any],
                     layout: tuple[tuple[np.dtype, tuple[int, ...]], ...] | None = None,
                     meanwhile: Callable[[], Any] | None = None) -> list[Any] | None:
