@@ -27,7 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from replicas.collectives.board_rounds import board_all_gather, board_all_to_all, board_reduce_scatter
+from replicas.collectives.board_rounds import (
+    board_all_gather,
+    board_all_gather_raw,
+    board_all_to_all,
+    board_reduce_scatter,
+)
 from replicas.collectives.buffers import MIN_BYTES as POOLED_BYTES
 from replicas.collectives.buffers import pool_of, sendable_in_place
 from replicas.collectives.hierarchy import LEADER_ROUND, Exchange, Topology
@@ -290,9 +295,14 @@ def all_gather(ex: Exchange, values: Values, dim: int) -> Values:
     def place(k: int, first: int, count: int) -> np.ndarray:
         return out[k][slot(dim, first * widths[k], (first + count) * widths[k])]
 
-    for i, part in zip(topo.local, parts):
-        for k, x in enumerate(part):
-            place(k, i, 1)[...] = x
+    def own() -> None:
+        for i, part in zip(topo.local, parts):
+            for k, x in enumerate(part):
+                place(k, i, 1)[...] = x
+
+    if len(topo.layout.leaders) > 1 and board_all_gather_raw(ex, parts, place, own):
+        return ex.scatter_local(None, _shared(tuple(out), topo))
+    own()
     # (first member, members, their places): one item for a run of consecutive group indices.
     mine = []
     for first, count in index_runs(topo.local):

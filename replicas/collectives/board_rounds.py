@@ -2,15 +2,18 @@
 (`Exchange.board_round`): each leader writes its process's part straight into its board buffer as
 raw arrays (no pickled list), builds its members' results in buffers of its pool straight from its
 operands and the peers' buffers, and releases the board at once (no result keeps a view of it, so
-nothing is settled). Each returns None (or False), with nothing done, when the round does not go on
-the board; the caller then takes the messages' path, which gives the same bits."""
+nothing is settled); an all-gather of results leased from the actors' arenas writes one result
+the node's members share instead. Each returns None (or False), with nothing done, when the round
+does not go on the board; the caller then takes the messages' path, which gives the same bits."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from replicas.collectives.buffers import MIN_BYTES as POOLED_BYTES
 from replicas.collectives.buffers import pool_of
 from replicas.collectives.hierarchy import Exchange, Topology
 from replicas.collectives.reduction import (
@@ -36,13 +39,18 @@ def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | No
 
     Per node at 1 MiB on 2 processes of 2: 4 MiB written once (it was 12 MiB: the board, then each
     process's own result), the second half while the first process waits. None, with nothing done,
-    when the round does not go on the board (the caller takes the messages' path)."""
+    when the round does not go on the board or the results would not be leased (results under
+    `buffers.MIN_BYTES`: `board_all_gather_raw`)."""
     topo = ex.topo
-    if not ex.leaders_share_board():
-        return None
     fabric = ex.fabric
     pos, n = topo.position, len(topo.group)
     first = parts[0]
+    # Results the pools lease from the arenas (every actor on the node has one or none): otherwise
+    # the raw round below (the same for every leader: the shapes agree).
+    if (fabric.outbox is None or fabric.inbox is None
+            or any(x.nbytes * n < POOLED_BYTES or x.dtype.hasobject for x in first)
+            or not ex.leaders_share_board()):
+        return None
     widths = [x.shape[dim] for x in first]
     shapes = [(tuple(n * s if d == dim else s for d, s in enumerate(x.shape)), x.dtype) for x in first]
     runs = index_runs(topo.local)
@@ -67,7 +75,7 @@ def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | No
     others = topo.other_positions
     if pos == 0:
         out = own_result()
-        lent = _lent(fabric.outbox, out, others, len(topo.layout.leaders)) if fabric.inbox is not None else None
+        lent = _lent(fabric.outbox, out, others, len(topo.layout.leaders))
         # Plain numbers (a descriptor's pickle costs 10x), or the parts themselves.
         ex.publish_on_board((runs, fabric.outbox.name, lent) if lent is not None else (runs, None, runs_of(out, runs)))
         for q in others:
@@ -97,6 +105,32 @@ def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | No
     for x in out:
         x.flags.writeable = False  # the node's members share it
     return out
+
+
+def board_all_gather_raw(ex: Exchange, parts: list[Values], place: Callable[[int, int, int], np.ndarray],
+                         own: Callable[[], None]) -> bool:
+    """The leaders' round on the same-node board for results too small to lease: each leader copies
+    its members' operands (group order, operands in order) into its board buffer, its own members'
+    into their places in the result while the peers write theirs (`own`), then each peer's straight
+    from the peer's buffer into their places, and releases the board at once (the result keeps no
+    view of it). No list is pickled, nothing is settled. False, with nothing done, when the round
+    does not go on the board."""
+    topo = ex.topo
+    processes = topo.layout.processes
+    flat = [x for part in parts for x in part]
+    layout = tuple((x.dtype, x.shape) for x in flat)
+    got = ex.board_round(None, lambda views: copy_all(views, flat), layout=layout, meanwhile=own)
+    if got is None:
+        return False
+    width = len(parts[0])
+    for q, views in enumerate(got):
+        if q == topo.position:
+            continue
+        for j, i in enumerate(processes[q]):
+            for k in range(width):
+                np.copyto(place(k, i, 1), views[j * width + k])
+    ex.release()
+    return True
 
 
 def _lent(outbox: Any, out: Values, readers: tuple[int, ...], p: int) -> list[list[Any]] | None:
