@@ -25,6 +25,13 @@ from replicas.collectives.reduction import (
     slot,
 )
 
+# All-gather results share the node only up to an arena's capacity divided by this (1 GiB: 64 MiB):
+# when the first process's pool can no longer lease one (3/4 of the arena), every leader falls back to
+# a result of its own and the parts travel as messages (64 MiB operands on 4 replicas: 73-143 ms per
+# op with spreads over 200 ms, against 58-90 ms on the board's messages' path; bench/README.md
+# "gather1m").
+SHARED_RESULTS = 16
+
 
 def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | None:
     """The leaders' round on the same-node board, into one result the whole node shares (read-only):
@@ -40,15 +47,18 @@ def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | No
     Per node at 1 MiB on 2 processes of 2: 4 MiB written once (it was 12 MiB: the board, then each
     process's own result), the second half while the first process waits. None, with nothing done,
     when the round does not go on the board or the results would not be leased (results under
-    `buffers.MIN_BYTES`: `board_all_gather_raw`)."""
+    `buffers.MIN_BYTES`: `board_all_gather_raw`; or over `SHARED_RESULTS`' bound)."""
     topo = ex.topo
     fabric = ex.fabric
     pos, n = topo.position, len(topo.group)
     first = parts[0]
-    # Results the pools lease from the arenas (every actor on the node has one or none): otherwise
-    # the raw round below (the same for every leader: the shapes agree).
-    if (fabric.outbox is None or fabric.inbox is None
+    # Results the pools lease from the arenas (every actor on the node has one or none), a few of them
+    # at a time: the others' members keep the last one until their next iteration, so a result can
+    # be in use while the next two are written (the same for every leader: the shapes agree).
+    outbox = fabric.outbox
+    if (outbox is None or fabric.inbox is None
             or any(x.nbytes * n < POOLED_BYTES or x.dtype.hasobject for x in first)
+            or sum(x.nbytes for x in first) * n > outbox.capacity // SHARED_RESULTS
             or not ex.leaders_share_board()):
         return None
     widths = [x.shape[dim] for x in first]
@@ -75,9 +85,9 @@ def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | No
     others = topo.other_positions
     if pos == 0:
         out = own_result()
-        lent = _lent(fabric.outbox, out, others, len(topo.layout.leaders))
+        lent = _lent(outbox, out, others, len(topo.layout.leaders))
         # Plain numbers (a descriptor's pickle costs 10x), or the parts themselves.
-        ex.publish_on_board((runs, fabric.outbox.name, lent) if lent is not None else (runs, None, runs_of(out, runs)))
+        ex.publish_on_board((runs, outbox.name, lent) if lent is not None else (runs, None, runs_of(out, runs)))
         for q in others:
             their_runs, _, items = ex.read_board(q)
             if lent is None:
