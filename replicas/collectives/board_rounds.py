@@ -25,10 +25,11 @@ from replicas.collectives.reduction import (
     slot,
 )
 
-# All-gather results share the node only up to an arena's capacity divided by this (1 GiB: 64 MiB):
-# when the first process's pool can no longer lease one (3/4 of the arena), every leader falls back to
-# a result of its own and the parts travel as messages (64 MiB operands on 4 replicas: 73-143 ms per
-# op with spreads over 200 ms, against 58-90 ms on the board's messages' path; bench/README.md
+# All-gather results share the node only up to an arena's capacity divided by this (1 GiB: 64 MiB).
+# The other processes' members keep a result until their next iteration, so the first process may
+# need a third while they do; a third 256 MiB result (64 MiB operands on 4 replicas) was over the
+# pool's lease budget (3/4 of the arena), and its fallback (every leader's own result, the parts as
+# messages) took 73-143 ms per op with spreads over 200 ms, against 58-90 ms on main (bench/README.md
 # "gather1m").
 SHARED_RESULTS = 16
 
@@ -52,9 +53,8 @@ def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | No
     fabric = ex.fabric
     pos, n = topo.position, len(topo.group)
     first = parts[0]
-    # Results the pools lease from the arenas (every actor on the node has one or none), a few of them
-    # at a time: the others' members keep the last one until their next iteration, so a result can
-    # be in use while the next two are written (the same for every leader: the shapes agree).
+    # Results the pools lease from the arenas (every actor on the node has one or none), and a few at a
+    # time (`SHARED_RESULTS`): the same decision on every leader, the shapes agree.
     outbox = fabric.outbox
     if (outbox is None or fabric.inbox is None
             or any(x.nbytes * n < POOLED_BYTES or x.dtype.hasobject for x in first)
@@ -147,8 +147,6 @@ def _lent(outbox: Any, out: Values, readers: tuple[int, ...], p: int) -> list[li
     """Per result array, per process position, where the array lies in this actor's arena, lent to
     that reader ((offset, slot, start), None at the others); None, with nothing lent, unless every
     one could be."""
-    if outbox is None:
-        return None
     refs: list[list[Any]] = []
     for x in out:
         per: list[Any] = [None] * p
