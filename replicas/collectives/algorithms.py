@@ -27,7 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from replicas.collectives.board_rounds import board_all_gather, board_all_to_all, board_reduce_scatter
+from replicas.collectives.board_rounds import (
+    board_all_gather,
+    board_all_gather_raw,
+    board_all_to_all,
+    board_reduce_scatter,
+)
 from replicas.collectives.buffers import MIN_BYTES as POOLED_BYTES
 from replicas.collectives.buffers import pool_of, sendable_in_place
 from replicas.collectives.hierarchy import LEADER_ROUND, Exchange, Topology
@@ -35,6 +40,7 @@ from replicas.collectives.reduction import (
     Combine,
     Values,
     chunks_of,
+    index_runs,
     nbytes,
     reduce_in_order,
     reduce_into,
@@ -265,7 +271,8 @@ def _sharded_all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> 
 def all_gather(ex: Exchange, values: Values, dim: int) -> Values:
     """The leader copies its local members' operands into their places in the result, then sends
     those places themselves (under Ray, a leased buffer of the arena goes to a peer without another
-    copy: collectives/buffers.py), and copies what the other leaders sent into theirs."""
+    copy: collectives/buffers.py), and copies what the other leaders sent into theirs. On the
+    same-node board, the node's members share one result (`board_all_gather`)."""
     topo = ex.topo
     n = len(topo.group)
     if n == 1:
@@ -273,6 +280,10 @@ def all_gather(ex: Exchange, values: Values, dim: int) -> Values:
     parts = ex.gather_local(values)
     if parts is None:
         return ex.result()
+    if len(topo.layout.leaders) > 1:
+        shared = board_all_gather(ex, parts, dim)
+        if shared is not None:
+            return ex.scatter_local(None, shared)
     pool = pool_of(ex.fabric)
     out = []
     for v in values:
@@ -289,12 +300,12 @@ def all_gather(ex: Exchange, values: Values, dim: int) -> Values:
             for k, x in enumerate(part):
                 place(k, i, 1)[...] = x
 
-    if len(topo.layout.leaders) > 1 and board_all_gather(ex, parts, place, own):
+    if len(topo.layout.leaders) > 1 and board_all_gather_raw(ex, parts, place, own):
         return ex.scatter_local(None, _shared(tuple(out), topo))
     own()
     # (first member, members, their places): one item for a run of consecutive group indices.
     mine = []
-    for first, count in _runs(topo.local):
+    for first, count in index_runs(topo.local):
         mine.append((first, count, tuple(place(k, first, count) for k in range(len(out)))))
     for first, count, arrays in leaders_gather(ex, mine):
         if first in topo.local:
@@ -302,17 +313,6 @@ def all_gather(ex: Exchange, values: Values, dim: int) -> Values:
         for k, x in enumerate(arrays):
             place(k, first, count)[...] = x
     return ex.scatter_local(None, _shared(tuple(out), topo))
-
-
-def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
-    """Sorted `indices` as (first, count) runs of consecutive integers."""
-    runs: list[tuple[int, int]] = []
-    for i in indices:
-        if runs and runs[-1][0] + runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((i, 1))
-    return runs
 
 
 def reduce_scatter(ex: Exchange, values: Values, dim: int, combine: Combine) -> Values:

@@ -2,38 +2,134 @@
 (`Exchange.board_round`): each leader writes its process's part straight into its board buffer as
 raw arrays (no pickled list), builds its members' results in buffers of its pool straight from its
 operands and the peers' buffers, and releases the board at once (no result keeps a view of it, so
-nothing is settled). Each returns None (or False), with nothing done, when the round does not go on
-the board; the caller then takes the messages' path, which gives the same bits."""
+nothing is settled); an all-gather of results leased from the actors' arenas writes one result
+the node's members share instead. Each returns None (or False), with nothing done, when the round
+does not go on the board; the caller then takes the messages' path, which gives the same bits."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from replicas.collectives.buffers import MIN_BYTES as POOLED_BYTES
 from replicas.collectives.buffers import pool_of
 from replicas.collectives.hierarchy import Exchange, Topology
 from replicas.collectives.reduction import (
     Combine,
     Values,
     copy_all,
-    flat_layout,
+    index_runs,
     reduce_into,
     slot,
 )
 
+# All-gather results share the node only up to an arena's capacity divided by this (1 GiB: 64 MiB).
+# The other processes' members keep a result until their next iteration, so the first process may
+# need a third while they do; a third 256 MiB result (64 MiB operands on 4 replicas) was over the
+# pool's lease budget (3/4 of the arena), and its fallback (every leader's own result, the parts as
+# messages) took 73-143 ms per op with spreads over 200 ms, against 58-90 ms on main (bench/README.md
+# "gather1m").
+SHARED_RESULTS = 16
 
-def board_all_gather(ex: Exchange, parts: list[Values], place: Callable[[int, int, int], np.ndarray],
-                     own: Callable[[], None]) -> bool:
-    """The leaders' round on the same-node board: each leader copies its members' operands (group
-    order, operands in order) into its board buffer, its own members' into their places in the
-    result while the peers write theirs (`own`), then each peer's straight from the peer's buffer
-    into their places, and releases the board at once (the result keeps no view of it). No list is
-    pickled, nothing is settled. False, with nothing done, when the round does not go on the board."""
+
+def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | None:
+    """The leaders' round on the same-node board, into one result the whole node shares (read-only):
+    the leader of the first process copies its members' operands (group order, operands in order)
+    into their places in a result of its pool and, when that lies in leased blocks of its arena
+    (collectives/buffers.py), publishes where, one release word per reader; every other leader
+    copies its members' operands straight into their places there and publishes that it did; each
+    leader hands the result on once every leader published. A reader's views of the result release
+    its words when they are garbage (`Inbox.array`), and the block serves again only then. When the
+    first process's result is not in its arena, every leader publishes its parts themselves and
+    copies the others' into a result of its own.
+
+    Per node at 1 MiB on 2 processes of 2: 4 MiB written once (it was 12 MiB: the board, then each
+    process's own result), the second half while the first process waits. None, with nothing done,
+    when the round does not go on the board or the results would not be leased (results under
+    `buffers.MIN_BYTES`: `board_all_gather_raw`; or over `SHARED_RESULTS`' bound)."""
+    topo = ex.topo
+    fabric = ex.fabric
+    pos, n = topo.position, len(topo.group)
+    first = parts[0]
+    # Results the pools lease from the arenas (every actor on the node has one or none), and a few at a
+    # time (`SHARED_RESULTS`): the same decision on every leader, the shapes agree.
+    outbox = fabric.outbox
+    if (outbox is None or fabric.inbox is None
+            or any(x.nbytes * n < POOLED_BYTES or x.dtype.hasobject for x in first)
+            or sum(x.nbytes for x in first) * n > outbox.capacity // SHARED_RESULTS
+            or not ex.leaders_share_board()):
+        return None
+    widths = [x.shape[dim] for x in first]
+    shapes = [(tuple(n * s if d == dim else s for d, s in enumerate(x.shape)), x.dtype) for x in first]
+    runs = index_runs(topo.local)
+
+    def runs_of(arrays: Values, runs: list[tuple[int, int]]) -> list[Values]:
+        return [tuple(x[slot(dim, f * w, (f + c) * w)] for x, w in zip(arrays, widths)) for f, c in runs]
+
+    def write_own(out: Values) -> None:
+        for i, part in zip(topo.local, parts):
+            for x, w, v in zip(out, widths, part):
+                np.copyto(x[slot(dim, i * w, (i + 1) * w)], v)
+
+    def own_result() -> Values:
+        pool = pool_of(fabric)
+        out = tuple(pool.empty(shape, dtype) for shape, dtype in shapes)
+        write_own(out)
+        return out
+
+    def copy_in(out: Values, their_runs: list[tuple[int, int]], items: list[Values]) -> None:
+        copy_all([x for here in runs_of(out, their_runs) for x in here], [x for part in items for x in part])
+
+    others = topo.other_positions
+    if pos == 0:
+        out = own_result()
+        lent = _lent(outbox, out, others, len(topo.layout.leaders))
+        # Plain numbers (a descriptor's pickle costs 10x), or the parts themselves.
+        ex.publish_on_board((runs, outbox.name, lent) if lent is not None else (runs, None, runs_of(out, runs)))
+        for q in others:
+            their_runs, _, items = ex.read_board(q)
+            if lent is None:
+                copy_in(out, their_runs, items)
+    else:
+        their_runs, segment, items = ex.read_board(0)
+        if segment is not None:  # the first process's result: this process's parts go there
+            out = tuple(fabric.inbox.lent(segment, where[pos], shape, dtype, writable=True)
+                        for where, (shape, dtype) in zip(items, shapes))
+            write_own(out)
+            ex.publish_on_board((runs, None, None))
+            for q in others:
+                if q:
+                    ex.read_board(q)  # its parts are in the result too
+        else:
+            out = own_result()
+            copy_in(out, their_runs, items)
+            ex.publish_on_board((runs, None, runs_of(out, runs)))
+            for q in others:
+                if q:
+                    their_runs, _, items = ex.read_board(q)
+                    copy_in(out, their_runs, items)
+        del items
+    ex.release()
+    for x in out:
+        x.flags.writeable = False  # the node's members share it
+    return out
+
+
+def board_all_gather_raw(ex: Exchange, parts: list[Values], place: Callable[[int, int, int], np.ndarray],
+                         own: Callable[[], None]) -> bool:
+    """The leaders' round on the same-node board for results too small to lease: each leader copies
+    its members' operands (group order, operands in order) into its board buffer, its own members'
+    into their places in the result while the peers write theirs (`own`), then each peer's straight
+    from the peer's buffer into their places, and releases the board at once (the result keeps no
+    view of it). No list is pickled, nothing is settled. False, with nothing done, when the round
+    does not go on the board."""
     topo = ex.topo
     processes = topo.layout.processes
     flat = [x for part in parts for x in part]
-    got = ex.board_round(None, lambda views: copy_all(views, flat), layout=flat_layout(parts), meanwhile=own)
+    layout = tuple((x.dtype, x.shape) for x in flat)
+    got = ex.board_round(None, lambda views: copy_all(views, flat), layout=layout, meanwhile=own)
     if got is None:
         return False
     width = len(parts[0])
@@ -45,6 +141,24 @@ def board_all_gather(ex: Exchange, parts: list[Values], place: Callable[[int, in
                 np.copyto(place(k, i, 1), views[j * width + k])
     ex.release()
     return True
+
+
+def _lent(outbox: Any, out: Values, readers: tuple[int, ...], p: int) -> list[list[Any]] | None:
+    """Per result array, per process position, where the array lies in this actor's arena, lent to
+    that reader ((offset, slot, start), None at the others); None, with nothing lent, unless every
+    one could be."""
+    refs: list[list[Any]] = []
+    for x in out:
+        per: list[Any] = [None] * p
+        for q in readers:
+            ref = outbox.lend(x)
+            if ref is None:
+                for taken in (r for row in [*refs, per] for r in row if r is not None):
+                    outbox.give_back(taken)
+                return None
+            per[q] = ref
+        refs.append(per)
+    return refs
 
 
 def board_all_to_all(ex: Exchange, chunks: list[list[Values]], dim: int) -> Values | None:

@@ -213,42 +213,59 @@ class Exchange:
         position (this leader's own at its position). Through the same-node board when every
         leader shares this node (see `runtime/board.py`), else as fabric messages."""
         topo = self.topo
-        leaders, pos = topo.layout.leaders, topo.position
-        others = [q for q in range(len(leaders)) if q != pos]
+        leaders, pos, others = topo.layout.leaders, topo.position, topo.other_positions
         out: list[Any] = [None] * len(leaders)
         out[pos] = payload[pos] if per_destination else payload
-        board = self.fabric.board
-        if board is not None and len(leaders) <= shared_board.READERS:
-            same_node = self.fabric.same_node
-            if all(leaders[q] in same_node for q in others):
-                return self._on_board(board, round_, payload, per_destination, others, out)
+        if self.leaders_share_board():
+            self.publish_on_board(payload, round_, per_destination)
+            for q in others:
+                out[q] = self.read_board(q, round_, per_destination)
+            return out
         for q in others:
             self.send(leaders[q], round_, payload[q] if per_destination else payload)
         for q, value in zip(others, self.recv([leaders[q] for q in others], round_)):
             out[q] = value
         return out
 
-    def _on_board(self, board: shared_board.Board, round_: int, payload: Any, per_destination: bool,
-                  others: list[int], out: list[Any]) -> list[Any]:
-        leaders, pos = self.topo.layout.leaders, self.topo.position
-        tag = shared_board.tag_of(self.seq, round_)
-        fingerprint = board.fingerprint_bytes(self.fingerprint.wire)
-        # As the process's first member, whoever leads (its slot is where the peers read).
-        writer = self.topo.leader
-        if board.publish(writer, tag, fingerprint, payload, tuple(others), self._wait_released):
+    def leaders_share_board(self) -> bool:
+        """Whether the leaders' rounds go through the same-node board: every leader is an actor of
+        this node, and they are at most `board.READERS`."""
+        fabric = self.fabric
+        leaders = self.topo.layout.leaders
+        if fabric.board is None or len(leaders) > shared_board.READERS:
+            return False
+        same_node = fabric.same_node
+        for q in self.topo.other_positions:
+            if leaders[q] not in same_node:
+                return False
+        return True
+
+    def publish_on_board(self, payload: Any, round_: int = LEADER_ROUND, per_destination: bool = False) -> None:
+        """Publish `payload` to the other leaders in `round_` on the board (where `leaders_share_board`);
+        one too large for a slot is announced there and sent as messages (`payload[q]` to the leader
+        of process q, `per_destination`)."""
+        topo = self.topo
+        board, leaders, others = self.fabric.board, topo.layout.leaders, topo.other_positions
+        writer = topo.leader  # as the process's first member, whoever leads (its slot is where the peers read)
+        if board.publish(writer, shared_board.tag_of(self.seq, round_),
+                         board.fingerprint_bytes(self.fingerprint.wire), payload, others, self._wait_released):
             for q in others:  # what went through shared memory, by destination (for tests)
                 self.fabric.count_shm(writer, leaders[q])
-        else:
-            if writer != self.me:  # `kernels.Collective` lets a member act only where payloads fit
-                raise RuntimeError(f"replica {self.me}: a payload acting for replica {writer} did not fit the board")
-            for q in others:  # too large for the board: announced there, the bytes go over the fabric
-                self.send(leaders[q], round_, payload[q] if per_destination else payload)
+            return
+        if writer != self.me:  # `kernels.Collective` lets a member act only where payloads fit
+            raise RuntimeError(f"replica {self.me}: a payload acting for replica {writer} did not fit the board")
         for q in others:
-            value = self._read(board, leaders[q], round_, tag, pos, fingerprint)
-            out[q] = value[pos] if per_destination and value is not _VIA_FABRIC else value
-            if out[q] is _VIA_FABRIC:
-                out[q] = self.recv([leaders[q]], round_)[0]
-        return out
+            self.send(leaders[q], round_, payload[q] if per_destination else payload)
+
+    def read_board(self, q: int, round_: int = LEADER_ROUND, per_destination: bool = False) -> Any:
+        """What the leader of process `q` published in `round_` (`publish_on_board`; its part for this
+        process, `per_destination`), its fingerprint checked first: views of the board until `release`."""
+        board, leader, pos = self.fabric.board, self.topo.layout.leaders[q], self.topo.position
+        value = self._read(board, leader, round_, shared_board.tag_of(self.seq, round_), pos,
+                           board.fingerprint_bytes(self.fingerprint.wire))
+        if value is _VIA_FABRIC:
+            return self.recv([leader], round_)[0]
+        return value[pos] if per_destination else value
 
     def board_round(self, first: tuple[np.ndarray, ...] | None, fill: Callable[[tuple[np.ndarray, ...]], Any],
                     layout: tuple[tuple[np.dtype, tuple[int, ...]], ...] | None = None,
@@ -264,14 +281,10 @@ class Exchange:
         done, when the round does not go on the board or the arrays do not fit a buffer."""
         topo = self.topo
         leaders, pos, others = topo.layout.leaders, topo.position, topo.other_positions
+        if not self.leaders_share_board():
+            return None
         fabric = self.fabric
         board = fabric.board
-        if board is None or len(leaders) > shared_board.READERS:
-            return None
-        same_node = fabric.same_node
-        for q in others:
-            if leaders[q] not in same_node:
-                return None
         if layout is None:
             assert first is not None
             for a in first:
@@ -280,7 +293,7 @@ class Exchange:
             layout = tuple((a.dtype, a.shape) for a in first)
         tag = shared_board.tag_of(self.seq, LEADER_ROUND)
         fingerprint = board.fingerprint_bytes(self.fingerprint.wire)
-        writer = topo.leader  # its slot, whoever acts (see `_on_board`)
+        writer = topo.leader  # its slot, whoever acts (see `publish_on_board`)
         views = board.publish_into(writer, tag, fingerprint, layout, others, self._wait_released)
         if views is None:
             return None

@@ -97,8 +97,15 @@ def reduce_specs_into(out: Values, specs: list[list[Values]], combine: Combine, 
     return out
 
 
-def flat_layout(parts: Sequence[Values]) -> tuple[tuple[np.dtype, tuple[int, ...]], ...]:
-    return tuple((x.dtype, x.shape) for part in parts for x in part)
+def index_runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted `indices` as (first, count) runs of consecutive integers."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
 
 
 def copy_all(views: Values, arrays: Sequence[np.ndarray]) -> None:

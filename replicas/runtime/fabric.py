@@ -22,7 +22,7 @@ from replicas.runtime.mailbox import Mailbox
 if TYPE_CHECKING:
     from replicas.diagnostics.recorder import FlightRecorder
     from replicas.runtime.board import Board
-    from replicas.runtime.shm import Outbox
+    from replicas.runtime.shm import Inbox, Outbox
     from replicas.runtime.spin import Spinner
 
 
@@ -66,6 +66,8 @@ class MailboxFabric:
     # the spinner of its shared-memory waits; `RayFabric` sets them when the actor has such peers.
     outbox: Outbox | None = None
     spinner: Spinner | None = None
+    # The actor's mappings of its peers' arenas (a leader reads a peer's leased result in place).
+    inbox: Inbox | None = None
 
     def __init__(self, replica_id: int, num_replicas: int, mailbox: Mailbox | None = None, *,
                  strict: bool = True, recorder: FlightRecorder | None = None,

@@ -236,6 +236,7 @@ class ReplicaHost:
             fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
                                recorder=recorder)
             fabric.wire, fabric.token, fabric.outbox, fabric.board = self._wire, token, self._outbox, self._board
+            fabric.inbox = self._inbox
             self._fabrics.append(fabric)
             self._runners[r] = ReplicaRunner(executable, fabric, recorder)
         here = {f.replica_id: f for f in self._fabrics}
@@ -255,7 +256,7 @@ class ReplicaHost:
         self._shm_report = self.shm_sent()
         self._ring_report = self.ring_declined()
         for fabric in self._fabrics:
-            fabric.outbox = fabric.board = fabric.rings = None  # closed below, whatever still holds a fabric
+            fabric.outbox = fabric.board = fabric.rings = fabric.inbox = None  # closed below, whoever holds it
         token = self._token
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}

@@ -319,6 +319,23 @@ class Outbox:
         with self._lock:
             return self._leased_block_of(x) is not None
 
+    def lend(self, x: np.ndarray) -> tuple[int, int, int] | None:
+        """Where `x` lies, (block offset, word, bytes from the block's data to x's), if in a leased
+        block with a free word, which is taken: the block is not reused before the receiver releases
+        it (`Inbox.lent`). Else None."""
+        if not self._leased_bytes:
+            return None
+        with self._lock:
+            ref = self._lend(x)
+        return None if ref is None else (ref.offset, ref.slot, ref.start)
+
+    def give_back(self, lent: tuple[int, int, int]) -> None:
+        """Free the word `lend` took (what it described never reached its receiver)."""
+        offset, slot, _ = lent
+        with self._lock:
+            if self._backing is not None:
+                self._words[offset // 8 + slot] = self._stamp
+
     def _leased_block_of(self, x: np.ndarray) -> tuple[int, int] | None:
         """(block offset, bytes from the block's data to x's) of the leased block `x` lies in, if
         `x` is C-contiguous (caller holds the lock)."""
@@ -339,12 +356,15 @@ class Outbox:
         if found is None:
             return None
         offset, start = found
-        first = offset // 8
-        free = np.flatnonzero(self._words[first:first + WORDS] == self._stamp)
-        if not len(free):
+        # The first free word (stamped), found in the header's bytes (a numpy compare costs 8x).
+        header = self._mm[offset:offset + HEADER]
+        at = header.find(self._free_header[:8])
+        while at > 0 and at % 8:  # a match across two words
+            at = header.find(self._free_header[:8], at + 1)
+        if at < 0:
             return None
-        slot = int(free[0])
-        self._words[first + slot] = _HELD
+        slot = at // 8
+        self._words[offset // 8 + slot] = _HELD
         return ShmArray(self.name, offset, slot, x.shape, x.dtype, start)
 
     def _allocate(self, size: int) -> int | None:
@@ -487,15 +507,22 @@ class Inbox:
                     entry = self._maps[name] = (mm, np.frombuffer(mm, np.uint64))
         return entry
 
-    def array(self, ref: ShmArray) -> np.ndarray:
-        """A read-only view of the block; the block is released when the view is garbage."""
+    def lent(self, segment: str, lent: tuple[int, int, int], shape: tuple[int, ...], dtype: np.dtype,
+             writable: bool = False) -> np.ndarray:
+        """`array` of what `Outbox.lend` described as (offset, slot, start) in `segment`."""
+        offset, slot, start = lent
+        return self.array(ShmArray(segment, offset, slot, shape, dtype, start), writable)
+
+    def array(self, ref: ShmArray, writable: bool = False) -> np.ndarray:
+        """A view of the block, read-only unless `writable` (a collective's result several actors share,
+        collectives/board_rounds.py); the block is released when the view is garbage."""
         if not (0 <= ref.slot < WORDS and ref.offset >= 0 and ref.offset % HEADER == 0 and ref.start >= 0):
             raise ValueError(f"bad shared-memory descriptor {ref!r}")
         mm, flags = self._map(ref.segment)
         pinned = _Pinned(ref.shape, ref.dtype, buffer=mm, offset=ref.offset + HEADER + ref.start)
         weakref.finalize(pinned, _release, flags, ref.offset // 8 + ref.slot, self._stamp)
         out = pinned.view(np.ndarray)
-        out.flags.writeable = False
+        out.flags.writeable = writable
         return out
 
     def decode(self, shared: Shared) -> Any:
