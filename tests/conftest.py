@@ -364,10 +364,10 @@ def _uses_cluster(item: pytest.Item | None) -> bool:
 
 def group_of(item: pytest.Item) -> str:
     """Tests that must run in one process, in order: "ray" (this run's Ray session: one per run),
-    "subprocess" (the README's blocks, commands and demo, whose `workdir` the cluster test uses
+    "subprocess" (the README's demo, blocks and commands, whose `workdir` the cluster test uses
     too, then the tests on the two-node cluster); "" for the rest."""
     fixtures = getattr(item, "fixturenames", ())
-    if "workdir" in fixtures or "two_node_cluster" in fixtures or item.name == "test_the_demo_runs":
+    if "readme_run" in fixtures or "two_node_cluster" in fixtures:
         return "subprocess"
     return "ray" if item.get_closest_marker("ray") else ""
 
