@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import pytest
+from test_runtime_ray import ALL_REDUCE
 
 LISTEN = "0A"  # the socket state column of /proc/net/tcp{,6}
 
@@ -115,29 +116,13 @@ def holding_files_under(folder: str) -> set[int]:
     return found
 
 
-def all_reduce_program(size: int) -> str:
-    return f"""HloModule m, replica_count=2
-
-add {{
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT s = f32[] add(a, b)
-}}
-
-ENTRY e {{
-  p = f32[{size}] parameter(0)
-  ROOT r = f32[{size}] all-reduce(p), replica_groups={{{{0,1}}}}, to_apply=add
-}}
-"""
-
-
 @pytest.mark.ray
 def test_local_ray_listens_on_loopback_only(ray_session):
     import replicas as rp
 
     x = np.arange(4, dtype=np.float32)
-    out = rp.run(all_reduce_program(4), [x], num_replicas=2, backend="ray", timeout=60)
-    assert np.array_equal(out[0], 2 * x)
+    out = rp.run(ALL_REDUCE.format(n=2, size=4, gsize=8), [x], num_replicas=2, backend="ray", timeout=60)
+    assert np.array_equal(out[0][0], 2 * x + 1)
     ours = descendants(os.getpid())
     assert len(ours) >= 3, "expected Ray's GCS, raylet and the actors among this process's descendants"
     assert non_loopback_listeners([os.getpid(), *ours]) == []
@@ -153,8 +138,8 @@ x = np.arange(8, dtype=np.float32)
 job = rp.launch(rp.parse_hlo(text), [x], num_replicas=2, address=sys.argv[1],
                 resources=[{"node1": 1}, {"node2": 1}], timeout=120)
 assert len({s.node for s in job.states()}) == 2
-total = job.result()[0]
-assert np.array_equal(total, 2 * x), total
+total = job.result()[0][0]
+assert np.array_equal(total, 2 * x + 1), total
 """
 
 
@@ -162,7 +147,7 @@ assert np.array_equal(total, 2 * x), total
 @pytest.mark.ray
 def test_two_node_cluster_listens_on_loopback_only(tmp_path, two_node_cluster, cluster_driver):
     program = tmp_path / "ar.hlo"
-    program.write_text(all_reduce_program(8))
+    program.write_text(ALL_REDUCE.format(n=2, size=8, gsize=16))
     out = cluster_driver.run(CROSS_NODE, ["driver.py", two_node_cluster.address, str(program)])
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
     cluster = holding_files_under(two_node_cluster.settings["REPLICAS_CLUSTER_DIR"])
