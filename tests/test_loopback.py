@@ -21,6 +21,8 @@ def listening_sockets() -> dict[int, tuple[ipaddress.IPv4Address | ipaddress.IPv
     """Every listening TCP socket of this network namespace: inode -> (address, port)."""
     found = {}
     for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        if not os.path.exists(table):  # a kernel without IPv6
+            continue
         with open(table) as f:
             next(f)
             for line in f:
