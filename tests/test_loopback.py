@@ -20,7 +20,7 @@ LISTEN = "0A"  # the socket state column of /proc/net/tcp{,6}
 def listening_sockets() -> dict[int, tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
     """Every listening TCP socket of this network namespace: inode -> (address, port)."""
     found = {}
-    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         if not os.path.exists(table):  # a kernel without IPv6
             continue
         with open(table) as f:
@@ -33,7 +33,7 @@ def listening_sockets() -> dict[int, tuple[ipaddress.IPv4Address | ipaddress.IPv
                 raw = bytes.fromhex(hex_address)
                 # The kernel prints each 32-bit word in host (little-endian) order.
                 raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-                address = ipaddress.ip_address(raw) if width == 8 else ipaddress.IPv6Address(raw)
+                address = ipaddress.ip_address(raw)  # 4 bytes: IPv4, 16: IPv6
                 found[int(fields[9])] = (address, int(hex_port, 16))
     return found
 

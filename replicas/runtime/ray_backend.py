@@ -50,7 +50,7 @@ def ensure_ray(address: str | None = None) -> None:
             address = "local"
             kwargs["include_dashboard"] = False
         try:
-            with _loopback_node() if address == "local" or _on_loopback(address) else contextlib.nullcontext():
+            with _loopback_node() if _on_loopback(address) else contextlib.nullcontext():
                 ray.init(address=address, **kwargs)
         except Exception as e:  # noqa: BLE001 - Ray raises many kinds; the user needs one
             raise ReplicaFailure(f"cannot start or join Ray (address={address!r}): {type(e).__name__}: {e}") from e
@@ -83,7 +83,10 @@ def _loopback_node() -> Any:
 
 
 def _on_loopback(address: str) -> bool:
-    """Whether `address` ("auto" or host:port, not "ray://") names a cluster on 127.0.0.1."""
+    """Whether `address` is a private local instance ("local") or ("auto", host:port; not "ray://")
+    a cluster on 127.0.0.1."""
+    if address == "local":
+        return True
     if address.startswith("ray://"):
         return False
     from ray._private import services
