@@ -22,7 +22,8 @@ PORT="${2:-${REPLICAS_CLUSTER_PORT:-6390}}"
 BASE="${REPLICAS_CLUSTER_DIR:-/tmp/replicas-cluster}"
 # Where Ray's "auto" looks first (after $RAY_ADDRESS) for the cluster to join: `ray start` writes
 # it in its own temp dir, which is $BASE/ray here, so "auto" would pick any Ray on the machine.
-CURRENT=/tmp/ray/ray_current_cluster
+# Ray's default temp dir on Linux: $RAY_TMPDIR, else $TMPDIR, else /tmp.
+CURRENT="${RAY_TMPDIR:-${TMPDIR:-/tmp}}/ray/ray_current_cluster"
 export RAY_USAGE_STATS_ENABLED=0
 # A driver that already joined another Ray exports RAY_ADDRESS: this cluster is a new one.
 unset RAY_ADDRESS

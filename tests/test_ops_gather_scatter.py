@@ -37,6 +37,12 @@ def find_eqn(jaxpr, names):
     return None
 
 
+def abstract(shape, dtype):
+    """An argument to trace with: its shape and dtype only (a jnp.zeros is a computation JAX
+    compiles, one per shape)."""
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
 def traced(fn, *args, names):
     eqn = find_eqn(jax.make_jaxpr(fn)(*args).jaxpr, names)
     assert eqn is not None, f"no {names} in the jaxpr"
@@ -106,7 +112,7 @@ def test_gather_jax_variants(case, dtype):
     _name, op_shape, fn, idx_shape, bound = case
     rng = np.random.default_rng(0)
     operand = random_array(rng, op_shape, dtype)
-    eqn = traced(fn, jnp.zeros(op_shape, np.float32), jnp.zeros(idx_shape, np.int32), names={"gather"})
+    eqn = traced(fn, abstract(op_shape, np.float32), abstract(idx_shape, np.int32), names={"gather"})
     dn, slice_sizes = eqn.params["dimension_numbers"], eqn.params["slice_sizes"]
     indices_shape = eqn.invars[1].aval.shape
     for index_dtype, placement in [(np.int32, None), (np.int64, "implicit"), (np.uint32, 0)]:
@@ -227,8 +233,8 @@ def jnp_scatters():
 def test_scatter_jax_variants(case, kind, dtype):
     _name, op_shape, fn, idx_shape, upd_shape, bound = case
     rng = np.random.default_rng(1)
-    eqn = traced(fn, jnp.zeros(op_shape, np.float32), jnp.zeros(idx_shape, np.int32),
-                 jnp.zeros(upd_shape, np.float32), names={"scatter-add"})
+    eqn = traced(fn, abstract(op_shape, np.float32), abstract(idx_shape, np.int32),
+                 abstract(upd_shape, np.float32), names={"scatter-add"})
     dn = eqn.params["dimension_numbers"]
     indices = random_indices(rng, eqn.invars[1].aval.shape, bound)
     updates = random_array(rng, eqn.invars[2].aval.shape, dtype)
