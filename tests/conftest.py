@@ -126,12 +126,32 @@ def keep_bytecode(prefix: Path) -> bool:
     if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
         return False
     prefix.mkdir(exist_ok=True)
+    prune_bytecode(prefix)
     seed_bytecode(prefix)
     del os.environ["PYTHONDONTWRITEBYTECODE"]
     os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
     sys.pycache_prefix = str(prefix)
     sys.dont_write_bytecode = False
     return True
+
+
+def prune_bytecode(prefix: Path, depth: int = 3) -> None:
+    """The prefix mirrors absolute paths, and every fresh clone and venv added its own (~150 MB of
+    seeded links each, whose last link is the prefix's once the clone is deleted: 1.9 GB here
+    after a day). A directory of the prefix, down to `depth` levels (/tmp/<clone>,
+    /work/wt/<tree>), whose source directory no longer exists goes."""
+    def prune(folder: Path, level: int) -> None:
+        for entry in os.scandir(folder):
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            source = "/" + os.path.relpath(entry.path, prefix)
+            if not os.path.isdir(source):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            elif level < depth:
+                prune(Path(entry.path), level + 1)
+
+    with contextlib.suppress(OSError):
+        prune(prefix, 1)
 
 
 def seed_bytecode(prefix: Path) -> None:
