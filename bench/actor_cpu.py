@@ -37,6 +37,14 @@ def cpu_and_faults(pids: list[int]) -> tuple[float, int]:
     return ticks / os.sysconf("SC_CLK_TCK"), faults
 
 
+def machine_busy() -> float:
+    """Seconds of CPU the whole machine spent busy (every core: /proc/stat's first line, idle and
+    iowait left out): compared with the actors' CPU, what other processes took during a run."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def switches(pids: list[int]) -> tuple[int, int]:
     """(voluntary, involuntary) context switches summed over every thread of `pids`: a wake-up of a
     sleeping thread is one voluntary switch of it (a futex or GIL wait), a preemption an involuntary one."""
@@ -84,23 +92,25 @@ def main() -> None:
         pids = ray.get([a.__ray_call__.remote(lambda host: os.getpid()) for a in job._backend._actors])
         job.result()
 
-    def measured(k: int) -> tuple[float, float, int, int, int]:
-        (c0, f0), (v0, i0), t0 = cpu_and_faults(pids), switches(pids), time.perf_counter()
+    def measured(k: int) -> tuple[float, float, int, int, int, float]:
+        (c0, f0), (v0, i0), b0, t0 = cpu_and_faults(pids), switches(pids), machine_busy(), time.perf_counter()
         run(k)
-        (c1, f1), (v1, i1) = cpu_and_faults(pids), switches(pids)
-        return c1 - c0, time.perf_counter() - t0, f1 - f0, v1 - v0, i1 - i0
+        (c1, f1), (v1, i1), b1 = cpu_and_faults(pids), switches(pids), machine_busy()
+        return c1 - c0, time.perf_counter() - t0, f1 - f0, v1 - v0, i1 - i0, b1 - b0
 
     run(2)
     print(f"# {args.op} {args.size}, {n} replicas, {args.backend}, {len(pids)} process(es), "
           f"load average {load_average()}")
     for _ in range(args.repeat):
-        cpu1, wall1, faults1, vol1, inv1 = measured(k1)
-        cpu2, wall2, faults2, vol2, inv2 = measured(k2)
+        cpu1, wall1, faults1, vol1, inv1, busy1 = measured(k1)
+        cpu2, wall2, faults2, vol2, inv2, busy2 = measured(k2)
         per = k2 - k1
+        others = (busy2 - busy1) - (cpu2 - cpu1)  # the machine's busy time beyond the actors' (this driver's too)
         print(f"wall {(wall2 - wall1) / per * 1e6:.0f} us/op, CPU {(cpu2 - cpu1) / per * 1e6:.0f} us/op "
               f"({(cpu2 - cpu1) / per / n * 1e6:.1f} us per replica), "
               f"minor page faults {(faults2 - faults1) / per / len(pids):.0f} per op per process, "
-              f"context switches {(vol2 - vol1) / per:.1f} voluntary + {(inv2 - inv1) / per:.1f} involuntary per op",
+              f"context switches {(vol2 - vol1) / per:.1f} voluntary + {(inv2 - inv1) / per:.1f} involuntary per op, "
+              f"others {others / per * 1e6:.0f} us/op",
               flush=True)
     if args.backend == "ray":
         import ray
