@@ -75,8 +75,6 @@ def pytest_configure(config: pytest.Config) -> None:
             config.option.numprocesses, config.option.dist, config.option.tx = workers, "load", ["popen"] * workers
         if config.option.dist != "no" and config.option.tx and not hasattr(config, "workerinput"):
             config.pluginmanager.register(parallel.Controller(config), "replicas-parallel")
-    if runs_tests(config):
-        configure_jax_and_hypothesis()
     if hasattr(config, "workerinput"):
         atexit.register(exit_without_finalizing)  # now: after the atexit hooks of what the tests import
 
@@ -103,7 +101,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         base = base.parent
     cache = base.parent / "replicas-compilation-cache"
     cache.mkdir(parents=True, exist_ok=True)
+    prefix_set_up = keep_bytecode(cache / "pyc")
     if runs_tests(session.config):
+        # After the bytecode prefix: hypothesis and xdist, imported here, are rewritten by pytest
+        # (they are its plugins), and that is cached only once bytecode may be written.
+        configure_jax_and_hypothesis()
         import jax
 
         jax.config.update("jax_compilation_cache_dir", str(cache / "jax"))
@@ -111,7 +113,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     (cache / "oracle").mkdir(exist_ok=True)
     os.environ["REPLICAS_XLA_ORACLE_CACHE"] = str(cache / "oracle")
-    if keep_bytecode(cache / "pyc") and not runs_tests(session.config):
+    if prefix_set_up and not runs_tests(session.config):
         prebuild_bytecode(session.config)
 
 
