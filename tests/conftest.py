@@ -211,9 +211,12 @@ def prebuild_bytecode(config: pytest.Config) -> None:
         from _pytest.assertion import rewrite
     except ImportError:
         return
+    helpers = ("assertstate_key", "_rewrite_test", "_write_pyc", "get_cache_dir", "PYC_TAIL")
+    if not all(hasattr(rewrite, name) for name in helpers):
+        return
     state = config.stash.get(rewrite.assertstate_key, None)
     hook = getattr(state, "hook", None)
-    if hook is None or not all(hasattr(rewrite, name) for name in ("_rewrite_test", "_write_pyc", "get_cache_dir")):
+    if hook is None:
         return
     import fnmatch
     import importlib.util
