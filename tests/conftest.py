@@ -6,6 +6,7 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -77,6 +78,10 @@ def pytest_configure(config: pytest.Config) -> None:
             config.pluginmanager.register(parallel.Controller(config), "replicas-parallel")
     if hasattr(config, "workerinput"):
         atexit.register(exit_without_finalizing)  # now: after the atexit hooks of what the tests import
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # A shell starts a background job (`cmd &`, nohup) with SIGINT ignored, and every process it
+        # starts inherits that: the Ctrl-C tests' interrupts would do nothing and their jobs run on.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def exit_without_finalizing() -> None:

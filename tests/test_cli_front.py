@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import pty
 import re
+import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -194,6 +196,23 @@ def test_progress_is_data() -> None:
                                     "collective", "collectives_per_second"}
 
 
+def read_terminal(primary: int, until: bytes | None, seen: bytes, deadline: float) -> bytes:
+    """What the child writes to its terminal until `until` appears (None: until it closes the
+    terminal), failing the test with what it wrote when the deadline passes first."""
+    while until is None or until not in seen:
+        ready, _, _ = select.select([primary], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"no {until!r} within the deadline; the terminal showed: {seen.decode(errors='replace')[-4000:]}"
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:  # the child closed the terminal
+            chunk = b""
+        if not chunk:
+            assert until is None, seen
+            break
+        seen += chunk
+    return seen
+
+
 def test_live_status_on_a_terminal_and_ctrl_c_cancels(tmp_path: Path) -> None:
     path = tmp_path / "loop.hlo"
     path.write_text(long_loop(10**8))
@@ -203,22 +222,12 @@ def test_live_status_on_a_terminal_and_ctrl_c_cancels(tmp_path: Path) -> None:
                              "--timeout", "600"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=secondary, env=env)
     os.close(secondary)
-    seen = b""
     try:
-        while b"collectives/s" not in seen:  # the live status is drawn: the job runs
-            chunk = os.read(primary, 4096)
-            assert chunk, seen
-            seen += chunk
+        # the live status is drawn: the job runs
+        seen = read_terminal(primary, b"collectives/s", b"", time.monotonic() + 120)
         assert re.search(rb"running 2 .*slowest: replica \d", seen) or b"blocked" in seen, seen
         proc.send_signal(signal.SIGINT)
-        while True:
-            try:
-                chunk = os.read(primary, 4096)
-            except OSError:  # the child closed the terminal
-                break
-            if not chunk:
-                break
-            seen += chunk
+        seen = read_terminal(primary, None, seen, time.monotonic() + 60)
         assert proc.wait(timeout=60) == 130, seen.decode(errors="replace")[-4000:]  # what it printed instead
     finally:
         if proc.poll() is None:
