@@ -7,6 +7,7 @@ local Ray session)."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -78,6 +79,7 @@ def test_a_node_lost_before_the_job_starts_is_named_within_the_timeout(two_node_
     proc = subprocess.Popen([sys.executable, str(driver), cluster.address], env=cluster.env(), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        assert select.select([proc.stdout], [], [], 240)[0], "the driver printed nothing within 240 s"
         assert proc.stdout.readline().strip() == "READY", proc.stderr.read()[-4000:] if proc.poll() else ""
         _stop_second_node(port)
         out, err = proc.communicate("go\n", timeout=240)

@@ -8,6 +8,7 @@ import mmap
 import os
 import pathlib
 import secrets
+import select
 import subprocess
 import sys
 import threading
@@ -309,6 +310,7 @@ def test_the_segments_of_a_killed_driver_are_removed_by_the_next_driver():
                                str(pathlib.Path(__file__).parent)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
     try:
+        assert select.select([driver.stdout], [], [], 120)[0], "the driver printed no token within 120 s"
         token = driver.stdout.readline().strip()
         assert token and len(job_segments(token)) == 2
     finally:
