@@ -33,6 +33,7 @@ the bytes are whatever their size, and a fingerprint mismatch is always found on
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import pickle
@@ -328,7 +329,7 @@ class Board:
         end = _round8(table + 16 * len(layout))
         sizes = []
         for dtype, shape in layout:
-            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            size = math.prod(shape) * dtype.itemsize
             offsets.append(end)
             sizes.append(size)
             end = (end + size + 63) // 64 * 64
