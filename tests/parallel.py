@@ -36,12 +36,23 @@ def wants_workers(config: pytest.Config) -> int:
         return 0
     if option.numprocesses is not None or option.dist != "no" or option.tx:
         return 0
-    if option.collectonly or option.usepdb or config.args_source != pytest.Config.ArgsSource.TESTPATHS:
+    if option.collectonly or option.usepdb or not runs_whole_suite(config):
         return 0
     count = os.environ.get("REPLICAS_TEST_WORKERS")
     if count is not None:
         return int(count)
     return 2 if (os.cpu_count() or 1) >= 2 else 0
+
+
+def runs_whole_suite(config: pytest.Config) -> bool:
+    """`pytest` with no arguments, in the repository (which reads `testpaths`) or in tests/ (where
+    pytest collects the invocation directory: the same tests)."""
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
+        return True
+    if config.args_source != pytest.Config.ArgsSource.INVOCATION_DIR:
+        return False
+    here = Path(config.invocation_params.dir).resolve()
+    return any(here == (config.rootpath / path).resolve() for path in config.getini("testpaths"))
 
 
 class GroupScheduling(LoadScopeScheduling):
