@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -273,7 +274,11 @@ def ray_session():
 
     from replicas.runtime.ray_backend import ensure_ray
 
-    ensure_ray()
+    with warnings.catch_warnings():
+        # Ray starts its daemons by fork and exec (subprocess), which JAX's at-fork hook warns of
+        # as if the child went on running this multithreaded process.
+        warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+        ensure_ray()
     yield
     ray.shutdown()
 
