@@ -5,6 +5,8 @@ data path."""
 
 from __future__ import annotations
 
+import atexit
+import collections
 import contextlib
 import hashlib
 import ipaddress
@@ -23,7 +25,7 @@ from replicas.runtime.actor_pool import ActorPool
 from replicas.runtime.compile import Executable
 from replicas.runtime.faults import actor_failure, not_started, unplaceable
 from replicas.runtime.replica_host import STOP_SECONDS, ReplicaHost
-from replicas.runtime.shm import remove_job_segments, remove_orphaned_segments
+from replicas.runtime.shm import remove_orphaned_segments, remove_segments_of
 
 _init_lock = threading.Lock()
 # The key this driver's actors authenticate direct connections with (see wire.py).
@@ -100,6 +102,30 @@ def _on_loopback(address: str) -> bool:
 
 
 _actor_class = None
+# Tokens of this driver's jobs that ended (the last ENDED_KEPT). A job's launch may still reach an
+# actor after the job ended (it failed or timed out while the call was on its way): the actor then
+# creates the job's segments after the driver removed them. Each job's end removes what such jobs
+# left, and so does the driver's exit.
+ENDED_KEPT = 256
+_ended: collections.deque[str] = collections.deque(maxlen=ENDED_KEPT)
+_ended_lock = threading.Lock()
+
+
+def _job_ended(*tokens: str) -> None:
+    """Remove the segments of `tokens` and of the earlier ended jobs on this node."""
+    with _ended_lock:
+        _ended.extend(tokens)
+        ended = list(_ended)
+    remove_segments_of(ended)
+
+
+def _remove_ended_at_exit() -> None:
+    with _ended_lock:
+        ended = list(_ended)
+    remove_segments_of(ended)
+
+
+atexit.register(_remove_ended_at_exit)
 
 
 def _remote_host_class() -> Any:
@@ -296,6 +322,7 @@ class RayBackend:
             self._actors[i] = POOL.fresh(self._options[i])
             for r in self._groups[i]:
                 self._actor_of[r] = self._actors[i]
+        _job_ended(self._token)  # the launch that found an actor dead is abandoned
         self._token = secrets.token_hex(8)
         self._finish_refs, self._finished = None, {}
         self._start_cold([i not in died for i in range(len(self._actors))], None)
@@ -444,7 +471,7 @@ class RayBackend:
             self.calls["reset"] += len(live)
             POOL.release([(self._actors[i], self._options[i]) for i in live])
         POOL.discard([self._actors[i] for i in self._dead])
-        remove_job_segments(self._token)  # what killed actors of this node left behind
+        _job_ended(self._token)  # what killed actors of this node left behind, and late launches
 
     def deliver_from_host(self, replica: int, key: tuple, value: Any) -> None:
         self._touch("deliver")

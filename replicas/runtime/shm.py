@@ -54,7 +54,7 @@ import mmap
 import os
 import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -102,10 +102,25 @@ def job_segments(token: str) -> list[str]:
 
 def remove_job_segments(token: str) -> int:
     """Unlink every segment of job `token` on this node (mappings stay valid until dropped)."""
+    return remove_segments_of((token,))
+
+
+def remove_segments_of(tokens: Iterable[str]) -> int:
+    """Unlink every segment of the jobs `tokens` on this node, in one listing of the folder."""
+    wanted = {f"{PREFIX}{token}-" for token in tokens if token}
+    if not wanted:
+        return 0
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return 0
     removed = 0
-    for path in job_segments(token):
+    for name in names:
+        cut = name.find("-", len(PREFIX))
+        if cut < 0 or name[:cut + 1] not in wanted:
+            continue
         try:
-            os.unlink(path)
+            os.unlink(os.path.join(SHM_DIR, name))
             removed += 1
         except FileNotFoundError:
             pass
