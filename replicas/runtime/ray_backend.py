@@ -119,13 +119,7 @@ def _job_ended(*tokens: str) -> None:
     remove_segments_of(ended)
 
 
-def _remove_ended_at_exit() -> None:
-    with _ended_lock:
-        ended = list(_ended)
-    remove_segments_of(ended)
-
-
-atexit.register(_remove_ended_at_exit)
+atexit.register(_job_ended)
 
 
 def _remote_host_class() -> Any:
