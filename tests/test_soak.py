@@ -45,7 +45,9 @@ def test_thousands_of_collectives_in_one_job_leave_the_actors_flat():
 
     n = 2
     ring = 256  # the flight recorder keeps this many events per replica: full after warm-up
-    module = rp.parse_hlo(LOOP.format(n=n, k=6000))
+    # Long enough that the samples below lie thousands of collectives apart on a fast machine too
+    # (at 6000, one ran 2,600 collectives past the first mark before it was seen).
+    module = rp.parse_hlo(LOOP.format(n=n, k=12000))
     job = rp.launch(module, [np.ones(64, np.float32)], num_replicas=n, timeout=600, trace_events=ring)
     backend = job._backend  # noqa: SLF001 - the test reads the running job's actors
     pids = ray.get([a.__ray_call__.remote(lambda host: os.getpid()) for a in backend._actors])  # noqa: SLF001
@@ -55,11 +57,11 @@ def test_thousands_of_collectives_in_one_job_leave_the_actors_flat():
         return min(s.collectives_started for s in job.states())
 
     while collectives() < 1000 and not job.done():
-        event.wait(0.1)
+        event.wait(0.02)
     before = [rss_mb(p) for p in pids]
     start = collectives()
-    while collectives() < 5500 and not job.done():
-        event.wait(0.2)
+    while collectives() < 11500 and not job.done():
+        event.wait(0.05)
     after = [rss_mb(p) for p in pids]
     count = collectives() - start
     job.result()
