@@ -22,6 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import collective_program, load_average, parse_size  # noqa: E402
+from suite_cpu import machine_cpu  # noqa: E402
 
 import replicas as rp  # noqa: E402
 
@@ -35,14 +36,6 @@ def cpu_and_faults(pids: list[int]) -> tuple[float, int]:
         ticks += int(fields[11]) + int(fields[12])
         faults += int(fields[7])
     return ticks / os.sysconf("SC_CLK_TCK"), faults
-
-
-def machine_busy() -> float:
-    """Seconds of CPU the whole machine spent busy (every core: /proc/stat's first line, idle and
-    iowait left out): compared with the actors' CPU, what other processes took during a run."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def switches(pids: list[int]) -> tuple[int, int]:
@@ -93,9 +86,9 @@ def main() -> None:
         job.result()
 
     def measured(k: int) -> tuple[float, float, int, int, int, float]:
-        (c0, f0), (v0, i0), b0, t0 = cpu_and_faults(pids), switches(pids), machine_busy(), time.perf_counter()
+        (c0, f0), (v0, i0), (b0, _), t0 = cpu_and_faults(pids), switches(pids), machine_cpu(), time.perf_counter()
         run(k)
-        (c1, f1), (v1, i1), b1 = cpu_and_faults(pids), switches(pids), machine_busy()
+        (c1, f1), (v1, i1), (b1, _) = cpu_and_faults(pids), switches(pids), machine_cpu()
         return c1 - c0, time.perf_counter() - t0, f1 - f0, v1 - v0, i1 - i0, b1 - b0
 
     run(2)
