@@ -2,7 +2,7 @@
 
     python bench/collectives.py [--replicas 4] [--sizes 4KiB,1MiB,16MiB,64MiB] [--ops all-reduce,...]
                                 [--backend ray|threads|both] [--packing 1,2] [--skip jax,mpi,gloo,naive]
-                                [--json out.json]
+                                [--repeat 3] [--rounds 1] [--json out.json]
     python bench/collectives.py --memory [--iterations 10000]     # leak check under Ray
     python bench/collectives.py --startup 32                       # start time of 32 replicas only
 
@@ -48,6 +48,7 @@ from common import (  # noqa: E402 - the bench folder is not a package
     run_loop,
     size_label,
 )
+from crosscore import Gauge  # noqa: E402
 
 import replicas as rp  # noqa: E402
 
@@ -196,8 +197,49 @@ def table(args: argparse.Namespace) -> None:
         backends = [c for b in backends for c in ([f"ray/{p}" for p in args.packing] if b == "ray" else [b])]
     print(f"# replicas collectives, {n} replicas, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} cores, load average at start {load_average()}")
+    gauge = open_gauge()  # forked before Ray's threads
     floors = {s: memory_floor(s) for s in sizes}
+    rounds = []
+    for r in range(args.rounds):
+        if args.rounds > 1:
+            log(f"round {r + 1} of {args.rounds}")
+        rounds.append(measure_round(args, ops, sizes, backends, floors, gauge))
+    if gauge is not None:
+        gauge.close()
+    rows = pooled(rounds, backends)
+    startup = None
+    if args.startup_replicas:
+        log(f"start time of {args.startup_replicas} replicas (fresh Ray in a subprocess)")
+        startup, msg = measure_startup(args.startup_replicas)
+        if startup is None:
+            print(f"startup: {msg}")
+    print_table(rows, backends, n, startup, args.rounds)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "startup": startup, "load_average_end": load_average()}, f, indent=1,
+                      default=lambda t: {"median": t.median, "spread": t.spread, "samples": t.samples})
+
+
+def open_gauge() -> Gauge | None:
+    try:
+        return Gauge()
+    except (RuntimeError, OSError) as e:  # one CPU, or no fork
+        print(f"cross-core gauge: not available ({e})")
+        return None
+
+
+def gauge_reading(gauge: Gauge | None) -> float | None:
+    return None if gauge is None else gauge.read()
+
+
+def measure_round(args: argparse.Namespace, ops: list[str], sizes: list[int], backends: list[str],
+                  floors: dict[int, float], gauge: Gauge | None) -> list[dict]:
+    """One round: the anchors, then every row of the replicas; a row's `gauge` holds the cross-core
+    gauge's readings around it (`crosscore.py`), `anchors-gauge` those around the anchors."""
+    n = args.replicas
+    before = gauge_reading(gauge)
     anchors = run_anchors(args, ops, sizes)
+    anchors_gauge = [g for g in (before, gauge_reading(gauge)) if g is not None]
 
     from replicas.runtime.ray_backend import ensure_ray
 
@@ -216,31 +258,40 @@ def table(args: argparse.Namespace) -> None:
     rows = []
     for op in ops:
         for s in sizes:
-            row = {"op": op, "bytes": s, "floor": floors[s], "round_trip": round_trip[s]}
+            row = {"op": op, "bytes": s, "floor": floors[s], "round_trip": round_trip[s],
+                   "anchors-gauge": anchors_gauge}
+            readings = [gauge_reading(gauge)]
             for b in backends:
                 log(f"replicas[{b}] {op} {size_label(s)}")
                 row[f"replicas-{b}"] = time_replicas(op, s, n, b, args.repeat)
+                readings.append(gauge_reading(gauge))
+            row["gauge"] = [g for g in readings if g is not None]
             for name in ("jax", "mpi", "gloo"):
                 value = anchors.get(name, {}).get(op, {}).get(str(s))
                 samples = anchors.get(name + "-samples", {}).get(op, {}).get(str(s))
-                row[name] = Timing(samples) if samples else value
+                row[name] = Timing(samples) if samples else Timing([value]) if value is not None else None
             if naive is not None:
                 log(f"naive Ray {op} {size_label(s)}")
-                row["naive-ray"] = naive.time_op(op, s, 20 if s <= (1 << 20) else 3)
+                row["naive-ray"] = Timing([naive.time_op(op, s, 20 if s <= (1 << 20) else 3)])
             rows.append(row)
     if naive is not None:
         naive.close()
-    startup = None
-    if args.startup_replicas:
-        log(f"start time of {args.startup_replicas} replicas (fresh Ray in a subprocess)")
-        startup, msg = measure_startup(args.startup_replicas)
-        if startup is None:
-            print(f"startup: {msg}")
-    print_table(rows, backends, n, startup)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "startup": startup, "load_average_end": load_average()}, f, indent=1,
-                      default=lambda t: {"median": t.median, "spread": t.spread, "samples": t.samples})
+    return rows
+
+
+def pooled(rounds: list[list[dict]], backends: list[str]) -> list[dict]:
+    """The rounds' rows as one: every timed cell's samples together (its median is over all rounds),
+    the gauge's readings together."""
+    rows = []
+    for same in zip(*rounds):
+        row = dict(same[0])
+        for key in [f"replicas-{b}" for b in backends] + list(PEERS):
+            timings = [r[key] for r in same if isinstance(r.get(key), Timing)]
+            row[key] = Timing([x for t in timings for x in t.samples]) if timings else None
+        for key in ("gauge", "anchors-gauge"):
+            row[key] = [g for r in same for g in r[key]]
+        rows.append(row)
+    return rows
 
 
 def seconds(value: Timing | float | None) -> float | None:
@@ -251,12 +302,16 @@ def cell(value: Timing | float | None) -> str:
     return value.text() if isinstance(value, Timing) else fmt_time(value)
 
 
-def print_table(rows: list[dict], backends: list[str], n: int, startup: dict | None) -> None:
-    """Times per op: median ±half the spread of the repetitions, `?` where the spread exceeds the
-    median (unreliable: the machine was busier than the op is long). One ratio per replicas column."""
+def print_table(rows: list[dict], backends: list[str], n: int, startup: dict | None, rounds: int = 1) -> None:
+    """Times per op: median ±half the spread of the repetitions (of every round), `?` where the
+    spread exceeds the median (unreliable: the machine was busier than the op is long). One ratio per
+    replicas column. `gauge`: the slowest cross-core gauge reading around the row, `!` when over twice
+    the run's median reading (a slow period of the machine, bench/crosscore.py)."""
     cols = [f"replicas-{b}" for b in backends] + list(PEERS) + ["round_trip", "floor"]
     head = (f"{'op':20}{'size':>9}" + "".join(f"{c:>24}" for c in cols)
-            + "".join(f"{'ratio ' + b:>14}" for b in backends) + f"{'best peer':>11}")
+            + "".join(f"{'ratio ' + b:>14}" for b in backends) + f"{'best peer':>11}{'gauge':>10}")
+    readings = [g for row in rows for g in row["gauge"] + row["anchors-gauge"]]
+    usual = float(np.median(readings)) if readings else None
     print()
     print(head)
     print("-" * len(head))
@@ -269,10 +324,17 @@ def print_table(rows: list[dict], backends: list[str], n: int, startup: dict | N
             timing = row[f"replicas-{b}"]
             ratio = f"{timing.median / peers[best]:.1f}x" if best and timing.median > 0 else "-"
             ratios.append(ratio + ("?" if best and timing.unreliable else ""))
+        slowest = max(row["gauge"], default=None)
+        mark = "!" if slowest is not None and slowest > 2 * usual else " "
         print(f"{row['op']:20}{size_label(row['bytes']):>9}" + "".join(f"{cell(row.get(c)):>24}" for c in cols)
-              + "".join(f"{r:>14}" for r in ratios) + f"{best or '-':>11}")
-    print(f"(load average at end {load_average()}; ± is half the spread of the repetitions, ? marks a spread "
-          f"larger than the median)")
+              + "".join(f"{r:>14}" for r in ratios) + f"{best or '-':>11}{fmt_time(slowest):>9}{mark}")
+    print(f"(load average at end {load_average()}; ± is half the spread of the repetitions"
+          f"{f' of {rounds} rounds' if rounds > 1 else ''}, ? marks a spread larger than the median; "
+          f"gauge: the slowest cross-core reading around the row, ! over twice the median reading)")
+    anchors = sorted(g for g in rows[0]["anchors-gauge"]) if rows else []
+    if anchors:
+        print(f"cross-core gauge around the anchors: {', '.join(fmt_time(g) for g in anchors)}; "
+              f"the median reading of the run {fmt_time(usual)}")
     print()
     for row in rows:
         main = seconds(row[f"replicas-{backends[0]}"])
@@ -301,6 +363,9 @@ def main() -> None:
     parser.add_argument("--startup-replicas", type=int, default=32, help="0 to skip the start-time measurement")
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--repeat", type=int, default=3, help="differenced measurements per cell (median shown)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure the anchors and the replicas' rows this many times in turn (a cell's "
+                        "median is over every round: a slow period of the machine then hits every column alike)")
     parser.add_argument("--memory", action="store_true", help="leak check: many small all-reduces under Ray")
     parser.add_argument("--iterations", type=int, default=10_000)
     parser.add_argument("--startup", type=int, help="only measure the start time of this many replicas")

@@ -135,6 +135,8 @@ class Timing:
         """`1.23 ms ±0.05 ms` (half the spread), with `?` when unreliable; never a bare zero."""
         if self.median <= 0:
             return "<noise ?"
+        if len(self.samples) == 1:
+            return fmt_time(self.median)
         return f"{fmt_time(self.median)} ±{fmt_time(self.spread / 2)}" + (" ?" if self.unreliable else "")
 
 
