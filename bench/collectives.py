@@ -373,6 +373,8 @@ def main() -> None:
     args = parser.parse_args()
     args.skip = set(filter(None, args.skip.split(",")))
     args.packing = [int(p) for p in args.packing.split(",") if p]
+    if args.rounds < 1 or args.repeat < 1:
+        parser.error("--rounds and --repeat take a number of at least 1")
     for op in args.ops.split(","):
         if op not in OPS:
             parser.error(f"unknown op {op!r}; choose from {', '.join(OPS)}")
