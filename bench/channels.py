@@ -38,6 +38,7 @@ from common import (  # noqa: E402 - the bench folder is not a package
     run_json_subprocess,
     size_label,
 )
+from crosscore import open_gauge  # noqa: E402
 
 import replicas as rp  # noqa: E402
 
@@ -169,6 +170,8 @@ def main() -> None:
     backends = ["ray", "threads"] if args.backend == "both" else [args.backend]
     print(f"# replicas send/recv ping-pong, 2 replicas, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} cores, load average at start {load_average()}")
+    gauge = open_gauge()  # forked before Ray's threads
+    gauge_readings = []
     from replicas.runtime.ray_backend import ensure_ray
 
     ensure_ray()
@@ -176,6 +179,8 @@ def main() -> None:
     samples: dict[tuple[str, int], list[float]] = {}
     # Repetitions interleave the anchors and replicas, so a change of load hits both alike.
     for rep in range(args.repeats):
+        if gauge is not None:
+            gauge_readings.append(gauge.read())
         if "mpi" not in args.skip:
             mpi, msg = mpi_pingpong(sizes)
             if mpi is None:
@@ -205,6 +210,10 @@ def main() -> None:
         print(f"| {size_label(s)} | " + " | ".join(cells)
               + f" | {fmt_time(floors[s])} | {bandwidth:.0f} MiB/s | {vs_mpi} |")
     print(f"(load average at end {load_average()}; bandwidth = 2 x size per round trip of replicas-{backends[0]})")
+    if gauge is not None:
+        gauge.close()
+        print(f"cross-core gauge at the start of each repetition: {', '.join(fmt_time(g) for g in gauge_readings)} "
+              f"(bench/crosscore.py: a slow period reads several times the usual)")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ from common import (  # noqa: E402 - the bench folder is not a package
     run_loop,
     size_label,
 )
-from crosscore import Gauge  # noqa: E402
+from crosscore import Gauge, open_gauge  # noqa: E402
 
 import replicas as rp  # noqa: E402
 
@@ -218,14 +218,6 @@ def table(args: argparse.Namespace) -> None:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "startup": startup, "load_average_end": load_average()}, f, indent=1,
                       default=lambda t: {"median": t.median, "spread": t.spread, "samples": t.samples})
-
-
-def open_gauge() -> Gauge | None:
-    try:
-        return Gauge()
-    except (RuntimeError, OSError) as e:  # one CPU, or no fork
-        print(f"cross-core gauge: not available ({e})")
-        return None
 
 
 def gauge_reading(gauge: Gauge | None) -> float | None:

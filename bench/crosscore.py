@@ -94,6 +94,15 @@ class Gauge:
         self._requests = self._replies = self._pids = []
 
 
+def open_gauge() -> Gauge | None:
+    """A `Gauge`, or None (and why, printed) where this machine cannot have one."""
+    try:
+        return Gauge()
+    except (RuntimeError, OSError) as e:  # one CPU, or no fork
+        print(f"cross-core gauge: not available ({e})")
+        return None
+
+
 def _read_line(fd: int) -> bytes:
     line = b""
     while not line.endswith(b"\n"):
