@@ -200,10 +200,11 @@ def table(args: argparse.Namespace) -> None:
     gauge = open_gauge()  # forked before Ray's threads
     floors = {s: memory_floor(s) for s in sizes}
     rounds = []
+    round_trip: dict[int, float] = {}
     for r in range(args.rounds):
         if args.rounds > 1:
             log(f"round {r + 1} of {args.rounds}")
-        rounds.append(measure_round(args, ops, sizes, backends, floors, gauge))
+        rounds.append(measure_round(args, ops, sizes, backends, floors, gauge, round_trip))
     if gauge is not None:
         gauge.close()
     rows = pooled(rounds, backends)
@@ -224,15 +225,8 @@ def gauge_reading(gauge: Gauge | None) -> float | None:
     return None if gauge is None else gauge.read()
 
 
-def measure_round(args: argparse.Namespace, ops: list[str], sizes: list[int], backends: list[str],
-                  floors: dict[int, float], gauge: Gauge | None) -> list[dict]:
-    """One round: the anchors, then every row of the replicas; a row's `gauge` holds the cross-core
-    gauge's readings around it (`crosscore.py`), `anchors-gauge` those around the anchors."""
-    n = args.replicas
-    before = gauge_reading(gauge)
-    anchors = run_anchors(args, ops, sizes)
-    anchors_gauge = [g for g in (before, gauge_reading(gauge)) if g is not None]
-
+def start_ray(n: int, sizes: list[int], backends: list[str]) -> dict[int, float]:
+    """Ray started and the backends warm; one raw Ray actor round trip per size."""
     from replicas.runtime.ray_backend import ensure_ray
 
     log("Ray start and warm-up")
@@ -245,7 +239,21 @@ def measure_round(args: argparse.Namespace, ops: list[str], sizes: list[int], ba
     for b in backends:
         warm_up(n, b)
     echo = ray_echo_actor()
-    round_trip = {s: ray_round_trip(echo, s, 50 if s <= (1 << 20) else 5) for s in sizes}
+    return {s: ray_round_trip(echo, s, 50 if s <= (1 << 20) else 5) for s in sizes}
+
+
+def measure_round(args: argparse.Namespace, ops: list[str], sizes: list[int], backends: list[str],
+                  floors: dict[int, float], gauge: Gauge | None, round_trip: dict[int, float]) -> list[dict]:
+    """One round: the anchors, then every row of the replicas; a row's `gauge` holds the cross-core
+    gauge's readings around it (`crosscore.py`), `anchors-gauge` those around the anchors. The first
+    round starts Ray and fills `round_trip` (raw Ray round trips by size) for the others."""
+    n = args.replicas
+    before = gauge_reading(gauge)
+    anchors = run_anchors(args, ops, sizes)
+    anchors_gauge = [g for g in (before, gauge_reading(gauge)) if g is not None]
+
+    if not round_trip:  # the first round (after its anchors, on a machine without Ray yet)
+        round_trip.update(start_ray(n, sizes, backends))
     naive = NaiveRay(n) if "naive" not in args.skip else None
     rows = []
     for op in ops:
