@@ -172,7 +172,7 @@ def main() -> None:
           f"{os.cpu_count()} cores, load average at start {load_average()}")
     gauge = open_gauge()  # forked before Ray's threads
     gauge_readings = []
-    from replicas.runtime.ray_backend import ensure_ray
+    from replicas.runtime.ray.backend import ensure_ray
 
     ensure_ray()
     echo = ray_echo_actor()

@@ -94,7 +94,7 @@ def time_replicas(op: str, nbytes: int, n: int, config: str, repeat: int) -> Tim
 
 def startup_child(n: int) -> None:
     """In a fresh process: Ray start, then a trivial program on n replicas with a cold and a warm pool."""
-    from replicas.runtime.ray_backend import ensure_ray
+    from replicas.runtime.ray.backend import ensure_ray
 
     module = rp.parse_hlo(TRIVIAL.format(n=n))
     t0 = time.perf_counter()
@@ -142,7 +142,7 @@ def memory_mode(n: int, iterations: int, large_iterations: int = 300) -> None:
     for key in ("driver_rss_mib", "raylet_rss_mib", "actors_rss_mib", "actors_anon_mib"):
         print(f"{key:24}{before[key]:12.1f}{middle[key]:14.1f}{after[key]:14.1f}")
     print(f"(actor processes alive: {after['actors']}; flat from run 1 to run 2 = no leak)")
-    # Large collectives take the same-node shared-memory path (replicas/runtime/shm.py).
+    # Large collectives take the same-node shared-memory path (replicas/transport/shm.py).
     large = collective_program("all-reduce", 1 << 20, n)  # 4 MiB per replica
     y = np.ones(1 << 20, np.float32)
     rounds = [snapshot()]
@@ -227,12 +227,12 @@ def gauge_reading(gauge: Gauge | None) -> float | None:
 
 def start_ray(n: int, sizes: list[int], backends: list[str]) -> dict[int, float]:
     """Ray started and the backends warm; one raw Ray actor round trip per size."""
-    from replicas.runtime.ray_backend import ensure_ray
+    from replicas.runtime.ray.backend import ensure_ray
 
     log("Ray start and warm-up")
     ensure_ray()
     if any(b.startswith("ray") for b in backends):
-        from replicas.runtime.ray_backend import _default_packing
+        from replicas.runtime.ray.backend import _default_packing
 
         print(f"packing: `ray` = the default, {_default_packing(n, None)} replica(s) per actor here; "
               f"`ray/k` = k replicas per actor")

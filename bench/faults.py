@@ -125,8 +125,8 @@ def kill_latency() -> float:
 
 
 def hostile_message_latency() -> float:
-    from replicas.runtime.ray_backend import _AUTHKEY
-    from replicas.runtime.wire import Wire, WireError
+    from replicas.runtime.ray.backend import _AUTHKEY
+    from replicas.transport.wire import Wire, WireError
 
     m = rp.parse_hlo(WAITS_FOR_INFEED)
     job = rp.launch(m, [X], num_replicas=2, timeout=60)

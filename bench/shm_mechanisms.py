@@ -1,5 +1,5 @@
 """How to move an array between two Ray actors of one node: the measurement behind
-replicas/runtime/shm.py (a benchmark, never a test).
+replicas/transport/shm.py (a benchmark, never a test).
 
     python bench/shm_mechanisms.py [--sizes 4KiB,1MiB,64MiB] [--messages 20] [--repeats 5]
 
@@ -99,7 +99,7 @@ class Side:
 
     # -- replicas' arena
     def open_arena(self, token: str, owner: int) -> None:
-        from replicas.runtime.shm import Inbox, Outbox
+        from replicas.transport.shm import Inbox, Outbox
 
         self.outbox = Outbox(token, owner)
         self.inbox = Inbox(token)
@@ -127,8 +127,8 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from replicas.runtime.ray_backend import ensure_ray
-    from replicas.runtime.shm import remove_job_segments
+    from replicas.runtime.ray.backend import ensure_ray
+    from replicas.transport.shm import remove_job_segments
 
     ensure_ray()
     print(f"# moving one buffer between two actors of a node, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "

@@ -86,7 +86,7 @@ def actor_pids() -> list[int]:
     """The pids of the idle pooled replica actors (after a job) or of a running job's actors."""
     import ray
 
-    from replicas.runtime.ray_backend import POOL
+    from replicas.runtime.ray.backend import POOL
 
     actors = [a for group in POOL._idle.values() for a in group]  # noqa: SLF001 - a bench reads the pool
     return sorted(ray.get([a.__ray_call__.remote(lambda host: os.getpid()) for a in actors]))

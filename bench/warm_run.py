@@ -93,7 +93,7 @@ def main() -> None:
     if not ns.no_ray:
         import ray
 
-        from replicas.runtime.ray_backend import ensure_ray
+        from replicas.runtime.ray.backend import ensure_ray
 
         ensure_ray()
         try:

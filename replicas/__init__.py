@@ -46,7 +46,7 @@ _LAZY = {
     "jax": ("replicas.jax", None),
     # What users receive: the reports carried by errors, the replicas' published states.
     "Report": "replicas.diagnostics.report",
-    "MismatchReport": "replicas.diagnostics.mismatch",
+    "MismatchReport": "replicas.collectives.mismatch",
     "Edge": "replicas.diagnostics.report",
     "ReplicaState": "replicas.records",
     "BlockInfo": "replicas.records",  # the module itself; imports JAX only when used

@@ -18,10 +18,10 @@ from replicas.errors import ProgramError, ReplicasError
 from replicas.hlo.ir import Module
 from replicas.limits import check_replicas
 from replicas.records import HOST
-from replicas.runtime import keys
 from replicas.runtime.arguments import check_timeout
 from replicas.runtime.compile import Executable
 from replicas.runtime.driver import Program, as_arguments, as_program, declared_replicas, launch
+from replicas.transport import keys
 
 
 def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int | None = None, *,

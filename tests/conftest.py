@@ -272,7 +272,7 @@ def ray_session():
     that runs the "ray" group, after that group's last test: `pytest_runtest_teardown`)."""
     import ray
 
-    from replicas.runtime.ray_backend import ensure_ray
+    from replicas.runtime.ray.backend import ensure_ray
 
     with warnings.catch_warnings():
         # Ray starts its daemons by fork and exec (subprocess), which JAX's at-fork hook warns of

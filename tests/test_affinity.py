@@ -1,4 +1,4 @@
-"""Replica threads of one job kept on one core (runtime/affinity.py): pinned while the job runs, every
+"""Replica threads of one job kept on one core (tuning/affinity.py): pinned while the job runs, every
 thread's own affinity back after it, the same bits either way. Linux only (sched_setaffinity)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from buggy_programs import loop_the_last_replica_skips
 
 import replicas as rp
-from replicas.runtime import affinity
-from replicas.runtime.compile import compile_module
-from replicas.runtime.cores import cores
+from replicas.runtime.compile import compile_module, light
+from replicas.tuning import affinity
+from replicas.tuning.cores import cores
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux's")
 
@@ -144,15 +144,15 @@ def test_more_replicas_than_cores_are_pinned_by_default_while_the_job_runs(monke
 def test_programs_that_may_work_outside_the_gil_are_not_pinned(monkeypatch):
     monkeypatch.setenv(affinity.ENV, "auto")
     n = cores() + 1
-    light = compile_module(rp.parse_hlo(FED.format(n=n)), num_replicas=n)
-    assert affinity.choose_cpu(n, light) is not None
+    small = compile_module(rp.parse_hlo(FED.format(n=n)), num_replicas=n)
+    assert affinity.choose_cpu(n, light(small)) is not None
     large = compile_module(rp.parse_hlo(FED.format(n=n).replace("f32[4]", f"f32[{affinity.LIGHT_BYTES}]")),
                            num_replicas=n)
-    assert affinity.choose_cpu(n, large) is None  # 4 x LIGHT_BYTES bytes: numpy's loops release the GIL
+    assert affinity.choose_cpu(n, light(large)) is None  # 4 x LIGHT_BYTES bytes: numpy's loops release the GIL
     calls = compile_module(rp.parse_hlo(PROGRAM.format(n=n)), num_replicas=n)
-    assert affinity.choose_cpu(n, calls) is None  # a custom call may run anything
+    assert affinity.choose_cpu(n, light(calls)) is None  # a custom call may run anything
     monkeypatch.setenv(affinity.ENV, str(sorted(os.sched_getaffinity(0))[0]))
-    assert affinity.choose_cpu(n, calls) is not None  # unless told
+    assert affinity.choose_cpu(n, light(calls)) is not None  # unless told
 
 
 @pytest.mark.usefixtures("thread_cpus")

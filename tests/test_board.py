@@ -1,4 +1,4 @@
-"""The same-node board (runtime/board.py): leaders of actors on one node exchange collective
+"""The same-node board (transport/board.py): leaders of actors on one node exchange collective
 operands through shared memory. Results equal numpy and the threads backend bitwise, mismatches
 and deadlocks are still reported as such, and the publish/release protocol never lets a writer
 reuse a buffer a reader still holds."""
@@ -21,7 +21,7 @@ from test_shm import shm_sent
 import replicas as rp
 from replicas.collectives.hierarchy import Exchange
 from replicas.errors import CollectiveMismatchError, DeadlockError
-from replicas.runtime import board as shared_board
+from replicas.transport import board as shared_board
 
 PERMUTES = [[(0, 1), (1, 2), (2, 3), (3, 0)], [(0, 2), (2, 3), (3, 1)]]
 DTYPES = [("f32", np.float32), ("f64", np.float64), ("s32", np.int32), ("u8", np.uint8), ("s64", np.int64)]

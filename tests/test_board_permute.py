@@ -16,8 +16,8 @@ from test_shm import shm_sent
 
 import replicas as rp
 from replicas.errors import CollectiveMismatchError
-from replicas.runtime import board as shared_board
-from replicas.runtime import shm
+from replicas.transport import board as shared_board
+from replicas.transport import shm
 
 N = 4
 E = 3 * shm.MIN_BYTES // 4 + 5  # f32 elements: above the arena's threshold, far below a slot

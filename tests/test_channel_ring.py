@@ -1,4 +1,4 @@
-"""Send/Recv between actors of one node through the channel rings (runtime/channel_ring.py):
+"""Send/Recv between actors of one node through the channel rings (transport/channel_ring.py):
 results equal the threads backend bitwise, a ring that is full falls back to the other paths
 with each channel's order kept, values are judged by the message bounds, deadlocks and mismatches
 are still reported, and no segment survives a job, a cancel or a killed actor."""
@@ -13,11 +13,11 @@ import pytest
 
 import replicas as rp
 from replicas.errors import DeadlockError, ProgramError
-from replicas.runtime import channel_ring, keys
-from replicas.runtime.mailbox import Mailbox
-from replicas.runtime.message_bounds import MessageBounds
-from replicas.runtime.shm import job_segments
-from replicas.runtime.wire import RefusedMessage
+from replicas.transport import channel_ring, keys
+from replicas.transport.mailbox import Mailbox
+from replicas.transport.message_bounds import MessageBounds
+from replicas.transport.shm import job_segments
+from replicas.transport.wire import RefusedMessage
 
 
 def route(*pairs: tuple[int, int]) -> str:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import replicas as rp
-from replicas.runtime.cores import cores, current_limits, pool_threads
+from replicas.tuning.cores import cores, current_limits, pool_threads
 
 CALL = """HloModule pools
 ENTRY main {

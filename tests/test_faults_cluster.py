@@ -36,7 +36,7 @@ DRIVER = textwrap.dedent("""
     import ray
 
     import replicas as rp
-    from replicas.runtime.ray_backend import ensure_ray
+    from replicas.runtime.ray.backend import ensure_ray
 
     HLO = '''HloModule m, replica_count=2
     add {

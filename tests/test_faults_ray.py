@@ -19,9 +19,9 @@ import pytest
 
 import replicas as rp
 from replicas.ops.custom_call import unregister_custom_call
-from replicas.runtime.actor_pool import _options_key
-from replicas.runtime.ray_backend import _AUTHKEY, POOL
-from replicas.runtime.wire import Wire, WireError
+from replicas.runtime.ray.actor_pool import _options_key
+from replicas.runtime.ray.backend import _AUTHKEY, POOL
+from replicas.transport.wire import Wire, WireError
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.ray]
 
@@ -342,7 +342,7 @@ def test_a_malformed_message_from_a_key_holder_fails_the_job_naming_the_replica(
 
 def _hostile_messages(token):
     """Messages from a key holder that FED (one all-reduce of f32[4] on 2 replicas) never expects."""
-    from replicas.runtime.shm import Shared, ShmArray, segment_name
+    from replicas.transport.shm import Shared, ShmArray, segment_name
 
     huge = ShmArray(segment_name(token, 1), 0, 0, (1 << 40,), np.dtype(np.float32))
     return {

@@ -1,5 +1,5 @@
 """The GIL's switch interval is raised while many replica threads run in a process, and Python's
-own comes back when they end (runtime/gil_slice.py)."""
+own comes back when they end (tuning/gil_slice.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import replicas as rp
-from replicas.runtime import gil_slice
+from replicas.tuning import gil_slice
 
 PROGRAM = """\
 HloModule seen, replica_count={n}

@@ -19,8 +19,8 @@ from test_shm import shm_sent
 
 import replicas as rp
 from replicas.errors import CollectiveMismatchError
-from replicas.runtime import board as shared_board
-from replicas.runtime.mailbox import Mailbox
+from replicas.transport import board as shared_board
+from replicas.transport.mailbox import Mailbox
 
 
 def test_the_last_member_to_arrive_gets_every_value_and_mailbox_by_rank():

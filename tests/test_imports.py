@@ -1,5 +1,6 @@
-"""The package's modules form layers: no import cycle, counting imports inside functions too
-(`docs/architecture.md` lists the layers). Imports under `if TYPE_CHECKING:` never run."""
+"""The package's modules form layers (`docs/architecture.md`, "Layers"): each imports only from
+its own layer and the layers below it, and there is no import cycle, counting imports inside
+functions too. Imports under `if TYPE_CHECKING:` never run and may name any layer."""
 
 from __future__ import annotations
 
@@ -77,6 +78,54 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     assert cycles(import_graph()) == []
+
+
+# Bottom first; the top-level module or package of `replicas` each layer holds (the table in
+# docs/architecture.md, in the same order).
+LAYERS: list[tuple[str, set[str]]] = [
+    ("values", {"errors", "limits", "shapes", "layout", "name_table", "npz"}),
+    ("program", {"hlo"}),
+    ("records", {"records"}),
+    ("tuning", {"tuning"}),
+    ("kernels", {"ops"}),
+    ("transport", {"transport"}),
+    ("communication", {"collectives", "channels"}),
+    ("diagnostics", {"diagnostics"}),
+    ("runtime", {"runtime"}),
+    ("applications", {"jax", "checker", "cli", "__init__"}),
+]
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    for i, (_, members) in enumerate(LAYERS):
+        if top in members:
+            return i
+    raise AssertionError(f"{module} is in no layer of LAYERS (docs/architecture.md)")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
+                  for m, targets in graph.items() for t in targets if layer_of(t) > layer_of(m))
+
+
+def test_every_import_points_down_the_layers():
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_layer_table_is_the_documented_one():
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text()
+    rows = [line.split("|")[1].strip() for line in doc.split("## Layers", 1)[1].split("\n## ", 1)[0].splitlines()
+            if line.startswith("| ") and not line.startswith("| layer")]
+    assert rows == [name for name, _ in LAYERS]
+
+
+def test_the_layer_check_sees_an_import_up_a_floor():
+    graph = {"replicas.collectives.kernels": {"replicas.runtime.board"}, "replicas.runtime.board": set(),
+             "replicas.ops.add": {"replicas.shapes"}, "replicas.shapes": set()}
+    assert upward_imports(graph) == ["replicas.collectives.kernels (communication) imports "
+                                     "replicas.runtime.board (runtime)"]
 
 
 def test_the_cycle_finder_sees_function_level_imports():

@@ -12,7 +12,7 @@ import pytest
 
 import replicas as rp
 from replicas.ops.custom_call import unregister_custom_call
-from replicas.runtime import gil_slice
+from replicas.tuning import gil_slice
 
 LOOP = """\
 HloModule lean_loop, replica_count=2

@@ -94,7 +94,7 @@ def test_timeout_names_what_each_replica_was_doing_and_the_next_job_starts_clean
 
 
 def test_cancel_and_with_block_stop_every_replica_and_return_the_actors():
-    from replicas.runtime.ray_backend import POOL
+    from replicas.runtime.ray.backend import POOL
 
     m = rp.parse_hlo(FOREVER)
     job = rp.launch(m, [], num_replicas=2, timeout=None)

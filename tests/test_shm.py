@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import replicas as rp
-from replicas.runtime.shm import (
+from replicas.transport.shm import (
     MIN_BYTES,
     SHM_DIR,
     Inbox,

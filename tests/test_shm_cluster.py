@@ -17,7 +17,7 @@ DRIVER = textwrap.dedent("""
     import numpy as np
     import ray
     import replicas as rp
-    from replicas.runtime.shm import job_segments
+    from replicas.transport.shm import job_segments
 
     m = rp.parse_hlo(open(sys.argv[2]).read())
     size = int(sys.argv[3])

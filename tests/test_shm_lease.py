@@ -14,8 +14,8 @@ from replicas.collectives import buffers
 from replicas.collectives.buffers import BufferPool
 from replicas.runtime.compile import compile_module
 from replicas.runtime.job import Job
-from replicas.runtime.shm import MIN_BYTES, Inbox, Outbox, job_segments
 from replicas.runtime.threads import ThreadBackend
+from replicas.transport.shm import MIN_BYTES, Inbox, Outbox, job_segments
 
 SHAPE = (4, MIN_BYTES // 4)  # f32: each row is MIN_BYTES
 

@@ -1,4 +1,4 @@
-"""The bounded, adaptive spin before a shared-memory wait sleeps (runtime/spin.py), and the mailbox's
+"""The bounded, adaptive spin before a shared-memory wait sleeps (transport/spin.py), and the mailbox's
 wake-up of its replica (a lock used as a binary semaphore)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from replicas.records import BlockInfo
-from replicas.runtime import spin
-from replicas.runtime.cores import cores
-from replicas.runtime.mailbox import Mailbox
+from replicas.transport import spin
+from replicas.transport.mailbox import Mailbox
+from replicas.tuning.cores import cores
 
 
 def test_the_budget_follows_the_processes_and_the_environment(monkeypatch):

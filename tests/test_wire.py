@@ -16,8 +16,8 @@ import threading
 import numpy as np
 import pytest
 
-from replicas.runtime import wire as wire_module
-from replicas.runtime.wire import MAX_FRAME_BYTES, Wire, WireError
+from replicas.transport import wire as wire_module
+from replicas.transport.wire import MAX_FRAME_BYTES, Wire, WireError
 
 KEY = b"k" * 32
 WAIT = 20  # seconds: a bound on waits for something that should happen at once

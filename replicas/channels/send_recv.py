@@ -33,11 +33,11 @@ from replicas.errors import ProgramError
 from replicas.hlo.ir import Instruction
 from replicas.ops.registry import KernelContext, kernel
 from replicas.records import BlockInfo
-from replicas.runtime import keys
 from replicas.shapes import TOKEN, Shape
+from replicas.transport import keys
 
 if TYPE_CHECKING:
-    from replicas.runtime.fabric import Fabric
+    from replicas.transport.fabric import Fabric
 
 PAIRS_ATTRIBUTE = "_xla_send_recv_source_target_pairs"
 _PAIR_RE = re.compile(r"\{\s*(-?\d+)\s*,\s*(-?\d+)\s*\}")

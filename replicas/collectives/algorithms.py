@@ -225,7 +225,7 @@ def _board_all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> Va
 # between being summed and being added (1 MiB: twice the L2 of the development machine's cores,
 # ~30 blocks for a 64 MiB buffer on 2 processes, each a few numpy calls).
 BLOCK_BYTES = 1 << 20
-# Below this, a round's payloads may fit the same-node board's slots (runtime/board.py, 4 MiB), which
+# Below this, a round's payloads may fit the same-node board's slots (transport/board.py, 4 MiB), which
 # copy them: sending the members' shards there instead of their partial would copy more.
 IN_PLACE_MIN_BYTES = 8 << 20
 

@@ -15,7 +15,7 @@ zero-filled, numpy asks for huge pages, and with the kernel's `defrag=madvise` t
 compact memory synchronously. Measured on the 2-core machine under load: copying 256 MiB into a
 fresh buffer took 0.25-3.4 s, into a reused one 22-500 ms, and the benchmark's short jobs (1 and 4
 iterations) paid 3k-78k page faults per actor from one job to the next (bench/README.md,
-"large (2026-11-25)"). The actor's arena (runtime/shm.py) is kept across jobs for the same
+"large (2026-11-25)"). The actor's arena (transport/shm.py) is kept across jobs for the same
 reason; the buffers are handed over when it closes at the end of the job.
 """
 
@@ -84,7 +84,7 @@ class BufferPool:
     """One replica's reusable buffers, by (shape, dtype). A pool that `keeps` takes buffers from
     the process's spare ones before it allocates, and gives its free ones back in `retire`.
 
-    With an `outbox` (the actor's shared-memory arena, runtime/shm.py), buffers are leased blocks
+    With an `outbox` (the actor's shared-memory arena, transport/shm.py), buffers are leased blocks
     of the arena when it has room: a result or partial sum sent to a peer of the node then goes
     as a descriptor of where it already is, without a copy into the arena, and such a block is
     reused only once both nothing here refers to it and every peer that read it released it."""
@@ -156,7 +156,7 @@ class BufferPool:
 
 def pool_of(fabric: Any) -> BufferPool:
     """The pool of `fabric`'s replica for its current job. Under an actor's shared-memory arena
-    (runtime/shm.py; the actor has peers on its node), the pool keeps its buffers across the
+    (transport/shm.py; the actor has peers on its node), the pool keeps its buffers across the
     actor's jobs: the arena retires it when it closes at the end of the job."""
     pool = fabric.kernel_state.get(_KEY)
     if pool is None:

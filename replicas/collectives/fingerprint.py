@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from replicas.collectives.groups import intern
-from replicas.diagnostics.mismatch import mismatch_report
+from replicas.collectives.mismatch import mismatch_report
 from replicas.errors import CollectiveMismatchError
 from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
 from replicas.ops.recognize import binary_reducer

@@ -47,13 +47,13 @@ from replicas.collectives.fingerprint import Fingerprint, diff, mismatch_error
 from replicas.collectives.groups import Group
 from replicas.collectives.reduction import copy_all
 from replicas.records import BlockInfo
-from replicas.runtime import board as shared_board
-from replicas.runtime import keys, shm
-from replicas.runtime.wire import payload_bytes
+from replicas.transport import board as shared_board
+from replicas.transport import futex, keys, shm
+from replicas.transport.wire import payload_bytes
 
 if TYPE_CHECKING:
-    from replicas.runtime.fabric import Fabric
-    from replicas.runtime.mailbox import Mailbox
+    from replicas.transport.fabric import Fabric
+    from replicas.transport.mailbox import Mailbox
 
 DEPOSIT = 0  # member -> its fixed leader: the member's operand
 LEADER_ROUND = 1  # first round among leaders; the cross-process algorithms number up from here
@@ -211,7 +211,7 @@ class Exchange:
         """One round among the group's process leaders: each sends `payload` (or, `per_destination`,
         `payload[q]` to the leader of process q) to every other; what each sent here, by process
         position (this leader's own at its position). Through the same-node board when every
-        leader shares this node (see `runtime/board.py`), else as fabric messages."""
+        leader shares this node (see `transport/board.py`), else as fabric messages."""
         topo = self.topo
         leaders, pos, others = topo.layout.leaders, topo.position, topo.other_positions
         out: list[Any] = [None] * len(leaders)
@@ -408,22 +408,22 @@ class Exchange:
         def sleep(timeout: float) -> None:
             seen = int(words[word])
             if not ready():
-                shared_board.futex_wait(address, seen, timeout)
+                futex.wait(address, seen, timeout)
 
-        self.fabric.mailbox.wait_external(self.block, ready, sleep, lambda: shared_board.futex_wake(address))
+        self.fabric.mailbox.wait_external(self.block, ready, sleep, lambda: futex.wake(address))
         return board.find(writer, tag)
 
     def _wait_released(self, done: Callable[[], bool], address: int) -> None:
         """A writer waiting for the readers of its buffer's previous round: they have all they need
         to finish that round, so it is running, not blocked."""
-        word = shared_board.u32_at(address)
+        word = futex.u32_at(address)
 
         def sleep(timeout: float) -> None:
             seen = word.value
             if not done():
-                shared_board.futex_wait(address, seen, timeout)
+                futex.wait(address, seen, timeout)
 
-        self.fabric.mailbox.wait_external(None, done, sleep, lambda: shared_board.futex_wake(address),
+        self.fabric.mailbox.wait_external(None, done, sleep, lambda: futex.wake(address),
                                           shared_board.RELEASE_SLICE)
 
     def settle(self, value: Any) -> Any:

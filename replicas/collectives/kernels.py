@@ -21,8 +21,8 @@ from replicas.hlo.ir import Instruction
 from replicas.ops.recognize import binary_reducer
 from replicas.ops.registry import KernelContext, kernel
 from replicas.records import BlockInfo
-from replicas.runtime.board import READERS
 from replicas.shapes import Shape
+from replicas.transport.board import READERS
 
 _UFUNCS: dict[str, np.ufunc] = {
     "add": np.add, "multiply": np.multiply, "maximum": np.maximum, "minimum": np.minimum,

@@ -7,8 +7,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-from replicas.diagnostics.report import replicas_text, where
-from replicas.records import HOST, ReplicaState
+from replicas.diagnostics.report import where
+from replicas.records import HOST, ReplicaState, replicas_text
 
 
 def host_waits(states: list[ReplicaState]) -> list[str]:

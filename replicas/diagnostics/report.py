@@ -4,39 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from replicas.records import HOST, BlockInfo, ReplicaState
+from replicas.records import HOST, BlockInfo, ReplicaState, replica_ranges, replicas_text
 
 
 def _who(r: int) -> str:
     return "the host" if r == HOST else f"replica {r}"
-
-
-def replica_ranges(replicas: Iterable[int]) -> str:
-    """`[1, 2, 3]` for a few replicas, `0-1022, 1024` once runs make it shorter."""
-    ids = sorted(set(replicas))
-    runs: list[tuple[int, int]] = []
-    for r in ids:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], r)
-        else:
-            runs.append((r, r))
-    if len(ids) <= 4 or all(a == b for a, b in runs):
-        return "[" + ", ".join(map(str, ids)) + "]"
-    return ", ".join(str(a) if a == b else f"{a}-{b}" if b > a + 1 else f"{a}, {b}" for a, b in runs)
-
-
-def replicas_text(replicas: Iterable[int]) -> str:
-    """`replica 3`, `replicas [1, 2, 3]`, `replicas 0-1022` (the host as `the host`)."""
-    ids = sorted(set(replicas))
-    if ids == [HOST]:
-        return "the host"
-    host = " and the host" if HOST in ids else ""
-    ids = [r for r in ids if r != HOST]
-    return (f"replica {ids[0]}" if len(ids) == 1 else f"replicas {replica_ranges(ids)}") + host
 
 
 def where(b: BlockInfo) -> str:

@@ -143,7 +143,7 @@ def write_trace(path: str | Path, events: dict[int, list[dict[str, Any]]]) -> st
 
 
 def truncation_note(dropped: dict[int, int], capacity: int) -> str:
-    from replicas.diagnostics.report import replicas_text
+    from replicas.records import replicas_text
 
     return (f"truncated: {replicas_text(dropped)} recorded more than {capacity} events; the trace keeps the last "
             f"{capacity} of each (raise trace_events= / --trace-events)")

@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from replicas.diagnostics.mismatch import mismatch_report
+from replicas.collectives.mismatch import mismatch_report
 from replicas.diagnostics.progress import host_waits
-from replicas.diagnostics.report import Edge, Report, find_cycles, replicas_text, where
+from replicas.diagnostics.report import Edge, Report, find_cycles, where
 from replicas.errors import CollectiveMismatchError, DeadlockError, ReplicasError
-from replicas.records import HOST, BlockInfo, ReplicaState
+from replicas.records import HOST, BlockInfo, ReplicaState, replicas_text
 
 
 def with_derived_waits(states: list[ReplicaState]) -> list[ReplicaState]:

@@ -32,7 +32,7 @@ import numpy as np
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
-from replicas.jax.spmd_markers import has_spmd_markers, partition_spmd_markers
+from replicas.hlo.spmd_markers import has_spmd_markers, partition_spmd_markers
 
 __all__ = ["JaxProgram", "compile_jax", "has_spmd_markers", "partition_spmd_markers", "replicated", "run"]
 

@@ -17,7 +17,7 @@ from replicas.name_table import registrar
 from replicas.shapes import Shape
 
 if TYPE_CHECKING:
-    from replicas.runtime.fabric import Fabric
+    from replicas.transport.fabric import Fabric
 
 Kernel = Callable[..., Any]
 

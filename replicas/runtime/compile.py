@@ -26,6 +26,7 @@ from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.hlo.opcodes import SIDE_EFFECT_OPCODES
 from replicas.hlo.verify import verify
+from replicas.tuning import affinity
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,28 @@ _BLAS_OPCODES = frozenset({"dot", "convolution", "cholesky", "triangular-solve",
 def uses_blas(executable: Executable) -> bool:
     """True when the program has ops that call BLAS/LAPACK (whose thread pools are worth sizing)."""
     return _any_opcode(executable, "blas", _BLAS_OPCODES.__contains__)
+
+
+_LIGHT: dict[bytes, bool] = {}  # program fingerprint -> light(program)
+
+
+def light(executable: Executable) -> bool:
+    """True when the program cannot run work outside the GIL worth a second core: no BLAS/LAPACK or
+    custom call, no array over `affinity.LIGHT_BYTES` (see `tuning/affinity.py`)."""
+    key = executable.fingerprint
+    found = _LIGHT.get(key) if key else None
+    if found is None:
+        largest = 0
+        for _, inst in executable.module.instructions():
+            for leaf in inst.shape.leaves():
+                if leaf.is_array:
+                    largest = max(largest, leaf.numel * leaf.element_type.bit_width // 8)
+        found = largest <= affinity.LIGHT_BYTES and not uses_blas(executable)
+        if key:
+            if len(_LIGHT) > 1024:
+                _LIGHT.clear()
+            _LIGHT[key] = found
+    return found
 
 
 # Attributes holding array literals: their bytes are digested apart (numpy's repr elides big arrays).

@@ -52,7 +52,7 @@ def as_program(program: Program) -> Module | Executable:
     else:
         raise ProgramError(f"module must be a program (a Module, a path, HLO text or bytes, JAX's lowered "
                            f"form), got {type(program).__name__}")
-    from replicas.jax.spmd_markers import has_spmd_markers, partition_spmd_markers
+    from replicas.hlo.spmd_markers import has_spmd_markers, partition_spmd_markers
 
     return partition_spmd_markers(module) if has_spmd_markers(module) else module
 
@@ -195,7 +195,7 @@ def _start(executable: Executable, per_replica: list[list[Any]], *, timeout: flo
         engine: Any = ThreadBackend(executable, per_replica, strict=strict,
                                     record_every_instruction=record_every_instruction, trace_events=trace_events)
     else:
-        from replicas.runtime.ray_backend import RayBackend
+        from replicas.runtime.ray.backend import RayBackend
 
         engine = RayBackend(executable, per_replica, address=address, strict=strict,
                             record_every_instruction=record_every_instruction,

@@ -371,7 +371,7 @@ class Interpreter:
         self.module: Module = executable.module
         self.replica_id = replica_id
         if fabric is None:
-            from replicas.runtime.fabric import LocalFabric
+            from replicas.transport.fabric import LocalFabric
 
             fabric = LocalFabric()
         # Kernels keep this slot, not the fabric: a pooled interpreter runs its next job by

@@ -11,21 +11,21 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
-from replicas.diagnostics.mismatch import with_sides
+from replicas.collectives.mismatch import with_sides
 from replicas.diagnostics.monitor import Monitor
 from replicas.diagnostics.progress import LiveStatus, Progress, host_waits, progress_of
-from replicas.diagnostics.report import Report, replicas_text
+from replicas.diagnostics.report import Report
 from replicas.diagnostics.wait_for import deadlock_error
 from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError
 from replicas.hlo.ir import Instruction, Module
 from replicas.limits import Limits, check_module, check_replicas
 from replicas.limits import current as current_limits
-from replicas.records import ReplicaState
-from replicas.runtime import keys
+from replicas.records import ReplicaState, replicas_text
 from replicas.runtime.arguments import check_args_container, check_module_argument
 from replicas.runtime.compile import Executable, compile_module, module_fingerprint
 from replicas.runtime.interpreter import check_arguments
 from replicas.runtime.values import as_value
+from replicas.transport import keys
 
 EVENTS_IN_REPORT = 20
 

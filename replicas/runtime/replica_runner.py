@@ -8,11 +8,11 @@ from typing import Any
 
 from replicas.diagnostics.recorder import FlightRecorder
 from replicas.records import ReplicaState
-from replicas.runtime import gil_slice, workers
-from replicas.runtime.affinity import Pin
 from replicas.runtime.compile import Executable
-from replicas.runtime.fabric import MailboxFabric
 from replicas.runtime.interpreter import checkin, checkout
+from replicas.transport.fabric import MailboxFabric
+from replicas.tuning import gil_slice, workers
+from replicas.tuning.affinity import Pin
 
 _RETURNED = threading.Event()  # the `_done` of every run that returned in the caller's thread
 _RETURNED.set()

@@ -14,14 +14,14 @@ from typing import Any
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicasError
 from replicas.records import HOST, ReplicaState
-from replicas.runtime.affinity import Pin, plan
-from replicas.runtime.compile import Executable, runs_bounded_alone, uses_blas
-from replicas.runtime.cores import release, share_cores
-from replicas.runtime.fabric import MailboxFabric
+from replicas.runtime.compile import Executable, light, runs_bounded_alone, uses_blas
 from replicas.runtime.interpreter import checkin, checkout
 from replicas.runtime.job import replica_error
-from replicas.runtime.mailbox import Mailbox
 from replicas.runtime.replica_runner import ReplicaRunner
+from replicas.transport.fabric import MailboxFabric
+from replicas.transport.mailbox import Mailbox
+from replicas.tuning.affinity import Pin, plan
+from replicas.tuning.cores import release, share_cores
 
 ABORT_INLINE = 64  # replicas an abort wakes in the caller's thread; beyond, a helper thread does
 UNWIND_WAIT = 60.0  # seconds a new job waits at most for the threads of aborted jobs to unwind
@@ -78,7 +78,7 @@ class ThreadBackend:
             return
         # Two replica threads or more: keep them on one core (they serialize on the GIL anyway;
         # see affinity.py). The driver's thread, the monitor, stays free.
-        self._pin = plan(n, executable)
+        self._pin = plan(n, light(executable))
         if self._pin is not None:
             for replica in self._replicas:
                 replica.pin = self._pin

@@ -2,12 +2,12 @@
 their mailboxes and this job's data paths; `RayFabric` chooses the path per peer pair.
 
 Replicas of one actor share its mailboxes; a peer on the same node gets collective rounds through
-the board (runtime/board.py), Send/Recv messages through the channel rings (runtime/channel_ring.py)
-and other large arrays through this job's shared memory (runtime/shm.py: the bytes go into the
+the board (transport/board.py), Send/Recv messages through the channel rings (transport/channel_ring.py)
+and other large arrays through this job's shared memory (transport/shm.py: the bytes go into the
 sender's arena, a descriptor over the socket); small messages, and any to
-other nodes up to the wire's frame size, go over the direct sockets (runtime/wire.py); the rest is
+other nodes up to the wire's frame size, go over the direct sockets (transport/wire.py); the rest is
 a `deliver` call on the peer's actor through Ray's object store. `RayBackend`
-(runtime/ray_backend.py) drives these actors from the driver.
+(runtime/ray/backend.py) drives these actors from the driver.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ from typing import Any
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
-from replicas.runtime import board as shared_board
-from replicas.runtime import channel_ring, spin
 from replicas.runtime.compile import Executable
-from replicas.runtime.fabric import MailboxFabric
-from replicas.runtime.faults import is_memory_error
-from replicas.runtime.mailbox import Mailbox
-from replicas.runtime.message_bounds import MessageBounds
-from replicas.runtime.shm import Inbox, Outbox, Shared, remove_job_segments
-from replicas.runtime.shm import available as shm_available
-from replicas.runtime.wire import WIRE_MAX_BYTES, RefusedMessage, Wire, WireError, payload_bytes
+from replicas.runtime.ray.faults import is_memory_error
+from replicas.transport import board as shared_board
+from replicas.transport import channel_ring, futex, spin
+from replicas.transport.fabric import MailboxFabric
+from replicas.transport.mailbox import Mailbox
+from replicas.transport.message_bounds import MessageBounds
+from replicas.transport.shm import Inbox, Outbox, Shared, remove_job_segments
+from replicas.transport.shm import available as shm_available
+from replicas.transport.wire import WIRE_MAX_BYTES, RefusedMessage, Wire, WireError, payload_bytes
 
 # How long a reset waits for a job's replicas to stop (as `ActorPool.release`).
 STOP_SECONDS = 2.0
@@ -51,7 +51,7 @@ class RayFabric(MailboxFabric):
         self.shm_sent: dict[int, int] = {}  # dst -> messages sent through shared memory
         self.rings: channel_ring.ChannelRings | None = None  # channel messages to this node's other actors
         self.ring_declined: dict[int, int] = {}  # dst -> channel messages a ring could not take
-        # Spins before its waits on shared memory sleep (runtime/spin.py): set per job by `connect`.
+        # Spins before its waits on shared memory sleep (transport/spin.py): set per job by `connect`.
         self.spinner: spin.Spinner = spin.NEVER
         self.here: dict[int, RayFabric] = {}  # the fabrics of this actor's replicas (set by `setup`)
 
@@ -140,7 +140,7 @@ class ReplicaHost:
 
     def _check_frame(self, head: tuple, size: int) -> None:
         """Before a peer's message body is read: refuse one for no replica of this actor, or over
-        what its key's collective or channel can hold (runtime/message_bounds.py)."""
+        what its key's collective or channel can hold (transport/message_bounds.py)."""
         if len(head) != 4:
             raise WireError(f"a message head must be (token, dst, src, key), got {len(head)} elements")
         token, dst, src, key = head
@@ -172,7 +172,7 @@ class ReplicaHost:
 
     def _ring_doorbell(self, dst: int, key: Hashable) -> None:
         """A channel message came by a socket or the object store: its replica may be waiting on its
-        doorbell (runtime/channel_ring.py) rather than on its mailbox."""
+        doorbell (transport/channel_ring.py) rather than on its mailbox."""
         rings = self._rings
         if rings is not None and channel_ring.is_channel_key(key):
             rings.ring_doorbell(dst)
@@ -194,8 +194,8 @@ class ReplicaHost:
               trace_events: int = DEFAULT_CAPACITY, digest: bytes | None = None) -> None:
 
         from replicas.ops.custom_call import register_custom_call
-        from replicas.runtime.cores import size_replica_process
         from replicas.runtime.replica_runner import ReplicaRunner
+        from replicas.tuning.cores import size_replica_process
 
         # The driver's registered custom calls (never names from the program) run here too.
         for name, fn in (custom_calls or {}).items():
@@ -226,7 +226,7 @@ class ReplicaHost:
                 self._outbox = Outbox(token, replica_ids[0])
             except OSError:  # no room or no rights under /dev/shm: the sockets and the object store remain
                 self._outbox = None
-        if len(replica_ids) < num_replicas and shared_board.available():
+        if len(replica_ids) < num_replicas and futex.available():
             try:
                 self._board = shared_board.Board(token, replica_ids)
             except OSError:  # leaders then exchange messages (every actor of a node fails alike)
@@ -327,7 +327,7 @@ class ReplicaHost:
 
     def _open_rings(self, placement: list[int], same_node: frozenset[int]) -> None:
         """This actor's channel rings, when the program has channels and another actor of the job is
-        on this node (runtime/channel_ring.py); the sockets and the arena remain without them."""
+        on this node (transport/channel_ring.py); the sockets and the arena remain without them."""
         me = placement[min(self._mailboxes)]
         if (self._rings is not None or not self._bounds.acknowledged or not channel_ring.available()
                 or all(placement[r] == me for r in same_node)):

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
-from replicas.runtime.cores import cores
+from replicas.tuning.cores import cores
 
 ENV = "REPLICAS_SPIN_US"
 BUDGET = 100e-6  # seconds a wait may spin before it sleeps

@@ -40,7 +40,7 @@ to at the end of a job is abandoned (unmapped with its last array), never reused
 A job names its arenas `rpl-<job token>-<first replica of the actor>@<pid>.<fd>` in descriptors:
 the token is the job's random secret, so a job only opens its own, and the release words a
 receiver sets carry the job's stamp (`job_stamp`), so a late release by an earlier job's receiver
-never frees a block of the next one. The job's named segments (the boards, runtime/board.py) are
+never frees a block of the next one. The job's named segments (the boards, transport/board.py) are
 removed by name when it ends (`remove_job_segments`), by the actors and by the driver, whatever
 happened to the actors.
 Plain `memfd_create` + `mmap` (not `multiprocessing.shared_memory`, whose resource tracker unlinks

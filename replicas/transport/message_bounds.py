@@ -1,6 +1,6 @@
 """What a peer's message may hold, from the program: judged before its bytes are allocated.
 
-Every message between replicas has a key (runtime/keys.py), and the receiving actor has the
+Every message between replicas has a key (transport/keys.py), and the receiving actor has the
 program, so it knows what a message under each key can hold at most:
 
 - `("coll", seq, round)`: a piece of one of the program's collectives. Which collective number
@@ -32,9 +32,9 @@ import numpy as np
 from replicas.hlo.ir import Module
 from replicas.hlo.opcodes import OPCODES
 from replicas.limits import format_bytes, shape_bytes, short_text
-from replicas.runtime import keys
-from replicas.runtime.shm import Shared, ShmArray
-from replicas.runtime.wire import WireError, payload_bytes
+from replicas.transport import keys
+from replicas.transport.shm import Shared, ShmArray
+from replicas.transport.wire import WireError, payload_bytes
 
 # Framing beyond the arrays: pickle's per-array headers, the fingerprint (its groups list every
 # member) and the key; per replica of the job because gathered lists hold one array per member.

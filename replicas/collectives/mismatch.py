@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from replicas.diagnostics.report import Report, replicas_text
 from replicas.errors import CollectiveMismatchError, ReplicasError
+from replicas.records import replicas_text
+
+if TYPE_CHECKING:
+    from replicas.diagnostics.report import Report
 
 
 @dataclass
@@ -70,10 +73,6 @@ def mismatch_report(seq: int, me: int, mine: dict[str, Any], peer: int, theirs: 
     return MismatchReport(seq, [me, peer], {str(me): mine, str(peer): theirs},
                           [{"field": f, "expected": _jsonable(e), "found": _jsonable(x)} for f, e, x in differences],
                           expected, found, deadlock=deadlock)
-
-
-def mismatch_error(message: str, report: MismatchReport) -> CollectiveMismatchError:
-    return CollectiveMismatchError(message, report)
 
 
 def with_sides(error: ReplicasError, events: dict[int, list[dict[str, Any]]]) -> ReplicasError:

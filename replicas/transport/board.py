@@ -24,7 +24,7 @@ longer uses the views it got, at the end of its collective at the latest; the wr
 round is complete, so its readers are past waiting and never need the writer to go on), writes
 the buffer, then the tag, then bumps the counter and wakes. A reader waits until either buffer
 carries the tag it wants (watching the writer's counter for a bounded, adaptive while first when
-the job's processes on this node fit its cores: runtime/spin.py), compares fingerprints before it
+the job's processes on this node fit its cores: transport/spin.py), compares fingerprints before it
 looks at the payload, and gets read-only views of the arrays. A payload too large for the slot
 is announced with a flag and travels over the fabric as before, so every leader agrees on where
 the bytes are whatever their size, and a fingerprint mismatch is always found on the board first.
@@ -32,52 +32,19 @@ the bytes are whatever their size, and a fingerprint mismatch is always found on
 
 from __future__ import annotations
 
-import ctypes
 import math
-import mmap
 import os
 import pickle
-import platform
 import struct
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from replicas.runtime.shm import PREFIX, SHM_DIR
-
-_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
-_SYS_FUTEX = {"x86_64": 202}.get(platform.machine())  # other machines need fences: the sockets remain
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-if _libc is not None:
-    _syscall = _libc.syscall
-    _syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
-                         ctypes.c_void_p, ctypes.c_int]
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-def futex_wait(address: int, expected: int, timeout: float) -> None:
-    """Sleep while the u32 at `address` equals `expected`, at most `timeout` s (the GIL is released)."""
-    ts = _Timespec(int(timeout), int(timeout % 1 * 1e9))
-    _syscall(_SYS_FUTEX, address, _FUTEX_WAIT, expected, ctypes.addressof(ts), None, 0)
-
-
-def u32_at(address: int) -> ctypes.c_uint32:
-    return ctypes.c_uint32.from_address(address)
-
-
-def futex_wake(address: int) -> None:
-    _syscall(_SYS_FUTEX, address, _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
-
-
-def available() -> bool:
-    return _SYS_FUTEX is not None and _libc is not None and os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
-
+from replicas.transport import futex
+from replicas.transport.segment import Mapping
+from replicas.transport.shm import PREFIX, SHM_DIR
 
 # Payloads up to this many bytes go on the board (per buffer; larger ones announce themselves and
 # go through the fabric: the shared-memory arena's single copy wins there, bench/README.md).
@@ -123,54 +90,12 @@ def _round8(n: int) -> int:
     return (n + 7) // 8 * 8
 
 
-class _Mapping:
-    """A board segment mapped here: its bytes, its u32 words, and their base address."""
-
-    def __init__(self, path: str, create_size: int = 0) -> None:
-        if create_size:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        else:
-            fd = os.open(path, os.O_RDWR)
-        try:
-            if create_size:
-                os.ftruncate(fd, create_size)
-            self.mm = mmap.mmap(fd, 0)
-        finally:
-            os.close(fd)
-        self.words = np.frombuffer(self.mm, np.uint32)
-        self.bytes = np.frombuffer(self.mm, np.uint8)
-        self.view = memoryview(self.mm).toreadonly()
-        self.address = self.words.ctypes.data
-        self.regions: dict[int, np.ndarray] = {}  # buffer offset -> its bytes (to tell views of it)
-        # Buffer offset -> what was last written or read there, with the array views onto it (`Board`):
-        # a collective in a loop writes the same layout under the same fingerprint every time.
-        self.written: dict[int, tuple[bytes, tuple, tuple[np.ndarray, ...]]] = {}
-        self.opened: dict[int, tuple[bytes, tuple[np.ndarray, ...]]] = {}
-
-    def region(self, start: int, size: int) -> np.ndarray:
-        found = self.regions.get(start)
-        if found is None:
-            found = self.regions[start] = self.bytes[start:start + size]
-        return found
-
-    def close(self) -> bool:
-        """Unmap; False if a view handed out is still alive (the collector unmaps it with the view)."""
-        self.words = self.bytes = np.empty(0, np.uint32)
-        self.regions, self.written, self.opened = {}, {}, {}  # the views hold the mapping
-        try:
-            self.view.release()
-            self.mm.close()
-        except BufferError:
-            return False
-        return True
-
-
 class Read:
     """One buffer a reader got views of: released (`release`) once nothing uses them any more."""
 
     __slots__ = ("mapping", "head", "position", "tag", "region")
 
-    def __init__(self, mapping: _Mapping, head: int, position: int, tag: int, region: np.ndarray) -> None:
+    def __init__(self, mapping: Mapping, head: int, position: int, tag: int, region: np.ndarray) -> None:
         self.mapping, self.head, self.position, self.tag, self.region = mapping, head, position, tag, region
 
     def release(self) -> None:
@@ -179,7 +104,7 @@ class Read:
             word = self.head + _RELEASE + self.position
             words[word] = self.tag
             if words[self.head + _WRITER_WAITS]:
-                futex_wake(self.mapping.address + 4 * word)
+                futex.wake(self.mapping.address + 4 * word)
 
 
 class Board:
@@ -191,8 +116,8 @@ class Board:
         self.rank = {r: k for k, r in enumerate(sorted(replica_ids))}
         self.capacity = slot_bytes(len(replica_ids))
         self.path = os.path.join(SHM_DIR, segment_name(token, self.first))
-        self._own = _Mapping(self.path, _slot_stride(self.capacity) * len(replica_ids))
-        self._peers: dict[str, tuple[_Mapping, int]] = {}
+        self._own = Mapping(self.path, _slot_stride(self.capacity) * len(replica_ids))
+        self._peers: dict[str, tuple[Mapping, int]] = {}
         self._lock = threading.Lock()
         # Per hosted replica: the next buffer it writes, and per buffer the readers still to release it.
         self._next = dict.fromkeys(replica_ids, 0)
@@ -200,7 +125,7 @@ class Board:
         self._fingerprints: dict[int, tuple[tuple, bytes]] = {}
         self._layouts: dict[tuple, bytes] = {}  # a tuple of arrays' (dtype, shape)s -> their pickle
         self._layouts_read: dict[bytes, tuple] = {}
-        self._slots: dict[int, tuple[_Mapping, int, int]] = {}  # replica -> `_slot(replica)`
+        self._slots: dict[int, tuple[Mapping, int, int]] = {}  # replica -> `_slot(replica)`
         # Set by the host once the job's placement is known: replica -> (first replica of its actor, rank there).
         self.locations: dict[int, tuple[int, int]] = {}
         self.smallest = self.capacity  # the smallest buffer of any actor's slots (once located)
@@ -221,14 +146,14 @@ class Board:
         self.smallest = min([self.capacity, *(slot_bytes(hosted) for hosted in count.values())])
 
     # -- where things are --------------------------------------------------------------------------
-    def _slot(self, replica: int) -> tuple[_Mapping, int, int]:
+    def _slot(self, replica: int) -> tuple[Mapping, int, int]:
         """(mapping, byte offset of the replica's slot, buffer capacity)."""
         found = self._slots.get(replica)
         if found is None:
             found = self._slots[replica] = self._locate_slot(replica)
         return found
 
-    def _locate_slot(self, replica: int) -> tuple[_Mapping, int, int]:
+    def _locate_slot(self, replica: int) -> tuple[Mapping, int, int]:
         rank = self.rank.get(replica)
         if rank is not None:
             return self._own, rank * _slot_stride(self.capacity), self.capacity
@@ -239,7 +164,7 @@ class Board:
             with self._lock:
                 entry = self._peers.get(name)
                 if entry is None:
-                    mapping = _Mapping(os.path.join(SHM_DIR, name))
+                    mapping = Mapping(os.path.join(SHM_DIR, name))
                     hosted = sum(1 for f, _ in self.locations.values() if f == first)
                     entry = self._peers[name] = (mapping, slot_bytes(hosted))
         mapping, capacity = entry
@@ -350,7 +275,7 @@ class Board:
         return views
 
     def _claim(self, replica: int, tag: int, readers: tuple[int, ...], wait: Callable[[Callable[[], bool], int], None]
-               ) -> tuple[_Mapping, int, int]:
+               ) -> tuple[Mapping, int, int]:
         """Take `replica`'s next buffer for `tag` once every reader of its previous use released it:
         (mapping, buffer offset, capacity)."""
         mapping, slot, capacity = self._slot(replica)
@@ -378,10 +303,10 @@ class Board:
         words[(slot + _LINE + (1 - self._next[replica]) * (_HEADER + capacity)) // 4 + _TAG] = tag
         counter = slot // 4
         words[counter] = (int(words[counter]) + 1) & 0xFFFFFFFF
-        futex_wake(mapping.address + 4 * counter)
+        futex.wake(mapping.address + 4 * counter)
 
     # -- reading ---------------------------------------------------------------------------------
-    def find(self, writer: int, tag: int) -> tuple[_Mapping, int, int] | None:
+    def find(self, writer: int, tag: int) -> tuple[Mapping, int, int] | None:
         """(mapping, buffer offset, capacity) of `writer`'s buffer tagged `tag`, if published."""
         mapping, slot, capacity = self._slot(writer)
         words = mapping.words
@@ -391,12 +316,12 @@ class Board:
                 return mapping, base, capacity
         return None
 
-    def counter(self, writer: int) -> tuple[_Mapping, int]:
+    def counter(self, writer: int) -> tuple[Mapping, int]:
         """(mapping, u32 index) of the word `writer` bumps on every publication."""
         mapping, slot, _ = self._slot(writer)
         return mapping, slot // 4
 
-    def open(self, found: tuple[_Mapping, int, int], tag: int, position: int
+    def open(self, found: tuple[Mapping, int, int], tag: int, position: int
              ) -> tuple[bytes, Any, bool, Read]:
         """(the writer's fingerprint bytes, payload views or None, whether it follows over the fabric,
         the read to release)."""

@@ -4,7 +4,7 @@
 `typing.Protocol`: they never import a transport). `MailboxFabric` implements it over the
 replica's `Mailbox`; transports differ only in `_post(dst, key, value)` (how a message reaches
 a peer's mailbox): `LocalFabric` (one replica), `ThreadFabric` (replicas as threads of one
-process) and `RayFabric` (replicas in actors). Message keys come from `replicas.runtime.keys`.
+process) and `RayFabric` (replicas in actors). Message keys come from `replicas.transport.keys`.
 
 `placement[r]` is the process hosting replica r (0 for every thread of the threads backend,
 the actor's index under Ray): collectives meet in-process first and cross processes once.
@@ -16,14 +16,14 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from replicas.records import HOST, BlockInfo
-from replicas.runtime import keys
-from replicas.runtime.mailbox import Mailbox
+from replicas.transport import keys
+from replicas.transport.mailbox import Mailbox
 
 if TYPE_CHECKING:
     from replicas.diagnostics.recorder import FlightRecorder
-    from replicas.runtime.board import Board
-    from replicas.runtime.shm import Inbox, Outbox
-    from replicas.runtime.spin import Spinner
+    from replicas.transport.board import Board
+    from replicas.transport.shm import Inbox, Outbox
+    from replicas.transport.spin import Spinner
 
 
 class Fabric(Protocol):

@@ -8,7 +8,7 @@ the others; the same process pinned to one core (`taskset -c 0`) never had the s
 
 When: whenever a job has two replica threads or more in this process, and only for a program whose
 replicas cannot overlap real work outside the GIL: no op that calls BLAS/LAPACK or a custom call
-(`compile.uses_blas`), and no array over `LIGHT_BYTES` (numpy's loops over large arrays release the
+(`compile.light`), and no array over `LIGHT_BYTES` (numpy's loops over large arrays release the
 GIL, and several replicas' loops run in parallel on several cores). Not only when they outnumber
 the cores: on 2 cores, 2 replicas' all-reduce in a While loop took 50-52 us pinned against 68-192 us
 free at 4 KiB, 106-121 against 244-270 us at 1 MiB, and their 4 KiB Send/Recv ping-pong 166-226
@@ -42,8 +42,6 @@ import os
 import threading
 import time
 
-from replicas.runtime.compile import Executable, uses_blas
-
 ENV = "REPLICAS_PIN"
 DEFAULT = "auto"
 LIGHT_BYTES = 1 << 20  # the largest array of a program whose replicas are pinned
@@ -64,9 +62,10 @@ def current_cpu() -> int | None:
         return None
 
 
-def choose_cpu(replicas_in_process: int, executable: Executable | None = None) -> int | None:
+def choose_cpu(replicas_in_process: int, light: bool = True) -> int | None:
     """The CPU to keep a job's `replicas_in_process` replica threads on, or None (do not pin).
-    `executable`: the job's program (`compile.Executable`); None counts as a light one."""
+    `light`: the job's program cannot run work outside the GIL worth a second core
+    (`compile.light`)."""
     setting = os.environ.get(ENV, "").strip().lower() or DEFAULT
     if setting == "off" or not _supported:
         return None
@@ -81,39 +80,17 @@ def choose_cpu(replicas_in_process: int, executable: Executable | None = None) -
         return cpu
     if len(allowed) < 2 or replicas_in_process < 2:
         return None
-    if executable is not None and not light(executable):
+    if not light:
         return None
     cpu = current_cpu()
     return cpu if cpu in allowed else allowed[0]
 
 
-_LIGHT: dict[bytes, bool] = {}  # program fingerprint -> light(program)
-
-
-def light(executable: Executable) -> bool:
-    """True when the program cannot run work outside the GIL worth a second core: no BLAS/LAPACK or
-    custom call, no array over `LIGHT_BYTES` (see the module's docstring)."""
-    key = executable.fingerprint
-    found = _LIGHT.get(key) if key else None
-    if found is None:
-        largest = 0
-        for _, inst in executable.module.instructions():
-            for leaf in inst.shape.leaves():
-                if leaf.is_array:
-                    largest = max(largest, leaf.numel * leaf.element_type.bit_width // 8)
-        found = largest <= LIGHT_BYTES and not uses_blas(executable)
-        if key:
-            if len(_LIGHT) > 1024:
-                _LIGHT.clear()
-            _LIGHT[key] = found
-    return found
-
-
-def plan(replicas_in_process: int, executable: Executable | None = None) -> Pin | None:
+def plan(replicas_in_process: int, light: bool = True) -> Pin | None:
     """The `Pin` of a job's replica threads in this process, or None (see `choose_cpu`). A CPU the
     user named (`REPLICAS_PIN=<cpu>`) is kept; one chosen here follows `watch`, and a job starts
     where the last one's watch left its threads when that was within `_MEMORY` seconds."""
-    cpu = choose_cpu(replicas_in_process, executable)
+    cpu = choose_cpu(replicas_in_process, light)
     if cpu is None:
         return None
     if (os.environ.get(ENV, "").strip().lower() or DEFAULT) != "auto":  # a CPU number

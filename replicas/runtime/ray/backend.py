@@ -1,5 +1,5 @@
 """Replicas as Ray actors, the driver's side: `RayBackend` places pooled actors
-(`ReplicaHost`, runtime/replica_host.py, which also holds the data paths between them), launches
+(`ReplicaHost`, runtime/ray/replica_host.py, which also holds the data paths between them), launches
 a job on them, polls their states for the monitor and collects results. The driver is never in a
 data path."""
 
@@ -21,11 +21,11 @@ from typing import Any
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
-from replicas.runtime.actor_pool import ActorPool
 from replicas.runtime.compile import Executable
-from replicas.runtime.faults import actor_failure, not_started, unplaceable
-from replicas.runtime.replica_host import STOP_SECONDS, ReplicaHost
-from replicas.runtime.shm import remove_orphaned_segments, remove_segments_of
+from replicas.runtime.ray.actor_pool import ActorPool
+from replicas.runtime.ray.faults import actor_failure, not_started, unplaceable
+from replicas.runtime.ray.replica_host import STOP_SECONDS, ReplicaHost
+from replicas.transport.shm import remove_orphaned_segments, remove_segments_of
 
 _init_lock = threading.Lock()
 # The key this driver's actors authenticate direct connections with (see wire.py).

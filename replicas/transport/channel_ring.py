@@ -9,10 +9,10 @@ wakes it with one `FUTEX_WAKE`; the receiving replica's own thread, waiting on t
 (`FUTEX_WAIT` through ctypes, GIL released, in slices so aborts and timeouts keep working), reads
 the record itself: no socket, no reader thread, no pickling of array bytes. When the job's
 processes on this node fit its cores, the receiver first watches its doorbell for a bounded,
-adaptive while (runtime/spin.py): a peer that is running then writes without a `FUTEX_WAKE` and
+adaptive while (transport/spin.py): a peer that is running then writes without a `FUTEX_WAKE` and
 the receiver goes on without a wake-up.
 
-Why not the board (runtime/board.py): a board writer waits until its readers released its
+Why not the board (transport/board.py): a board writer waits until its readers released its
 previous buffer, but a channel value may be received long after it was sent while the sender goes
 on sending, and a Send must never block (the monitor could not tell a blocked Send from a hang).
 A ring holds any number of values in flight up to its size; when it is full, or a value cannot
@@ -31,9 +31,9 @@ a reader that sees `head` sees the record before it.
 A record is a header (length, destination, source, form, channel, sequence number, lengths) and
 its bytes: an acknowledgement has none; an array smaller than `shm.MIN_BYTES` is its layout and
 raw bytes (copied in by the sender and out by the receiver); any other small value is a pickle;
-a larger value goes into the sender's shared-memory arena (runtime/shm.py, copied once, read in
+a larger value goes into the sender's shared-memory arena (transport/shm.py, copied once, read in
 place) and the record carries its descriptor. The receiver judges every record by its key and
-size before it reads the value (runtime/message_bounds.py), like a socket frame.
+size before it reads the value (transport/message_bounds.py), like a socket frame.
 
 Accounting: a record is counted sent by the sender's fabric before it is written and received
 when a reader delivers it to the destination's mailbox. Readers are the waiting replicas
@@ -54,13 +54,12 @@ from typing import Any
 
 import numpy as np
 
-from replicas.runtime import keys, shm
-from replicas.runtime.board import _Mapping, futex_wait, futex_wake
-from replicas.runtime.board import available as futex_available
-from replicas.runtime.mailbox import Mailbox
-from replicas.runtime.message_bounds import MessageBounds
-from replicas.runtime.spin import NEVER, Spinner
-from replicas.runtime.wire import RefusedMessage, WireError, payload_bytes
+from replicas.transport import futex, keys, shm
+from replicas.transport.mailbox import Mailbox
+from replicas.transport.message_bounds import MessageBounds
+from replicas.transport.segment import Mapping
+from replicas.transport.spin import NEVER, Spinner
+from replicas.transport.wire import RefusedMessage, WireError, payload_bytes
 
 RING_BYTES = int(os.environ.get("REPLICAS_CHANNEL_RING_BYTES", str(1 << 20)))  # per ordered pair of actors
 _LINE = 64
@@ -72,7 +71,7 @@ FIRST_NAP = 0.001  # seconds of the first futex wait of a receive (doubling up t
 
 
 def available() -> bool:
-    return futex_available()
+    return futex.available()
 
 
 def segment_name(token: str, first_replica: int) -> str:
@@ -87,14 +86,14 @@ def is_channel_key(key: Hashable) -> bool:
     return type(key) is tuple and len(key) == 3 and key[0] in CHANNEL_KINDS
 
 
-def _bell(mapping: _Mapping, index: int, always: bool = False) -> None:
+def _bell(mapping: Mapping, index: int, always: bool = False) -> None:
     """Bump the doorbell word `index` of `mapping`, and wake its replica if it sleeps there (the word
     after it says so: a wake-up is a system call, and most messages find their receiver awake)."""
     words = mapping.words
     if words.size:
         words[index] = (int(words[index]) + 1) & 0xFFFFFFFF
         if always or words[index + 1]:
-            futex_wake(mapping.address + 4 * index)
+            futex.wake(mapping.address + 4 * index)
 
 
 class _Ring:
@@ -102,7 +101,7 @@ class _Ring:
 
     __slots__ = ("mapping", "head", "tail", "start", "capacity", "lock", "refused")
 
-    def __init__(self, mapping: _Mapping, offset: int, capacity: int) -> None:
+    def __init__(self, mapping: Mapping, offset: int, capacity: int) -> None:
         self.mapping = mapping
         self.head = offset // 8  # u64 index
         self.tail = (offset + _LINE) // 8
@@ -140,11 +139,11 @@ class ChannelRings:
         self.actors = sorted({placement[r] for r in same_node} | {self.me})  # this node's actors
         # The replicas whose messages may come through a ring: the node's, in other actors.
         self.peers = frozenset(r for r in same_node if placement[r] != self.me)
-        self._own = _Mapping(os.path.join(shm.SHM_DIR, segment_name(token, first[self.me])),
+        self._own = Mapping(os.path.join(shm.SHM_DIR, segment_name(token, first[self.me])),
                              self._segment_bytes(self.me))
         self._inbound = [self._ring(self._own, self.me, writer) for writer in self.actors if writer != self.me]
         self._outbound: dict[int, _Ring] = {}  # receiving actor -> my ring in its segment
-        self._peer_maps: list[_Mapping] = []
+        self._peer_maps: list[Mapping] = []
         self._map_lock = threading.Lock()
         self._layouts: dict[tuple, bytes] = {}  # (dtype, shape) -> its pickle
         self._layouts_read: dict[bytes, tuple] = {}
@@ -155,7 +154,7 @@ class ChannelRings:
     def _segment_bytes(self, actor: int) -> int:
         return _LINE * self._count[actor] + (len(self.actors) - 1) * (2 * _LINE + self.capacity)
 
-    def _ring(self, mapping: _Mapping, reader: int, writer: int) -> _Ring:
+    def _ring(self, mapping: Mapping, reader: int, writer: int) -> _Ring:
         k = [a for a in self.actors if a != reader].index(writer)
         return _Ring(mapping, _LINE * self._count[reader] + k * (2 * _LINE + self.capacity), self.capacity)
 
@@ -166,7 +165,7 @@ class ChannelRings:
                 ring = self._outbound.get(actor)
                 if ring is None and not self.closed:
                     try:
-                        mapping = _Mapping(os.path.join(shm.SHM_DIR, segment_name(self.token, self._first[actor])))
+                        mapping = Mapping(os.path.join(shm.SHM_DIR, segment_name(self.token, self._first[actor])))
                     except OSError:  # not created (yet), or gone with its actor: the fabric's other paths
                         return None
                     if len(mapping.mm) != self._segment_bytes(actor):  # laid out otherwise (another ring size)
@@ -305,7 +304,7 @@ class ChannelRings:
 
     def _decode(self, form: int, src: int, key: tuple, mm: Any, base: int, meta_len: int, data_at: int,
                 data_len: int) -> Any:
-        """The value of a record, judged by its key and size first (runtime/message_bounds.py)."""
+        """The value of a record, judged by its key and size first (transport/message_bounds.py)."""
         bounds = self._bounds
         meta_at = base + _RECORD.size
         if form == ACK:
@@ -347,7 +346,7 @@ class ChannelRings:
              spinner: Spinner = NEVER) -> None:
         """Wait (on `replica`'s doorbell) until every (src, key) of `wanted` is in `box`, delivering what
         the rings hold meanwhile; `block` is published while waiting (as a mailbox wait would). With a
-        `spinner`, the doorbell is watched for a while before the replica sleeps (runtime/spin.py)."""
+        `spinner`, the doorbell is watched for a while before the replica sleeps (transport/spin.py)."""
         self.drain(replica)
         if len(wanted) == 1:
             (src, key), = wanted
@@ -384,7 +383,7 @@ class ChannelRings:
             if not ready():
                 # The flag and the doorbell are stores read in the opposite order on the other side,
                 # which x86 may reorder, so a wake-up can be missed: the first naps are short.
-                futex_wait(address, seen, min(timeout, nap[0]))
+                futex.wait(address, seen, min(timeout, nap[0]))
                 nap[0] = min(2 * nap[0], timeout)
                 self.drain(replica)  # what woke it, read before the caller asks again
             words[index + 1] = 0

@@ -16,7 +16,7 @@ The surface is closed:
   lengths, its head (every element but the last: who it is for and its key, at most
   `MAX_HEAD_BYTES`) and its body (the last element: the payload). The head is read and judged
   first: `check(head, body_bytes)` refuses a body larger than what the program's collective or
-  channel named by the head can hold (runtime/message_bounds.py), so such a body, or one over
+  channel named by the head can hold (transport/message_bounds.py), so such a body, or one over
   `MAX_FRAME_BYTES`, is refused before a byte of it is allocated. A refused message is reported
   to `on_fault` naming the peer (its process, or its address) and the connection is closed, so
   its sender gets an error instead of blocking on a reader that is gone.
