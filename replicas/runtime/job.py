@@ -1,7 +1,7 @@
 """A running N-replica job: host feeds, results, cancel, and the monitor loop.
 
 The job is the same whatever runs the replicas; a *backend* (threads here, Ray actors in
-`ray_backend.py`) starts them, reports their states and delivers host messages.
+`ray/backend.py`) starts them, reports their states and delivers host messages.
 """
 
 from __future__ import annotations
