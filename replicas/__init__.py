@@ -40,6 +40,7 @@ _LAZY = {
     "run": "replicas.runtime.driver",
     "launch": "replicas.runtime.driver",
     "Job": "replicas.runtime.job",
+    "Array": "replicas.runtime.resident",
     "register_custom_call": "replicas.ops.custom_call",
     "unregister_custom_call": "replicas.ops.custom_call",
     "check": "replicas.checker",

@@ -4,6 +4,8 @@
     from jax.sharding import PartitionSpec as P
 
     y = rp.jax.run(f, x, num_replicas=4, in_specs=(P("x"),), out_specs=P("x"))   # a global array
+    step = rp.jax.jit(f, num_replicas=4, in_specs=(P("x"),), out_specs=P("x"))  # compiled once
+    y = step(step(x))                            # rp.Arrays: the shards stay on the replicas
 
 `f` is a plain function, a `jax.jit` one or a `shard_map` one. With `in_specs`/`out_specs` the
 function is wrapped in `shard_map` over `mesh` (or a one-axis mesh of `num_replicas` devices named
@@ -19,7 +21,8 @@ JAX needs as many devices as partitions: on a CPU-only machine set
 """
 
 from replicas.hlo.spmd_markers import has_spmd_markers, partition_spmd_markers
-from replicas.jax.program import DEVICE_COUNT_HINT, JaxProgram, compile_jax, replicated, run
+from replicas.jax.jit import JitFunction, jit, replicated, run
+from replicas.jax.program import DEVICE_COUNT_HINT, JaxProgram, compile_jax
 
-__all__ = ["DEVICE_COUNT_HINT", "JaxProgram", "compile_jax", "has_spmd_markers", "partition_spmd_markers",
-           "replicated", "run"]
+__all__ = ["DEVICE_COUNT_HINT", "JaxProgram", "JitFunction", "compile_jax", "has_spmd_markers", "jit",
+           "partition_spmd_markers", "replicated", "run"]

@@ -3,7 +3,6 @@ arguments split into shards and results join back."""
 
 from __future__ import annotations
 
-import functools
 import glob
 import os
 import tempfile
@@ -113,8 +112,10 @@ def _mesh(mesh: Any, num_replicas: int | None, axis_name: str) -> Any:
 
 
 def compile_jax(f: Callable[..., Any], *args: Any, num_replicas: int | None = None, mesh: Any = None,
-                in_specs: Any = None, out_specs: Any = None, axis_name: str = "x") -> JaxProgram:
-    """Lower and compile `f` for `args` with JAX; the per-device module and its shardings."""
+                in_specs: Any = None, out_specs: Any = None, axis_name: str = "x",
+                donate_argnums: tuple[int, ...] = ()) -> JaxProgram:
+    """Lower and compile `f` for `args` (arrays, or `jax.ShapeDtypeStruct`s) with JAX; the
+    per-device module and its shardings."""
     jax = _jax()
     from replicas.hlo.text import parse_hlo
 
@@ -124,10 +125,11 @@ def compile_jax(f: Callable[..., Any], *args: Any, num_replicas: int | None = No
         if mesh is None:
             raise ProgramError("in_specs/out_specs need num_replicas=N or mesh=...")
         fn = _shard_map(f, mesh, in_specs, out_specs)
-    leaves = [jax.numpy.asarray(leaf) for leaf in jax.tree_util.tree_leaves(list(args))]
+    leaves = [leaf if isinstance(leaf, jax.ShapeDtypeStruct) else jax.numpy.asarray(leaf)
+              for leaf in jax.tree_util.tree_leaves(list(args))]
     compiled = None
     try:
-        lowered = jax.jit(fn, keep_unused=True).lower(*args)
+        lowered = jax.jit(fn, keep_unused=True, donate_argnums=donate_argnums).lower(*args)
         compiled = lowered.compile()
         text = compiled.as_text()
     except RuntimeError as e:
@@ -198,34 +200,3 @@ def _shard_map(f: Callable[..., Any], mesh: Any, in_specs: Any, out_specs: Any) 
     except ImportError:  # jax < 0.7
         from jax.experimental.shard_map import shard_map
     return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-
-
-def run(f: Callable[..., Any], *args: Any, num_replicas: int | None = None, mesh: Any = None,
-        in_specs: Any = None, out_specs: Any = None, axis_name: str = "x", **options: Any) -> Any:
-    """Run the JAX function `f` on replicas and return its global outputs, as `jax.jit(f)(*args)` would.
-
-    num_replicas / mesh: how many replicas (a one-axis mesh named `axis_name`), or the mesh itself.
-    in_specs / out_specs: `shard_map` specs; given, `f` runs as `shard_map(f, mesh, in_specs, out_specs)`.
-    options: every `rp.run` option (backend="threads" | "ray", timeout, address, trace, strict, ...).
-    """
-    from replicas.runtime.driver import run as run_module
-
-    program = compile_jax(f, *args, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs,
-                          out_specs=out_specs, axis_name=axis_name)
-    results = run_module(program.module, program.split(args), program.num_replicas, **options)
-    return program.join(results)
-
-
-def replicated(num_replicas: int | None = None, *, mesh: Any = None, in_specs: Any = None, out_specs: Any = None,
-               axis_name: str = "x", **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator form of `run`: `@rp.jax.replicated(4, in_specs=(P("x"),), out_specs=P())`."""
-
-    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(f)
-        def on_replicas(*args: Any) -> Any:
-            return run(f, *args, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                       axis_name=axis_name, **options)
-
-        return on_replicas
-
-    return decorate

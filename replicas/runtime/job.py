@@ -379,10 +379,30 @@ _PREPARED: dict[tuple[bytes, int, Limits], tuple[Executable, list[Instruction]]]
 _PREPARED_SIZE = 64
 
 
+def checked_executable(module: Module | Executable, num_replicas: int, *,
+                       fingerprint: bytes | None = None) -> Executable:
+    """The executable of `module`, checked for `num_replicas` (cached by the module's content)."""
+    return _executable_and_parameters(module, num_replicas, fingerprint)[0]
+
+
 def prepare(module: Module | Executable, args: Sequence[Any] | None, num_replicas: int, *,
             fingerprint: bytes | None = None) -> tuple[Executable, list[list[Any]]]:
     """The executable of `module` checked for `num_replicas`, and each replica's checked arguments.
     `fingerprint`: `module_fingerprint(module)` when the caller has just taken it."""
+    executable, params = _executable_and_parameters(module, num_replicas, fingerprint)
+    entry = executable.module.entry_computation
+    per_replica = per_replica_args(args, num_replicas, len(params))
+    checked = []
+    for r, a in enumerate(per_replica):
+        try:
+            checked.append(check_arguments(entry, a, params))
+        except ProgramError as e:
+            raise ProgramError(f"replica {r}: {e}") from None
+    return executable, checked
+
+
+def _executable_and_parameters(module: Module | Executable, num_replicas: int,
+                               fingerprint: bytes | None) -> tuple[Executable, list[Instruction]]:
     if type(num_replicas) is not int or not 1 <= num_replicas <= current_limits().max_replicas:
         num_replicas = check_replicas(num_replicas)  # before any per-replica list is built
     if type(module) is Module:
@@ -401,15 +421,7 @@ def prepare(module: Module | Executable, args: Sequence[Any] | None, num_replica
     else:
         executable = _checked(module, num_replicas)
         params = executable.module.entry_computation.parameters
-    entry = executable.module.entry_computation
-    per_replica = per_replica_args(args, num_replicas, len(params))
-    checked = []
-    for r, a in enumerate(per_replica):
-        try:
-            checked.append(check_arguments(entry, a, params))
-        except ProgramError as e:
-            raise ProgramError(f"replica {r}: {e}") from None
-    return executable, checked
+    return executable, params
 
 
 def _checked(module: Module | Executable, num_replicas: int) -> Executable:

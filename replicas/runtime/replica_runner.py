@@ -30,6 +30,9 @@ class ReplicaRunner:
         self._done: threading.Event | None = None  # set when the replica's run returned
         # The job's `affinity.Pin` when its replica threads are kept on one core (set before `start`).
         self.pin: Pin | None = None
+        # A persistent job's runner (runtime/session.py) runs again: it keeps its interpreter bound to
+        # its fabric after a clean run instead of pooling it.
+        self.persistent = False
         self._named: tuple[Any, str | None] = (None, None)  # (the last instruction `state` named, its name)
 
     def start(self, args: Sequence[Any]) -> None:
@@ -48,7 +51,8 @@ class ReplicaRunner:
         gil_slice.enter()
         try:
             self.result = self.interpreter.run(args, checked=True)  # job.prepare checked them
-            checkin(self.interpreter)  # before "finished": its kernels and code serve the next job
+            if not self.persistent:
+                checkin(self.interpreter)  # before "finished": its kernels and code serve the next job
             status, error = "finished", None
         except BaseException as e:  # noqa: BLE001 - reported to the driver, never swallowed
             self.error = e
@@ -64,6 +68,15 @@ class ReplicaRunner:
             # pooled worker thread has its own affinity back).
             pin.leave()
         self.mailbox.set_status(status, error)
+
+    def rerun(self, args: Sequence[Any], here: bool = False) -> None:
+        """Run again with `args` (a persistent job whose every replica finished its last run)."""
+        self.result = self.error = None
+        self.mailbox.set_status("running")
+        if here:
+            self.run_here(args)
+        else:
+            self.start(args)
 
     def join(self, timeout: float | None = None) -> bool:
         if self._done is None:

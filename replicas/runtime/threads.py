@@ -51,7 +51,9 @@ class ThreadBackend:
 
     def __init__(self, executable: Executable, args: list[list[Any]], *, strict: bool = True,
                  record_every_instruction: bool = False, placement: list[int] | None = None,
-                 trace_events: int = DEFAULT_CAPACITY) -> None:
+                 trace_events: int = DEFAULT_CAPACITY, persistent: bool = False) -> None:
+        """`persistent`: a job run again and again (runtime/session.py): its replicas keep their
+        interpreters bound after a clean run, for `rerun`."""
         n = len(args)
         self.num_replicas = n
         _wait_for_unwinding()
@@ -69,11 +71,14 @@ class ThreadBackend:
         for r in range(n):
             recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
             fabric = ThreadFabric(r, self._mailboxes, strict=strict, recorder=recorder, placement=placement)
-            self._replicas.append(ReplicaRunner(executable, fabric, recorder))
+            runner = ReplicaRunner(executable, fabric, recorder)
+            runner.persistent = persistent
+            self._replicas.append(runner)
         # n replicas in this process: BLAS pools of (cores - 1) // n threads while the job runs.
         self._cores = share_cores(n) if uses_blas(executable) else None
         self._pin: Pin | None = None
-        if n == 1 and runs_bounded_alone(executable):  # no thread hand-off for a program that cannot wait
+        self._here = n == 1 and runs_bounded_alone(executable)  # no thread hand-off for a program that cannot wait
+        if self._here:
             self._replicas[0].run_here(args[0])
             return
         # Two replica threads or more: keep them on one core (they serialize on the GIL anyway;
@@ -84,6 +89,20 @@ class ThreadBackend:
                 replica.pin = self._pin
         for replica, a in zip(self._replicas, args):
             replica.start(a)
+
+    def rerun(self, args: list[list[Any]]) -> None:
+        """Run the program again on the same replicas (every one finished its last run cleanly)."""
+        for replica, a in zip(self._replicas, args):
+            replica.rerun(a, self._here)
+
+    def finished(self, timeout: float) -> list[Any] | None:
+        """The results once every replica finished within `timeout` s; None when one failed or still
+        runs (the monitor's turn)."""
+        deadline = time.monotonic() + timeout
+        for rep in self._replicas:
+            if not rep.join(max(0.0, deadline - time.monotonic())) or rep.error is not None:
+                return None
+        return self.results()
 
     def completed(self, timeout: float) -> list[Any] | None:
         """The results when every replica has already finished (a program that ran in the caller's
@@ -135,6 +154,10 @@ class ThreadBackend:
     def shutdown(self) -> None:
         self.abort(ReplicasError("job stopped"))
         release(self._cores)
+        for rep in self._replicas:  # a persistent job's interpreters, still bound after clean runs
+            if rep.persistent and rep.join(0) and rep.error is None:
+                rep.persistent = False
+                checkin(rep.interpreter)
 
     def deliver_from_host(self, replica: int, key: tuple, value: Any) -> None:
         self._mailboxes[replica].deliver(HOST, key, value)

@@ -1,0 +1,354 @@
+"""`rp.jax.jit`: JAX's calling model on replicas. Compile once per argument signature, keep the
+program's job running between calls, and keep outputs on the replicas as `rp.Array`s.
+
+    step = rp.jax.jit(train_step, num_replicas=4, in_specs=(P(), P("x")), out_specs=(P(), P()))
+    for batch in batches:
+        params, loss = step(params, batch)     # params stay on the replicas; nothing moves
+    print(float(loss))                         # gathered when asked
+
+The cache key is what `jax.jit` keys on: the arguments' tree structure, each leaf's shape, dtype,
+weak type and sharding, and the static arguments' values.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from replicas.errors import ProgramError
+from replicas.jax.program import JaxProgram, _indices, _jax, _output_leaves, compile_jax
+from replicas.runtime.resident import Array, same_index
+from replicas.runtime.session import Session
+
+# Options of a jitted function's job (those of `rp.run` that a job run again and again can take).
+JOB_OPTIONS = ("backend", "timeout", "address", "strict", "replicas_per_actor", "resources",
+               "record_every_instruction", "trace_events")
+CACHE_SIZE = 32  # compiled signatures kept per jitted function (least recently used dropped)
+
+
+@dataclass
+class Compiled:
+    """One signature's program: JAX's compile, the replicas' executable, and the running job."""
+
+    program: JaxProgram
+    session: Session
+    in_index: list[list[tuple]]  # per flattened argument: each replica's shard index
+    out_index: list[list[tuple]]  # per flattened output
+    donated: frozenset[int]  # flattened argument positions donated to the call
+
+
+class JitFunction:
+    """A JAX function jitted for replicas (see `jit`)."""
+
+    def __init__(self, f: Callable[..., Any], *, num_replicas: int | None, mesh: Any, in_specs: Any,
+                 out_specs: Any, axis_name: str, static_argnums: Sequence[int], donate_argnums: Sequence[int],
+                 options: dict[str, Any]) -> None:
+        unknown = sorted(set(options) - set(JOB_OPTIONS))
+        if unknown:
+            raise ProgramError(f"rp.jax.jit takes the job options {', '.join(JOB_OPTIONS)}; got {', '.join(unknown)}")
+        self.fn = f
+        self._num_replicas, self._mesh = num_replicas, mesh
+        self._in_specs, self._out_specs, self._axis_name = in_specs, out_specs, axis_name
+        self.static_argnums = tuple(sorted(_positions(static_argnums, "static_argnums")))
+        self.donate_argnums = tuple(sorted(_positions(donate_argnums, "donate_argnums")))
+        if set(self.static_argnums) & set(self.donate_argnums):
+            raise ProgramError("an argument cannot be both static and donated")
+        self._options = {"backend": "ray", **options}
+        self._cache: OrderedDict[Hashable, Compiled] = OrderedDict()
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, f)
+
+    # -- calling ----------------------------------------------------------------------------------
+    def __call__(self, *args: Any) -> Any:
+        jax = _jax()
+        statics, dynamic = self._split_static(args)
+        leaves, tree = jax.tree_util.tree_flatten(list(dynamic))
+        by_specs = self._in_specs is not None  # shard_map's in_specs decide the shardings
+        key = (tree, statics, tuple(_signature(leaf, by_specs) for leaf in leaves))
+        with self._lock:
+            compiled = self._cache.get(key)
+            if compiled is not None:
+                self._cache.move_to_end(key)
+        if compiled is None:
+            compiled = self._compile(args, statics, dynamic, leaves, key)
+        per_replica = self._shards(compiled, leaves)
+        results = compiled.session.call(per_replica)
+        for i in compiled.donated:
+            if isinstance(leaves[i], Array):
+                leaves[i].delete()
+        return self._outputs(compiled, results)
+
+    def _split_static(self, args: tuple) -> tuple[tuple, list[Any]]:
+        statics, dynamic = [], []
+        for i, a in enumerate(args):
+            if i in self.static_argnums:
+                try:
+                    hash(a)
+                except TypeError:
+                    raise ProgramError(f"static argument {i} must be hashable, got {type(a).__name__}") from None
+                statics.append((i, a))
+            else:
+                dynamic.append(a)
+        return tuple(statics), dynamic
+
+    def _compile(self, args: tuple, statics: tuple, dynamic: list[Any], leaves: list[Any], key: Hashable) -> Compiled:
+        jax = _jax()
+        fixed = dict(statics)
+        positions = [i for i in range(len(args)) if i not in fixed]
+
+        def bound(*dyn: Any) -> Any:
+            full = dict(fixed)
+            full.update(zip(positions, dyn))
+            return self.fn(*(full[i] for i in range(len(args))))
+
+        abstract = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(list(dynamic)),
+                                                [_abstract(leaf) for leaf in leaves])
+        donate = tuple(positions.index(i) for i in self.donate_argnums if i in positions)
+        program = compile_jax(bound, *abstract, num_replicas=self._num_replicas, mesh=self._mesh,
+                              in_specs=self._in_specs, out_specs=self._out_specs, axis_name=self._axis_name,
+                              donate_argnums=donate)
+        n = program.num_replicas
+        in_index = [_indices(s, tuple(np.shape(leaf)), n) for s, leaf in zip(program.in_shardings, leaves)]
+        out_index = [_indices(s, tuple(a.shape), n) for s, a in zip(program.out_shardings, program.out_avals)]
+        options = self._options
+        executable = _executable(program, n, options)
+        session = Session(executable, n, **_session_options(options))
+        owners = [j for j, a in enumerate(dynamic) for _ in jax.tree_util.tree_leaves(a)]
+        donated = frozenset(i for i, j in enumerate(owners) if j in donate)
+        compiled = Compiled(program, session, in_index, out_index, donated)
+        with self._lock:
+            self._cache[key] = compiled
+            while len(self._cache) > CACHE_SIZE:
+                _, old = self._cache.popitem(last=False)
+                old.session.close()
+        return compiled
+
+    def _shards(self, compiled: Compiled, leaves: list[Any]) -> list[list[Any]]:
+        """Each replica's arguments: a resident array's own shards, a host value's split."""
+        program = compiled.program
+        n = program.num_replicas
+        per_replica: list[list[Any]] = [[] for _ in range(n)]
+        for i, (leaf, index, dtype) in enumerate(zip(leaves, compiled.in_index, program.arg_dtypes)):
+            if isinstance(leaf, Array):
+                leaf.check_alive(f"argument {i}")
+                local = leaf.local_shards()
+                if local is not None and leaf.dtype == dtype and same_index(leaf.index, index):
+                    for p in range(n):
+                        per_replica[p].append(local[p])
+                    continue
+                leaf = leaf.value()
+            value = np.asarray(leaf, dtype=dtype)
+            whole = tuple(slice(None) for _ in value.shape)
+            for p in range(n):
+                if index[p] == whole:
+                    per_replica[p].append(value)
+                else:
+                    per_replica[p].append(np.ascontiguousarray(value[index[p]]))
+        return per_replica
+
+    def _outputs(self, compiled: Compiled, results: list[Any]) -> Any:
+        jax = _jax()
+        program = compiled.program
+        count = len(program.out_avals)
+        per_replica = [_output_leaves(r, count) for r in results]
+        outputs = []
+        for i, (aval, index, sharding) in enumerate(zip(program.out_avals, compiled.out_index,
+                                                        program.out_shardings)):
+            shards = [per_replica[p][i] for p in range(program.num_replicas)]
+            outputs.append(Array(tuple(aval.shape), np.dtype(aval.dtype), index, shards=shards,
+                                 home=compiled.session, sharding=sharding))
+        return jax.tree_util.tree_unflatten(program.out_tree, outputs)
+
+    # -- introspection ----------------------------------------------------------------------------
+    def cache_size(self) -> int:
+        """How many argument signatures have been compiled (and are kept)."""
+        return len(self._cache)
+
+    def end_jobs(self) -> None:
+        """End the jobs of the compiled signatures, keeping the compiles (the next call starts a job)."""
+        with self._lock:
+            compiled = list(self._cache.values())
+        for c in compiled:
+            c.session.close()
+
+    def close(self) -> None:
+        """End every compiled signature's job and forget the compiles."""
+        with self._lock:
+            compiled, self._cache = list(self._cache.values()), OrderedDict()
+        for c in compiled:
+            c.session.close()
+
+
+def jit(f: Callable[..., Any] | None = None, *, num_replicas: int | None = None, mesh: Any = None,
+        in_specs: Any = None, out_specs: Any = None, axis_name: str = "x", static_argnums: Sequence[int] = (),
+        donate_argnums: Sequence[int] = (), **options: Any) -> Any:
+    """`jax.jit` for replicas: `rp.jax.jit(f, num_replicas=4, in_specs=..., out_specs=...)(*args)`.
+
+    Compiles once per argument signature and keeps the program's job running; returns the outputs
+    as `rp.Array`s that stay on the replicas (pass them to the next call; `np.asarray` gathers).
+    num_replicas / mesh / in_specs / out_specs / axis_name: as `rp.jax.run` (`in_specs` covers the
+        arguments that are not static).
+    static_argnums: arguments that are compile-time constants (hashable; a new value compiles again).
+    donate_argnums: arguments given away: an `rp.Array` passed there is deleted by the call.
+    options: the job's `rp.run` options (backend="ray" | "threads", timeout, strict, ...).
+    Used as a decorator with keyword arguments only: `@rp.jax.jit(num_replicas=4, ...)`.
+    """
+    if f is None:
+        return lambda g: jit(g, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                             axis_name=axis_name, static_argnums=static_argnums, donate_argnums=donate_argnums,
+                             **options)
+    return JitFunction(f, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                       axis_name=axis_name, static_argnums=static_argnums, donate_argnums=donate_argnums,
+                       options=options)
+
+
+# `rp.jax.run`'s jitted functions, by function and options (least recently used dropped).
+_RUN_CACHE: OrderedDict[Hashable, JitFunction] = OrderedDict()
+_RUN_CACHE_LOCK = threading.Lock()
+
+
+def cached_jit(f: Callable[..., Any], *, num_replicas: int | None, mesh: Any, in_specs: Any, out_specs: Any,
+               axis_name: str, options: dict[str, Any]) -> JitFunction | None:
+    """The jitted function `rp.jax.run` calls for these options; None when they cannot be a key."""
+    key = (f, num_replicas, mesh, in_specs, out_specs, axis_name, tuple(sorted(options.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    with _RUN_CACHE_LOCK:
+        jitted = _RUN_CACHE.get(key)
+        if jitted is None:
+            jitted = _RUN_CACHE[key] = JitFunction(f, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs,
+                                                   out_specs=out_specs, axis_name=axis_name, static_argnums=(),
+                                                   donate_argnums=(), options=dict(options))
+            while len(_RUN_CACHE) > CACHE_SIZE:
+                _RUN_CACHE.popitem(last=False)[1].close()
+        _RUN_CACHE.move_to_end(key)
+    return jitted
+
+
+def _executable(program: JaxProgram, num_replicas: int, options: dict[str, Any]) -> Any:
+    from replicas.runtime.arguments import check_launch_options
+    from replicas.runtime.job import checked_executable
+
+    check_launch_options(num_replicas=num_replicas, timeout=options.get("timeout"), infeed=None, trace=None,
+                         strict=options.get("strict", True), backend=options["backend"],
+                         replicas_per_actor=options.get("replicas_per_actor"), resources=options.get("resources"),
+                         address=options.get("address"))
+    return checked_executable(program.module, num_replicas)
+
+
+def _session_options(options: dict[str, Any]) -> dict[str, Any]:
+    from replicas.runtime.driver import BACKENDS, DEFAULT_TIMEOUT
+
+    out = {"timeout": DEFAULT_TIMEOUT, **options}
+    if out["backend"] not in BACKENDS:
+        raise ProgramError(f"backend must be one of {BACKENDS}, got {out['backend']!r}")
+    return out
+
+
+def _positions(numbers: Sequence[int] | int, what: str) -> set[int]:
+    if isinstance(numbers, int):
+        numbers = (numbers,)
+    out = set()
+    for k in numbers:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+            raise ProgramError(f"{what} must be non-negative argument positions, got {k!r}")
+        out.add(int(k))
+    return out
+
+
+def _signature(leaf: Any, by_specs: bool) -> Hashable:
+    """What jax.jit keys a leaf on: shape, dtype, weak type, sharding (`by_specs`: the function's
+    in_specs decide every argument's sharding: not part of the key)."""
+    if isinstance(leaf, Array):
+        return (leaf.shape, leaf.dtype, False, None if by_specs else _sharding_key(leaf.sharding))
+    if isinstance(leaf, np.ndarray):
+        return (leaf.shape, leaf.dtype, False, None)
+    if isinstance(leaf, (bool, int, float, complex)):
+        return ((), type(leaf), True, None)
+    sharding = getattr(leaf, "sharding", None)
+    if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+        return (tuple(leaf.shape), np.dtype(leaf.dtype), bool(getattr(leaf, "weak_type", False)),
+                _sharding_key(sharding) if _is_partitioned(sharding) and not by_specs else None)
+    value = np.asarray(leaf)
+    return (value.shape, value.dtype, False, None)
+
+
+def _sharding_key(sharding: Any) -> Hashable:
+    if sharding is None:
+        return None
+    try:
+        hash(sharding)
+        return sharding
+    except TypeError:
+        return repr(sharding)
+
+
+def _is_partitioned(sharding: Any) -> bool:
+    return sharding is not None and len(getattr(sharding, "device_set", ())) > 1
+
+
+def _abstract(leaf: Any) -> Any:
+    """The `jax.ShapeDtypeStruct` a leaf lowers as."""
+    jax = _jax()
+    if isinstance(leaf, Array):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
+    if isinstance(leaf, (bool, int, float, complex)):
+        return jax.ShapeDtypeStruct((), jax.numpy.asarray(leaf).dtype, weak_type=True)
+    if hasattr(leaf, "shape") and hasattr(leaf, "dtype") and not isinstance(leaf, np.ndarray):
+        sharding = getattr(leaf, "sharding", None)
+        return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, weak_type=bool(getattr(leaf, "weak_type", False)),
+                                    sharding=sharding if _is_partitioned(sharding) else None)
+    value = np.asarray(leaf)
+    dtype = jax.numpy.asarray(np.zeros((), value.dtype)).dtype  # JAX's (x64 off: int64 -> int32)
+    return jax.ShapeDtypeStruct(value.shape, dtype)
+
+
+def run(f: Callable[..., Any], *args: Any, num_replicas: int | None = None, mesh: Any = None,
+        in_specs: Any = None, out_specs: Any = None, axis_name: str = "x", **options: Any) -> Any:
+    """Run the JAX function `f` on replicas and return its global outputs, as `jax.jit(f)(*args)` would.
+
+    num_replicas / mesh: how many replicas (a one-axis mesh named `axis_name`), or the mesh itself.
+    in_specs / out_specs: `shard_map` specs; given, `f` runs as `shard_map(f, mesh, in_specs, out_specs)`.
+    options: every `rp.run` option (backend="threads" | "ray", timeout, address, trace, strict, ...).
+    A function run again with arguments of the same shapes is not compiled again (`rp.jax.jit`
+    keeps the job running as well, and the outputs on the replicas).
+    """
+    if set(options) <= set(JOB_OPTIONS):
+        jitted = cached_jit(f, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                            axis_name=axis_name, options=options)
+        if jitted is not None:
+            try:
+                outputs = jitted(*args)
+                jax = _jax()
+                return jax.tree_util.tree_map(lambda a: np.array(a.value()), outputs)
+            finally:
+                jitted.end_jobs()
+    from replicas.runtime.driver import run as run_module
+
+    program = compile_jax(f, *args, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs,
+                          out_specs=out_specs, axis_name=axis_name)
+    results = run_module(program.module, program.split(args), program.num_replicas, **options)
+    return program.join(results)
+
+
+def replicated(num_replicas: int | None = None, *, mesh: Any = None, in_specs: Any = None, out_specs: Any = None,
+               axis_name: str = "x", **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator form of `run`: `@rp.jax.replicated(4, in_specs=(P("x"),), out_specs=P())`."""
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(f)
+        def on_replicas(*args: Any) -> Any:
+            return run(f, *args, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                       axis_name=axis_name, **options)
+
+        return on_replicas
+
+    return decorate

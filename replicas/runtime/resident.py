@@ -1,0 +1,157 @@
+"""Arrays that stay on the replicas: `Array` holds each replica's shard where it was computed (in
+its thread, or in its Ray actor) and gathers the global array only when asked (`np.asarray`).
+
+A shard's place in the global array is its *index* (a tuple of slices per replica, as JAX's
+`Sharding.devices_indices_map` gives): replicas with equal indices hold equal copies (a
+replicated output), and the gather reads one of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from replicas.errors import ProgramError
+
+
+class Home(Protocol):
+    """Where the shards of resident arrays live (a persistent job: runtime/session.py)."""
+
+    def fetch(self, key: Any, replicas: Sequence[int]) -> list[np.ndarray]: ...
+    def forget(self, key: Any) -> None: ...
+
+
+class Array:
+    """A global array of `shape` and `dtype` whose shards stay on the replicas that computed them.
+
+    Passed to the next call of the program that made it (or any program of the same job expecting
+    the same shards) it moves nothing; `np.asarray(a)`, `float(a)` or `a.item()` gather it once.
+    """
+
+    __slots__ = ("shape", "dtype", "index", "home", "key", "sharding", "_shards", "_value", "_deleted",
+                 "__weakref__")
+    __array_priority__ = 100
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, index: Sequence[tuple[slice, ...]],
+                 shards: list[Any] | None = None, home: Home | None = None, key: Any = None,
+                 sharding: Any = None) -> None:
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.index = list(index)  # per replica: its shard's place in the global array
+        self.home = home
+        self.key = key  # the shards' name in `home` when they are not held here
+        self.sharding = sharding  # the JAX sharding it has, when a JAX program made it
+        self._shards = shards  # per replica, when they live in this process (threads)
+        self._value: np.ndarray | None = None
+        self._deleted = False
+
+    # -- what a numpy user expects ------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.index)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        value = self.value()
+        if dtype is not None and np.dtype(dtype) != value.dtype:
+            return value.astype(dtype)
+        return value.copy() if copy else value
+
+    def __float__(self) -> float:
+        return float(self.value())
+
+    def __int__(self) -> int:
+        return int(self.value())
+
+    def __bool__(self) -> bool:
+        return bool(self.value())
+
+    def item(self) -> Any:
+        return self.value().item()
+
+    def __repr__(self) -> str:
+        if self._deleted:
+            return f"rp.Array(<deleted>, shape={self.shape}, dtype={self.dtype})"
+        return f"rp.Array({np.array2string(self.value(), threshold=20)}, dtype={self.dtype})"
+
+    # -- shards -------------------------------------------------------------------------------------
+    def is_deleted(self) -> bool:
+        return self._deleted
+
+    def delete(self) -> None:
+        """Free the shards on the replicas (a donated argument is deleted by its call)."""
+        if not self._deleted:
+            self._deleted = True
+            self._shards = self._value = None
+            if self.key is not None and self.home is not None:
+                self.home.forget(self.key)
+
+    def check_alive(self, what: str = "the array") -> None:
+        if self._deleted:
+            raise ProgramError(f"{what} has been deleted (donated to an earlier call, or deleted): "
+                               "it can no longer be read or passed")
+
+    def shards(self, replicas: Sequence[int] | None = None) -> list[Any]:
+        """The shards of `replicas` (default all), fetched from where they live when needed."""
+        self.check_alive()
+        wanted = range(self.num_replicas) if replicas is None else replicas
+        if self._shards is not None:
+            return [self._shards[r] for r in wanted]
+        return self.home.fetch(self.key, list(wanted))
+
+    def local_shards(self) -> list[Any] | None:
+        """The shards when they live in this process (threads), else None; no copy."""
+        self.check_alive()
+        return self._shards
+
+    def value(self) -> np.ndarray:
+        """The global array (gathered once, then kept: read-only)."""
+        self.check_alive()
+        if self._value is None:
+            first: dict[tuple, int] = {}  # one replica per distinct shard
+            for r, index in enumerate(self.index):
+                first.setdefault(_key(index), r)
+            replicas = list(first.values())
+            shards = self.shards(replicas)
+            if len(replicas) == 1 and np.shape(shards[0]) == self.shape:
+                out = np.array(shards[0], dtype=self.dtype)
+            else:
+                out = np.empty(self.shape, self.dtype)
+                for r, shard in zip(replicas, shards):
+                    out[self.index[r]] = shard
+            out.flags.writeable = False
+            self._value = out
+        return self._value
+
+    def __del__(self) -> None:
+        try:
+            if not self._deleted and self.key is not None and self.home is not None:
+                self.home.forget(self.key)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing to free any more
+            pass
+
+
+def _key(index: tuple[slice, ...]) -> tuple:
+    return tuple((s.start, s.stop, s.step) if isinstance(s, slice) else s for s in index)
+
+
+def same_index(a: Sequence[tuple[slice, ...]], b: Sequence[tuple[slice, ...]]) -> bool:
+    return len(a) == len(b) and all(_key(x) == _key(y) for x, y in zip(a, b))

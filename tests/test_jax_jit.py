@@ -1,0 +1,136 @@
+"""`rp.jax.jit`: compiled once per argument signature, the job kept between calls, outputs kept on
+the replicas as `rp.Array`s; a training loop gives what the same loop gives under JAX."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import replicas as rp
+from replicas.errors import ProgramError
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+from jax.sharding import Mesh  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+shard_map = getattr(jax, "shard_map", None)
+if shard_map is None:  # older jax
+    from jax.experimental.shard_map import shard_map
+
+pytestmark = pytest.mark.skipif(len(jax.devices()) < 4, reason="needs --xla_force_host_platform_device_count >= 4")
+
+rng = np.random.default_rng(0)
+X = rng.normal(size=(16, 8)).astype(np.float32)
+Y = rng.normal(size=(16, 2)).astype(np.float32)
+PARAMS = {"w1": rng.normal(size=(8, 16)).astype(np.float32) * 0.3, "b1": np.zeros(16, np.float32),
+          "w2": rng.normal(size=(16, 2)).astype(np.float32) * 0.3}
+SPECS = dict(in_specs=(P(), P("x"), P("x")), out_specs=(P(), P()))
+
+
+def train_step(params, x, y):
+    def loss_fn(p):
+        h = jnp.tanh(x @ p["w1"] + p["b1"])
+        return jnp.mean((h @ p["w2"] - y) ** 2)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    grads, loss = jax.lax.pmean((grads, loss), "x")
+    return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+def jax_loop(steps: int):
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    step = jax.jit(shard_map(train_step, mesh=mesh, **SPECS))
+    params, losses = PARAMS, []
+    for _ in range(steps):
+        params, loss = step(params, X, Y)
+        losses.append(float(loss))
+    return params, losses
+
+
+def replicas_loop(step, steps: int):
+    params, losses = PARAMS, []
+    for _ in range(steps):
+        params, loss = step(params, X, Y)
+        losses.append(float(loss))
+    return params, losses
+
+
+def check_loop(backend: str, steps: int) -> None:
+    step = rp.jax.jit(train_step, num_replicas=4, backend=backend, **SPECS)
+    params, losses = replicas_loop(step, steps)
+    want_params, want_losses = jax_loop(steps)
+    assert all(isinstance(p, rp.Array) for p in jax.tree_util.tree_leaves(params))
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+    for k in PARAMS:
+        np.testing.assert_allclose(np.asarray(params[k]), np.asarray(want_params[k]), rtol=1e-5, atol=1e-6)
+    # numpy arguments on the first step, the replicas' own arrays on the next: one compile
+    assert step.cache_size() == 1
+    step.close()
+
+
+def test_training_loop_on_threads_matches_jax():
+    check_loop("threads", 6)
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_training_loop_on_ray_matches_jax():
+    check_loop("ray", 4)
+
+
+def test_resident_arrays_are_the_replicas_shards():
+    step = rp.jax.jit(lambda v: v * 2, num_replicas=4, in_specs=P("x"), out_specs=P("x"), backend="threads")
+    v = np.arange(8, dtype=np.float32)
+    a = step(v)
+    assert isinstance(a, rp.Array) and a.shape == (8,) and a.dtype == np.float32
+    assert [s.tolist() for s in a.shards()] == [[0, 2], [4, 6], [8, 10], [12, 14]]
+    b = step(a)  # the shards go back to where they are: nothing gathered
+    np.testing.assert_array_equal(np.asarray(b), v * 4)
+    assert step.cache_size() == 1
+    assert float(step(np.float32([1, 1, 1, 1, 1, 1, 1, 1])).value()[3]) == 2.0
+
+
+def test_a_new_signature_compiles_again_and_static_arguments_are_keys():
+    def scaled(v, k):
+        return v * k
+
+    step = rp.jax.jit(scaled, num_replicas=4, in_specs=P("x"), out_specs=P("x"), static_argnums=(1,),
+                      backend="threads")
+    v = np.arange(8, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(step(v, 2)), v * 2)
+    np.testing.assert_array_equal(np.asarray(step(v, 3)), v * 3)
+    np.testing.assert_array_equal(np.asarray(step(v, 2)), v * 2)
+    assert step.cache_size() == 2
+    np.testing.assert_array_equal(np.asarray(step(np.arange(16, dtype=np.float32), 2)), np.arange(16) * 2)
+    assert step.cache_size() == 3
+    with pytest.raises(ProgramError, match="hashable"):
+        step(v, [2])
+
+
+def test_a_donated_array_is_deleted_by_the_call():
+    step = rp.jax.jit(lambda v: v + 1, num_replicas=4, in_specs=P("x"), out_specs=P("x"), donate_argnums=0,
+                      backend="threads")
+    a = step(np.zeros(8, np.float32))
+    b = step(a)
+    assert a.is_deleted() and not b.is_deleted()
+    np.testing.assert_array_equal(np.asarray(b), np.full(8, 2, np.float32))
+    with pytest.raises(ProgramError, match="deleted"):
+        np.asarray(a)
+    with pytest.raises(ProgramError, match="deleted"):
+        step(a)
+
+
+def test_a_deadlocked_call_is_reported_and_the_next_call_starts_a_new_job():
+    def maybe_sum(v):  # a replica whose shard is large all-reduces; the others do not: a deadlock
+        return jax.lax.cond(v[0] > 100, lambda u: jax.lax.psum(u, "x") + u, lambda u: u, v)
+
+    step = rp.jax.jit(maybe_sum, num_replicas=4, in_specs=P("x"), out_specs=P("x"), backend="threads", timeout=30)
+    v = np.ones(8, np.float32)
+    np.testing.assert_array_equal(np.asarray(step(v)), v)
+    bad = v.copy()
+    bad[0] = 1000
+    with pytest.raises(rp.DeadlockError):
+        step(bad)
+    np.testing.assert_array_equal(np.asarray(step(v * 2)), v * 2)
+    assert step.cache_size() == 1
