@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from replicas.errors import ProgramError
+from replicas.hlo.ir import Computation, Instruction
 from replicas.limits import check_replicas, is_integer, short_text
+from replicas.shapes import Shape, Token
 
 
 def _type(value: Any) -> str:
@@ -110,5 +112,73 @@ def check_launch_options(*, num_replicas: Any, timeout: Any, infeed: Any, trace:
     return n
 
 
+# -- the entry computation's arguments ------------------------------------------------------------
+
+def check_arguments(entry: Computation, args: Sequence[Any], params: list[Instruction] | None = None) -> list[Any]:
+    """Check (and convert Python scalars/lists to) the entry parameters' shapes and dtypes
+    (`params`: `entry.parameters`, when the caller keeps them)."""
+    if params is None:
+        params = entry.parameters
+    if len(args) != len(params):
+        raise ProgramError(f"entry computation {entry.name} takes {len(params)} arguments "
+                           f"({', '.join(str(p.shape) for p in params)}), got {len(args)}")
+    return [_check_value(p.shape, a, f"argument {p.attrs['parameter_number']} (%{p.name})")
+            for p, a in zip(params, args)]
+
+
+# id(shape) -> (shape, dtype, dimensions) of a static array shape: the check of an argument that
+# is already a numpy array of exactly that type and shape (the usual case) is two comparisons.
+_STATIC: dict[int, tuple[Shape, np.dtype, tuple[int, ...]]] = {}
+
+
+def _check_value(shape: Shape, value: Any, what: str) -> Any:
+    if type(value) is np.ndarray:
+        static = _STATIC.get(id(shape))
+        if static is not None and static[0] is shape and value.shape == static[2] and value.dtype == static[1]:
+            return value
+        if not (shape.is_tuple or shape.is_token or any(shape.dynamic)):
+            if len(_STATIC) > 4096:
+                _STATIC.clear()
+            _STATIC[id(shape)] = (shape, shape.dtype, tuple(shape.dimensions))
+    if shape.is_tuple:
+        if not isinstance(value, (tuple, list)) or len(value) != len(shape.tuple_shapes):
+            raise ProgramError(f"{what}: expected a tuple {shape}, got {_describe(value)}")
+        return tuple(_check_value(s, v, f"{what}[{i}]")
+                     for i, (s, v) in enumerate(zip(shape.tuple_shapes, value)))
+    if shape.is_token:
+        if not isinstance(value, Token):
+            raise ProgramError(f"{what}: expected a token, got {_describe(value)}")
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype != shape.dtype:
+            raise ProgramError(f"{what}: expected {shape}, got dtype {value.dtype} "
+                               f"(XLA type {shape.element_type.value} is numpy {shape.dtype})")
+        arr = value
+    elif isinstance(value, (int, float, complex, bool, list, np.generic)):
+        if isinstance(value, list) and len(value) != (shape.dimensions[0] if shape.dimensions else -1):
+            # Checked before converting: a long list for a small shape never becomes an array.
+            raise ProgramError(f"{what}: expected {shape}, got a list of {len(value)}")
+        try:
+            arr = np.asarray(value, dtype=shape.dtype)
+        except (TypeError, ValueError, OverflowError, RecursionError) as e:
+            raise ProgramError(f"{what}: cannot convert {_describe(value)} to {shape}: {e}") from None
+    else:
+        raise ProgramError(f"{what}: expected a numpy array {shape}, got {_describe(value)}")
+    dims = shape.dimensions
+    ok = arr.ndim == len(dims) and all(
+        (n <= d if dyn else n == d) for n, d, dyn in zip(arr.shape, dims, shape.dynamic))
+    if not ok:
+        raise ProgramError(f"{what}: expected shape {shape}, got {arr.dtype}{list(arr.shape)}")
+    return arr
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"array {value.dtype}{list(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"{type(value).__name__} of {len(value)}"
+    return type(value).__name__
+
+
 __all__ = ["check_module_argument", "check_args_container", "check_timeout", "check_trace_path",
-           "check_launch_options"]
+           "check_launch_options", "check_arguments"]

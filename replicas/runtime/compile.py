@@ -9,7 +9,7 @@ Instructions that are neither needed by the root nor side-effecting are dropped.
 Compiling is done once per module content: `compile_module` keeps the last executables by a
 fingerprint of the module's content (`module_fingerprint`), so running the same program again
 (the same object or an equal one) skips verifying and scheduling. Interpreters bound to an
-executable are pooled per process the same way (`replicas.runtime.interpreter.checkout`).
+executable are pooled per process the same way (`replicas.runtime.interpreter_pool.checkout`).
 """
 
 from __future__ import annotations

@@ -21,9 +21,8 @@ from replicas.hlo.ir import Instruction, Module
 from replicas.limits import Limits, check_module, check_replicas
 from replicas.limits import current as current_limits
 from replicas.records import ReplicaState, replicas_text
-from replicas.runtime.arguments import check_args_container, check_module_argument
+from replicas.runtime.arguments import check_args_container, check_arguments, check_module_argument
 from replicas.runtime.compile import Executable, compile_module, module_fingerprint
-from replicas.runtime.interpreter import check_arguments
 from replicas.runtime.values import as_value
 from replicas.transport import keys
 

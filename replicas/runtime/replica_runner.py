@@ -9,7 +9,7 @@ from typing import Any
 from replicas.diagnostics.recorder import FlightRecorder
 from replicas.records import ReplicaState
 from replicas.runtime.compile import Executable
-from replicas.runtime.interpreter import checkin, checkout
+from replicas.runtime.interpreter_pool import checkin, checkout
 from replicas.transport.fabric import MailboxFabric
 from replicas.tuning import gil_slice, workers
 from replicas.tuning.affinity import Pin

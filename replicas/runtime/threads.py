@@ -15,7 +15,7 @@ from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable, light, runs_bounded_alone, uses_blas
-from replicas.runtime.interpreter import checkin, checkout
+from replicas.runtime.interpreter_pool import checkin, checkout
 from replicas.runtime.job import replica_error
 from replicas.runtime.replica_runner import ReplicaRunner
 from replicas.transport.fabric import MailboxFabric

@@ -1,0 +1,119 @@
+"""The code generator: a bound computation's steps as one straight-line Python function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from replicas.hlo.ir import Computation, Instruction
+from replicas.ops import python_scalars
+from replicas.runtime.ownership import callee, ownership
+
+if TYPE_CHECKING:
+    from replicas.runtime.bound import BoundComputation
+
+
+# A result at least this large may be written into a dead operand's buffer (as numpy reuses the
+# temporaries of `(a + b) * c`): below it, a fresh allocation is cheaper than the bookkeeping.
+DONATE_MIN_ELEMENTS = 1 << 16
+
+
+def straight_line(bound: BoundComputation, comp: Computation) -> tuple[Callable[..., Any], dict[int, Instruction]]:
+    """Compile the bound steps to straight-line Python: one local per value, `del` at its last use
+    (the schedule's liveness), `_interp.current` set per kernel call. This removes the per-step
+    loop, list and slot overhead from every computation call (a While body runs it every iteration).
+    Tuples and their elements are Python's own tuple display and subscript, which cannot fail.
+
+    A large element-wise result is written into an operand's buffer (`out=`) when that operand is
+    a fresh array made by another element-wise ufunc step of this computation, of the same shape
+    and type, and this step is its only reader: nothing else can see the buffer change.
+
+    A loop's condition or body with `scalars` (`ops.python_scalars`) computes on those state
+    elements as Python expressions; its fast constants are Python literals there."""
+    params = bound._params
+    steps = bound._steps
+    arg_names = [f"a{i}" for i in range(len(params))]
+    name_of = {slot: arg_names[i] for i, slot in enumerate(params)}
+    operand_vars: list[list[str]] = []
+    for k, (_, operand_slots, result_slot, _, _) in enumerate(steps):
+        operand_vars.append([name_of[s] for s in operand_slots])
+        name_of[result_slot] = f"v{k}"
+    root_var = name_of[bound._root]
+    readers: dict[str, int] = {}
+    for names in operand_vars:
+        for n in names:
+            readers[n] = readers.get(n, 0) + 1
+
+    def fresh_ufunc(k: int) -> bool:
+        fn, inst = steps[k][0], steps[k][4]
+        return (isinstance(fn, np.ufunc) and fn.nout == 1 and inst.shape.is_array
+                and inst.shape.numel >= DONATE_MIN_ELEMENTS)
+
+    in_place, callee_donations, bound.updated_in_place = ownership(steps, bound.donated, operand_vars, readers,
+                                                                       root_var, arg_names)
+    plan = python_scalars.plan(bound._interp.module, comp, bound.scalars) if bound.scalars else None
+    texts = operand_vars if plan is None else _python_operands(plan, comp, steps, operand_vars)
+    used = {n for names in texts for n in names}
+    name_of = {slot: arg_names[i] for i, slot in enumerate(params)}
+    defined = set(arg_names)
+    env: dict[str, Any] = {"_interp": bound._interp}
+    lines = [f"def run({', '.join(arg_names)}):"]
+    line_to_inst: dict[int, Instruction] = {}
+    for k, (fn, _, result_slot, release, inst) in enumerate(steps):
+        names = texts[k]
+        var = f"v{k}"
+        opcode = inst.opcode
+        expression = plan.python.get(inst.name) if plan is not None else None
+        line = None  # a constant that only Python expressions read (as a literal) is never defined
+        if opcode == "get-tuple-element":
+            line = f"{var} = {names[0]}[{int(inst.attrs['index'])}]"
+        elif opcode == "tuple":
+            line = f"{var} = ({''.join(n + ', ' for n in names)})"
+        elif expression is not None:
+            line = f"{var} = {expression(names)}"
+        elif plan is None or inst.name not in plan.literals or var in used or var == root_var:
+            if k in in_place:
+                fn = fn.in_place
+            elif k in callee_donations:
+                fn = bound._interp.computation(callee(inst), callee_donations[k])
+            env[f"k{k}"] = fn
+            env[f"i{k}"] = inst
+            out = ""
+            if fresh_ufunc(k):
+                for n in names:
+                    producer = int(n[1:]) if n[0] == "v" else None
+                    if (producer is not None and readers[n] == 1 and n != root_var and fresh_ufunc(producer)
+                            and steps[producer][4].shape.compatible(inst.shape)):
+                        out = f", out={n}"
+                        break
+            line = f"_interp.current = i{k}; {var} = k{k}({', '.join(names)}{out})"
+            line_to_inst[len(lines) + 1] = inst
+        if line is not None:
+            lines.append("    " + line)
+            defined.add(var)
+        dead = [name_of[s] for s in release if s in name_of and s != result_slot]
+        name_of[result_slot] = var
+        if result_slot in release:
+            dead.append(var)
+        dead = [d for d in dict.fromkeys(dead) if d in defined]
+        if dead:
+            lines.append(f"    del {', '.join(dead)}")
+    lines.append(f"    return {name_of[bound._root]}")
+    exec(compile("\n".join(lines) + "\n", f"<computation {bound.name}>", "exec"), env)  # noqa: S102
+    return env["run"], line_to_inst
+
+
+def _python_operands(plan: python_scalars.Plan, comp: Computation, steps: list[Any],
+                     operand_vars: list[list[str]]) -> list[list[str]]:
+    """Each step's operands as generated code names them: a fast constant read by a Python
+    expression, or by the body's next state in an element kept as a Python number, is its literal."""
+    root = comp.root if comp.root_instruction.shape.is_tuple else None
+    texts = []
+    for (_, _, _, _, inst), names in zip(steps, operand_vars):
+        if inst.name in plan.python or inst.name == root:
+            names = [plan.literals[o] if o in plan.literals and (inst.name != root or j in plan.scalars) else n
+                     for j, (o, n) in enumerate(zip(inst.operands, names))]
+        texts.append(names)
+    return texts
