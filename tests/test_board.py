@@ -19,7 +19,7 @@ from test_diagnostics import check_error, run_case
 from test_shm import shm_sent
 
 import replicas as rp
-from replicas.collectives.hierarchy import Exchange
+from replicas.collectives.exchange import Exchange
 from replicas.errors import CollectiveMismatchError, DeadlockError
 from replicas.transport import board as shared_board
 

@@ -1,4 +1,4 @@
-"""All-gather into one result the node shares (collectives/board_rounds.py `board_all_gather`): the
+"""All-gather into one result the node shares (collectives/board_round.py `board_all_gather`): the
 first process's leader writes its members' parts into a result leased from its arena and publishes
 where it lies; every other leader writes its members' parts there and publishes that it did.
 Operands large enough for leased results (256 KiB), under Ray with processes of unequal sizes

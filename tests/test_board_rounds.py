@@ -1,5 +1,5 @@
 """The leaders' rounds of all-gather, all-to-all and reduce-scatter on the same-node board
-(collectives/board_rounds.py): raw arrays written straight from the operands and read straight into
+(collectives/board_round.py): raw arrays written straight from the operands and read straight into
 the results. Under Ray with processes of unequal sizes (5 replicas, 2 per actor: 2 + 2 + 1), variadic
 operands, both dimensions, and each collective twice in a job (a board buffer and its kept layout
 used again): every result equals numpy's and the threads backend's with the same placement bitwise,

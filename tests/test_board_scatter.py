@@ -1,4 +1,4 @@
-"""Reduce-scatter's round on the same-node board (collectives/board_rounds.py: each leader publishes
+"""Reduce-scatter's round on the same-node board (collectives/board_round.py: each leader publishes
 only the partials of the other processes' members' chunks, sums its own members' chunks into their
 results, hands the other local members theirs first). Three processes of two members (the third
 process's leader sums its own partial into a scratch buffer before adding the others in process

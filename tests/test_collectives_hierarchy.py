@@ -8,12 +8,14 @@ placement only)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from collective_kit import Comp, bits, module, rand, reducer
 
 import replicas as rp
-from replicas.collectives import algorithms
+from replicas.collectives import selector
 from replicas.runtime.compile import compile_module
 from replicas.runtime.job import Job
 from replicas.runtime.threads import ThreadBackend
@@ -95,8 +97,8 @@ def test_every_collective_under_every_placement(n, groups, placement):
 @pytest.mark.parametrize("sharded_from", [64 << 20, 256 * 1024])  # one round / reduce-scatter + all-gather
 def test_large_all_reduce_leader_paths_agree_bitwise(placement, sharded_from, monkeypatch):
     n, size = 4, 150_001
-    monkeypatch.setattr(algorithms, "SMALL_BYTES", sharded_from)
-    assert (size * 4 >= algorithms.SMALL_BYTES) == (sharded_from == 256 * 1024)
+    monkeypatch.setattr(selector, "THRESHOLDS", replace(selector.THRESHOLDS, small_bytes=sharded_from))
+    assert (size * 4 >= selector.THRESHOLDS.small_bytes) == (sharded_from == 256 * 1024)
     c = Comp("main")
     x = c.param(f"f32[{size}]")
     ar = c.op("all-reduce", f"f32[{size}]", [x], to_apply="add_f32", replica_groups=[])

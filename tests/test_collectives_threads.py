@@ -3,6 +3,8 @@ group, replica groups, the sharded path, custom reductions, loops, and mismatch 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -11,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from xla_oracle import lax_answer
 
-from replicas.collectives import algorithms
+from replicas.collectives import selector
 from replicas.collectives.fingerprint import FIELDS, Fingerprint, diff, make_fingerprint
-from replicas.collectives.hierarchy import RESULT_LANES
+from replicas.collectives.topology import RESULT_LANES
 from replicas.errors import CollectiveMismatchError, DeadlockError, ProgramError
 from replicas.hlo.ir import Instruction, Module
 from replicas.runtime.compile import compile_module
@@ -109,8 +111,8 @@ def test_all_reduce_custom_computation_in_group_order(n, size):
 @pytest.mark.parametrize("t", ["f32", "bf16"])
 def test_large_all_reduce_takes_sharded_path_and_agrees_bitwise(n, t, monkeypatch):
     size = 150_001
-    monkeypatch.setattr(algorithms, "SMALL_BYTES", 256 * 1024)
-    assert size * np.dtype(TYPES[t]).itemsize >= algorithms.SMALL_BYTES
+    monkeypatch.setattr(selector, "THRESHOLDS", replace(selector.THRESHOLDS, small_bytes=256 * 1024))
+    assert size * np.dtype(TYPES[t]).itemsize >= selector.THRESHOLDS.small_bytes
     rng = np.random.default_rng(n)
     xs = [rand((size,), TYPES[t], rng) for _ in range(n)]
     m = one_op("all-reduce", f"{t}[{size}]", [f"{t}[{size}]"], [reducer("add", t)], to_apply=f"add_{t}")

@@ -1,6 +1,6 @@
 """The last local member to arrive leads a collective's in-process level, and the board's reused layouts.
 
-`Mailbox.meet` is where a process's members of a group meet (collectives/hierarchy.py): the last to
+`Mailbox.meet` is where a process's members of a group meet (collectives/topology.py): the last to
 arrive gets every member's value and mailbox by rank and leads; the first ones wait for their
 results. On the same-node board, a buffer keeps its layout, fingerprint and views from its last use
 (`Board.publish_into`), and a reader its views (`Board.open`), as long as what is written there stays

@@ -6,11 +6,13 @@ changes the order of a single addition."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from collective_kit import Comp, bits, module, reducer
 
-from replicas.collectives import algorithms
+from replicas.collectives import selector
 from replicas.runtime.compile import compile_module
 from replicas.runtime.job import Job
 from replicas.runtime.threads import ThreadBackend
@@ -40,12 +42,12 @@ def documented_sum(operands: list[np.ndarray], placement: list[int]) -> np.ndarr
 @pytest.mark.parametrize("block_bytes", [None, 4096])  # whole arrays / many blocks summed in cache
 def test_reductions_follow_the_documented_order_bitwise(placement, size, sharded_from, block_bytes, monkeypatch):
     if block_bytes is not None:
-        monkeypatch.setattr(algorithms, "BLOCK_BYTES", block_bytes)
+        monkeypatch.setattr(selector, "THRESHOLDS", replace(selector.THRESHOLDS, block_bytes=block_bytes))
     if sharded_from is not None:
-        monkeypatch.setattr(algorithms, "SMALL_BYTES", sharded_from)
+        monkeypatch.setattr(selector, "THRESHOLDS", replace(selector.THRESHOLDS, small_bytes=sharded_from))
     n = len(placement)
     width = size * n
-    assert (width * 4 >= algorithms.SMALL_BYTES) == (sharded_from == 256 * 1024)
+    assert (width * 4 >= selector.THRESHOLDS.small_bytes) == (sharded_from == 256 * 1024)
     c = Comp("main")
     x = c.param(f"f32[{width}]")
     ar = c.op("all-reduce", f"f32[{width}]", [x], to_apply="add_f32", replica_groups=[])
@@ -68,7 +70,8 @@ def test_reductions_follow_the_documented_order_bitwise(placement, size, sharded
 @pytest.mark.parametrize("assembly_bytes", [None, 0])  # the leader / each member copies the results
 def test_all_to_all_results_whoever_assembles_them(placement, assembly_bytes, monkeypatch):
     if assembly_bytes is not None:
-        monkeypatch.setattr(algorithms, "MEMBER_ASSEMBLY_MIN_BYTES", assembly_bytes)
+        monkeypatch.setattr(selector, "THRESHOLDS",
+                            replace(selector.THRESHOLDS, member_assembly_min_bytes=assembly_bytes))
     n = len(placement)
     c = Comp("main")
     x = c.param(f"s32[{n},{6 * n}]")

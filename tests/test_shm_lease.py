@@ -176,7 +176,7 @@ def test_results_fed_back_through_leased_buffers_equal_the_threads_backend_bitwi
     """Every iteration's all-reduce, all-to-all and all-gather read operands that are earlier
     results (in the arena, sent in place) and write into reused buffers: same bits as threads."""
     # f32 elements: every part sent is >= MIN_BYTES, the all-reduce sends members in place and the
-    # all-to-all results are assembled by each member (algorithms.MEMBER_ASSEMBLY_MIN_BYTES)
+    # all-to-all results are assembled by each member (selector.Thresholds.member_assembly_min_bytes)
     e = (9 << 20) // 4
     module = rp.parse_hlo(LOOP.format(e=e, g=4 * e))
     rng = np.random.default_rng(5)

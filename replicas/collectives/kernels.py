@@ -14,15 +14,16 @@ from typing import Any
 import numpy as np
 
 from replicas.collectives import algorithms as alg
+from replicas.collectives.exchange import Exchange
 from replicas.collectives.fingerprint import Fingerprint, make_fingerprint
 from replicas.collectives.groups import GroupPlan, intern, is_spmd, parse_pairs, plan_groups
-from replicas.collectives.hierarchy import Exchange, Topology, topology
+from replicas.collectives.selector import THRESHOLDS
+from replicas.collectives.topology import Topology, topology
 from replicas.hlo.ir import Instruction
 from replicas.ops.recognize import binary_reducer
 from replicas.ops.registry import KernelContext, kernel
 from replicas.records import BlockInfo
 from replicas.shapes import Shape
-from replicas.transport.board import READERS
 
 _UFUNCS: dict[str, np.ufunc] = {
     "add": np.add, "multiply": np.multiply, "maximum": np.maximum, "minimum": np.minimum,
@@ -52,7 +53,7 @@ class Collective:
     Everything a call needs that does not change from call to call is resolved here or at the first
     call of a job (the group's topology under the job's placement), so a call is a handful of
     attribute reads before its algorithm runs (a While loop of a 1 KiB all-reduce at N=256 runs this
-    once per replica per iteration: bench/README.md, "percall")."""
+    once per replica per iteration)."""
 
     def __init__(self, inst: Instruction, ctx: KernelContext, group: tuple[int, ...], fingerprint: Fingerprint,
                  index: int | None, operand_shapes: list[Shape] | None = None) -> None:
@@ -103,7 +104,7 @@ class Collective:
 
     def _meeting_of(self, fabric: Any, topo: Topology | None) -> Any:
         """The mailbox this process's members of the group meet on, so that the last to arrive leads
-        (collectives/hierarchy.py), or None: the first local member leads. The last may lead when the
+        (collectives/topology.py), or None: the first local member leads. The last may lead when the
         group has more than one member here, the transport gives the first member's mailbox, and the
         leaders' step never needs a fixed leader's mailbox: the group is in this process, or its
         leaders' rounds go through the same-node board and their payloads surely fit a slot (at most
@@ -117,7 +118,7 @@ class Collective:
         if len(leaders) == 1:
             return box
         board = fabric.board
-        if (not self._leaders_on_board or board is None or len(leaders) > READERS
+        if (not self._leaders_on_board or board is None or len(leaders) > THRESHOLDS.board_readers
                 or not all(r in fabric.same_node for r in leaders)):
             return None
         arrays = self._operand_arrays * len(topo.local) * len(topo.group)
@@ -152,6 +153,7 @@ class Collective:
                 recorder.end(event, error=f"{type(e).__name__}: {e}")
                 raise
             recorder.ended(event)
+            event["algorithm"] = ex.algorithm  # the selector's choice, in the trace
             return result
         finally:
             if ex._reads:

@@ -1,5 +1,5 @@
 """Reductions in a fixed order, and the views collectives cut their operands and results into
-(shared by `algorithms` and `board_rounds`)."""
+(shared by the collective algorithm units)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def chunks_of(values: Values, n: int, dim: int) -> list[Values]:
 def reduce_specs_into(out: Values, specs: list[list[Values]], combine: Combine, block_bytes: int) -> Values:
     """out = ((s0 + s1) + s2) + ... where s_q = reduce_in_order(specs[q]), for a combine with
     `into` (numpy ufuncs). When every array is C-contiguous, computed block by block (of
-    `block_bytes` of the largest output at most: `algorithms.BLOCK_BYTES`) so each
+    `block_bytes` of the largest output at most: `Thresholds.block_bytes`) so each
     partial of a block stays in cache and `out` is written once: elementwise operations, so the
     blocks give the same bits as whole arrays."""
     arrays = [*out, *(x for spec in specs for v in spec for x in v)]

@@ -233,7 +233,7 @@ class Board:
                      ) -> tuple[np.ndarray, ...] | None:
         """Claim `replica`'s next buffer for a tuple of arrays of `layout` ((dtype, shape) each) under
         `tag`: writable views of its arrays, to be filled (an acting leader sums its members' operands
-        straight into them: collectives/hierarchy.py) before `commit(replica, tag)` publishes them.
+        straight into them: collectives/exchange.py) before `commit(replica, tag)` publishes them.
         None if they do not fit (nothing claimed). The header, fingerprint and layout are written only
         when they differ from the buffer's last use (a collective in a loop: the arrays' bytes only)."""
         mapping, slot, capacity = self._slot(replica)

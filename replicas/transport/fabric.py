@@ -121,7 +121,7 @@ class MailboxFabric:
 
     def local_mailbox(self, replica: int) -> Mailbox | None:
         """The mailbox of `replica` if it runs in this process (collectives meet in-process on it:
-        collectives/hierarchy.py), else None. A transport without such access returns None, and its
+        collectives/exchange.py), else None. A transport without such access returns None, and its
         collectives keep a fixed leader."""
         return None
 

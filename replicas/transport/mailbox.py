@@ -131,7 +131,7 @@ class Mailbox:
         """One local member (`rank` of `expected`, replica `replica`, its mailbox `box`) arrives at its
         process's meeting of collective #`seq`, held on the mailbox of the group's first local member.
         The last to arrive gets every member's value and mailbox, by rank, and leads the collective
-        (collectives/hierarchy.py); the others get None and wait for their results. Nothing is in
+        (collectives/topology.py); the others get None and wait for their results. Nothing is in
         flight (no message is counted): a member that arrived and waits is blocked only once it waits
         for its result, which the last one delivers.
 

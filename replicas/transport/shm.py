@@ -530,7 +530,7 @@ class Inbox:
 
     def array(self, ref: ShmArray, writable: bool = False) -> np.ndarray:
         """A view of the block, read-only unless `writable` (a collective's result several actors share,
-        collectives/board_rounds.py); the block is released when the view is garbage."""
+        collectives/board_round.py); the block is released when the view is garbage."""
         if not (0 <= ref.slot < WORDS and ref.offset >= 0 and ref.offset % HEADER == 0 and ref.start >= 0):
             raise ValueError(f"bad shared-memory descriptor {ref!r}")
         mm, flags = self._map(ref.segment)

@@ -1,33 +1,12 @@
-"""Where a collective's members live, and the messages of one collective on one replica.
-
-A collective runs in levels that match placement (`Fabric.placement[r]` = the process hosting
-replica r). The members of a group hosted by one process meet in-process; if the group spans
-processes, one member per process (its *leader*, in *process order*: the order of each process's
-first member in the group) runs the cross-process step with the other processes' leaders, then
-hands the result to its local members. Messages per collective: at most 2 per local member plus
-the leaders' step (O(P) to O(P log P) for the reductions, P = processes), never one per pair.
-
-Who leads a process's members:
-- **The last to arrive** (`Mailbox.meet`), when the members can meet on a mailbox of their process
-  and the leaders' step cannot need a fixed leader's mailbox (one process; or a round on the
-  same-node board whose payloads surely fit its slots: see `kernels.Collective`). Each member
-  leaves its operand at the meeting (held by the mailbox of the group's first local member, by
-  reference) and the last one takes them all, leads and hands each member its result: one
-  hand-off between threads per member and collective. The members that arrived first wait for
-  their results and never wake in between (with a fixed leader, the leader woke for the last
-  deposit, and the member again for its result: two wake-ups of a packed actor's threads per
-  collective, each a futex wake-up and a wait for the GIL). On the board the acting leader
-  writes the slot of the group's first local member, as that member (`Board.publish`), so the
-  peers read the same slot whichever thread wrote it. Who acted never changes a result: the
-  operands are reduced in group order whoever holds them.
-- **The first local member** (a fixed leader) otherwise: each member hands its operand to it as a
-  message delivered by reference; leaders' rounds addressed to a leader's mailbox (other nodes,
-  more than `READERS` processes, payloads larger than a board slot, recursive doubling) need it.
+"""`Exchange`: the messages of one collective on one replica, over whatever transport the fabric
+offers (fabric messages, the in-process meeting, the same-node board); the algorithms
+(`collectives/selector.py`) speak only to it. Where the members live and who leads them:
+`collectives/topology.py`.
 
 Every message carries the sender's fingerprint next to the payload, and the receiver compares
 it before it uses anything (in-process, the very same tuple: an identity check); at a meeting every
 fingerprint is compared with the first member's before the operand is left (`Mailbox.meet`). Keys
-are `keys.collective(seq, round)`, with the rounds below; they do not depend on the kind of
+are `keys.collective(seq, round)`, with the rounds of `collectives/topology.py`; they do not depend on the kind of
 collective, so a replica that reached a different collective still sends under the same key (or
 arrives at the same meeting) and the mismatch is reported instead of waiting forever.
 """
@@ -35,17 +14,16 @@ arrives at the same meeting) and the mismatch is reported instead of waiting for
 from __future__ import annotations
 
 import pickle
-import threading
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from replicas.collectives.buffers import pool_of
 from replicas.collectives.fingerprint import Fingerprint, diff, mismatch_error
-from replicas.collectives.groups import Group
 from replicas.collectives.reduction import copy_all
+from replicas.collectives.selector import THRESHOLDS, Algorithm, Situation, plan
+from replicas.collectives.topology import DEPOSIT, LEADER_ROUND, RESULT, RESULT_LANES, Topology
 from replicas.records import BlockInfo
 from replicas.transport import board as shared_board
 from replicas.transport import futex, keys, shm
@@ -55,101 +33,15 @@ if TYPE_CHECKING:
     from replicas.transport.fabric import Fabric
     from replicas.transport.mailbox import Mailbox
 
-DEPOSIT = 0  # member -> its fixed leader: the member's operand
-LEADER_ROUND = 1  # first round among leaders; the cross-process algorithms number up from here
-RESULT = 1 << 20  # down the chains of local members: their results (a round no leader algorithm reaches)
-RESULT_LANES = 16  # chains the leader starts (see `scatter_local`)
 _VIA_FABRIC = object()  # a board buffer announcing that its payload follows as a message
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A group under a placement, shared by every member hosted in one process."""
-
-    group: Group
-    processes: tuple[tuple[int, ...], ...]  # per process, in process order: its members' group indices
-    leaders: tuple[int, ...]  # per process, in process order: its leader's replica id
-    process_of_index: tuple[int, ...]  # group index -> position of its process in `processes`
-    rank_of_index: tuple[int, ...]  # group index -> its position among its process's members
-
-
-class Topology:
-    """One member's view of a `Layout`, with what its in-process level uses every call precomputed
-    (computed once per member and placement: a collective reads these, it never derives them)."""
-
-    __slots__ = ("layout", "index", "position", "local", "rank", "group", "leader", "is_leader",
-                 "local_others", "result_from", "result_to", "other_positions")
-
-    def __init__(self, layout: Layout, index: int, position: int, local: tuple[int, ...], rank: int) -> None:
-        self.layout = layout
-        self.index = index  # this member's position in the group
-        self.position = position  # its process's position in process order
-        self.local = local  # its process's members' group indices, in group order
-        self.rank = rank  # its position in `local` (0: the leader)
-        group = self.group = layout.group
-        self.leader = layout.leaders[position]
-        self.other_positions = tuple(q for q in range(len(layout.leaders)) if q != position)
-        self.is_leader = rank == 0
-        # The leader's: the other local members' replica ids, in group order (their deposits).
-        self.local_others = tuple(group[i] for i in local[1:]) if rank == 0 else ()
-        # The chains of results (`Exchange.scatter_local`): who hands this member its result, and the
-        # members it hands the result on to.
-        previous = rank - RESULT_LANES if rank > RESULT_LANES else 0
-        self.result_from = group[local[previous]] if rank else None
-        if rank == 0:
-            to = [group[local[k]] for k in range(1, min(1 + RESULT_LANES, len(local)))]
-        else:
-            to = [group[local[rank + RESULT_LANES]]] if rank + RESULT_LANES < len(local) else []
-        self.result_to = tuple(to)
-
-
-_layouts: dict[tuple[int, int], tuple[Group, Sequence[int], Layout]] = {}
-_layouts_lock = threading.Lock()
-
-
-def layout_of(group: Group, placement: Sequence[int]) -> Layout:
-    """The layout of `group` under `placement`, computed once per process (O(group) the first time)."""
-    key = (id(group), id(placement))
-    found = _layouts.get(key)
-    if found is not None and found[0] is group and found[1] is placement:
-        return found[2]
-    position: dict[int, int] = {}
-    processes: list[list[int]] = []
-    leaders: list[int] = []
-    process_of_index = []
-    rank_of_index = []
-    for i, r in enumerate(group):
-        p = placement[r]
-        k = position.get(p)
-        if k is None:
-            k = position[p] = len(processes)
-            processes.append([])
-            leaders.append(r)
-        rank_of_index.append(len(processes[k]))
-        processes[k].append(i)
-        process_of_index.append(k)
-    layout = Layout(group, tuple(tuple(p) for p in processes), tuple(leaders), tuple(process_of_index),
-                    tuple(rank_of_index))
-    with _layouts_lock:
-        # Each job brings a new placement, so a pooled actor adds entries job after job: start over
-        # at a size that keeps that growth small (bench/soak.py).
-        if len(_layouts) > 512:
-            _layouts.clear()
-        _layouts[key] = (group, placement, layout)  # the references keep the ids valid
-    return layout
-
-
-def topology(group: Group, index: int, placement: Sequence[int]) -> Topology:
-    layout = layout_of(group, placement)
-    position = layout.process_of_index[index]
-    return Topology(layout, index, position, layout.processes[position], layout.rank_of_index[index])
 
 
 class Exchange:
     """The messages of one collective on one replica: one per call site and job, numbered anew by each
     call (`kernels.Collective.run` sets `seq` and `block`; a replica runs one collective at a time)."""
 
-    __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "topo", "_reads", "meeting", "_boxes")
+    __slots__ = ("fabric", "seq", "me", "fingerprint", "block", "topo", "_reads", "meeting", "_boxes",
+                 "algorithm", "_plans")
 
     def __init__(self, fabric: Fabric, seq: int, fingerprint: Fingerprint, block: BlockInfo | None,
                  topo: Topology | None, meeting: Mailbox | None = None) -> None:
@@ -168,6 +60,22 @@ class Exchange:
         # local member leads); on the acting leader, the members' mailboxes by rank.
         self.meeting = meeting
         self._boxes: list[Mailbox] | None = None
+        # The unit that ran the last call (`plan`, `algorithms._lead`): recorded in its event.
+        self.algorithm: str | None = None
+        self._plans: dict[tuple[str, int, bool], tuple[Algorithm, ...]] = {}
+
+    def plan(self, collective: str, nbytes: int, ufunc: bool) -> tuple[Algorithm, ...]:
+        """The selector's units for this call, cheapest first (`selector.plan`), decided once per
+        job and call site (what it depends on does not change within a job). `algorithm` becomes
+        the first's name (the leader renames it if that unit declines)."""
+        key = (collective, nbytes, ufunc)
+        units = self._plans.get(key)
+        if units is None:
+            p = len(self.topo.layout.leaders)
+            units = self._plans[key] = plan(collective, Situation(p, nbytes, p > 1 and self.leaders_share_board(),
+                                                                  ufunc))
+        self.algorithm = units[0].name
+        return units
 
     def send(self, dst: int, round_: int, payload: Any) -> None:
         self.fabric.send(dst, keys.collective(self.seq, round_), (self.fingerprint.wire, payload))
@@ -229,10 +137,10 @@ class Exchange:
 
     def leaders_share_board(self) -> bool:
         """Whether the leaders' rounds go through the same-node board: every leader is an actor of
-        this node, and they are at most `board.READERS`."""
+        this node, and they are at most `Thresholds.board_readers`."""
         fabric = self.fabric
         leaders = self.topo.layout.leaders
-        if fabric.board is None or len(leaders) > shared_board.READERS:
+        if fabric.board is None or len(leaders) > THRESHOLDS.board_readers:
             return False
         same_node = fabric.same_node
         for q in self.topo.other_positions:
@@ -337,7 +245,7 @@ class Exchange:
         Arrays (a lone one as a tuple of one, C-contiguous) are written raw into the board buffer
         whatever their size up to a slot: one wait for the reader (the board word), where the arena
         and a socket message made it wait twice (the board's announcement, then the message through
-        the peer's reader thread and mailbox): 1 MiB 1.16 -> 0.64 ms, bench/README.md "permute". Larger
+        the peer's reader thread and mailbox): 1 MiB 1.16 -> 0.64 ms, measured on two actors of a node. Larger
         ones, and large values of other kinds, are only announced on the board (so the reader
         compares fingerprints there first) and go as a message through the shared-memory arena."""
         for t in targets:

@@ -1,37 +1,47 @@
-"""The leaders' rounds of all-gather, all-to-all and reduce-scatter on the same-node board
-(`Exchange.board_round`): each leader writes its process's part straight into its board buffer as
-raw arrays (no pickled list), builds its members' results in buffers of its pool straight from its
-operands and the peers' buffers, and releases the board at once (no result keeps a view of it, so
-nothing is settled); an all-gather of results leased from the actors' arenas writes one result
-the node's members share instead. Each returns None (or False), with nothing done, when the round
-does not go on the board; the caller then takes the messages' path, which gives the same bits."""
+"""The `board round` unit: the leaders' one round on the same-node board (`Exchange.board_round`),
+for all-reduce, all-gather, reduce-scatter and all-to-all.
+
+Each leader writes its process's part straight into its board buffer as raw arrays (no pickled
+list): an all-reduce's partial is summed there, an all-gather's operands, an all-to-all's chunks
+and a reduce-scatter's partials for the other processes are copied there and nowhere else. It
+builds its members' results in buffers of its pool straight from its operands and the peers'
+buffers, and releases the board at once (no result keeps a view of it, so nothing is settled); an
+all-gather of results leased from the actors' arenas writes one result the node's members share
+instead. Applies where every leader is an actor of this node (at most `board_readers` of them);
+declines, with nothing done, when the layout does not fit a buffer (or an all-gather's result
+cannot be leased and is too large for the board), and the next unit (`direct`) runs: the same
+operations in the same order, so the same bits.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from replicas.collectives.buffers import MIN_BYTES as POOLED_BYTES
 from replicas.collectives.buffers import pool_of
-from replicas.collectives.hierarchy import Exchange, Topology
+from replicas.collectives.exchange import Exchange
+from replicas.collectives.in_process import GatherResult, shared
 from replicas.collectives.reduction import (
     Combine,
     Values,
     copy_all,
     index_runs,
+    reduce_in_order,
     reduce_into,
     slot,
 )
-
-# All-gather results share the node only up to an arena's capacity divided by this (1 GiB: 64 MiB).
-# The other processes' members keep a result until their next iteration, so the first process may
-# need a third while they do; a third 256 MiB result (64 MiB operands on 4 replicas) was over the
-# pool's lease budget (3/4 of the arena), and its fallback (every leader's own result, the parts as
-# messages) took 73-143 ms per op with spreads over 200 ms, against 58-90 ms on main (bench/README.md
-# "gather1m").
-SHARED_RESULTS = 16
+from replicas.collectives.selector import (
+    DECLINED,
+    THRESHOLDS,
+    Algorithm,
+    Situation,
+    Thresholds,
+    cost,
+    register,
+)
+from replicas.collectives.topology import Topology
 
 
 def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | None:
@@ -48,17 +58,17 @@ def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | No
     Per node at 1 MiB on 2 processes of 2: 4 MiB written once (it was 12 MiB: the board, then each
     process's own result), the second half while the first process waits. None, with nothing done,
     when the round does not go on the board or the results would not be leased (results under
-    `buffers.MIN_BYTES`: `board_all_gather_raw`; or over `SHARED_RESULTS`' bound)."""
+    `buffers.MIN_BYTES`: `board_all_gather_raw`; or over `Thresholds.shared_results`' bound)."""
     topo = ex.topo
     fabric = ex.fabric
     pos, n = topo.position, len(topo.group)
     first = parts[0]
     # Results the pools lease from the arenas (every actor on the node has one or none), and a few at a
-    # time (`SHARED_RESULTS`): the same decision on every leader, the shapes agree.
+    # time (`Thresholds.shared_results`): the same decision on every leader, the shapes agree.
     outbox = fabric.outbox
     if (outbox is None or fabric.inbox is None
             or any(x.nbytes * n < POOLED_BYTES or x.dtype.hasobject for x in first)
-            or sum(x.nbytes for x in first) * n > outbox.capacity // SHARED_RESULTS
+            or sum(x.nbytes for x in first) * n > outbox.capacity // THRESHOLDS.shared_results
             or not ex.leaders_share_board()):
         return None
     widths = [x.shape[dim] for x in first]
@@ -117,22 +127,22 @@ def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | No
     return out
 
 
-def board_all_gather_raw(ex: Exchange, parts: list[Values], place: Callable[[int, int, int], np.ndarray],
-                         own: Callable[[], None]) -> bool:
+def board_all_gather_raw(ex: Exchange, parts: list[Values], result: GatherResult) -> bool:
     """The leaders' round on the same-node board for results too small to lease: each leader copies
     its members' operands (group order, operands in order) into its board buffer, its own members'
-    into their places in the result while the peers write theirs (`own`), then each peer's straight
-    from the peer's buffer into their places, and releases the board at once (the result keeps no
-    view of it). No list is pickled, nothing is settled. False, with nothing done, when the round
-    does not go on the board."""
+    into their places in the result while the peers write theirs (`result.own`), then each peer's
+    straight from the peer's buffer into their places, and releases the board at once (the result
+    keeps no view of it). No list is pickled, nothing is settled. False, with nothing done, when the
+    round does not go on the board."""
     topo = ex.topo
     processes = topo.layout.processes
     flat = [x for part in parts for x in part]
     layout = tuple((x.dtype, x.shape) for x in flat)
-    got = ex.board_round(None, lambda views: copy_all(views, flat), layout=layout, meanwhile=own)
+    got = ex.board_round(None, lambda views: copy_all(views, flat), layout=layout, meanwhile=result.own)
     if got is None:
         return False
     width = len(parts[0])
+    place = result.place
     for q, views in enumerate(got):
         if q == topo.position:
             continue
@@ -343,3 +353,78 @@ def board_reduce_scatter(ex: Exchange, parts: list[Values], combine: Combine, n:
     finish(rank)
     ex.release()  # the results are this process's own: the peers may reuse their buffers
     return mine
+
+
+def _summed_into(parts: list[Values], combine: Combine) -> Any:
+    """What fills a board buffer's views with this process's partial: its one member's operands
+    copied, or every member's reduced in group order."""
+
+    def fill(views: Values) -> None:
+        if len(parts) == 1:
+            for view, a in zip(views, parts[0]):
+                np.copyto(view, a)
+        else:
+            reduce_into(views, parts, combine)
+
+    return fill
+
+
+def board_all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> Values | None:
+    """This process's partial summed straight into its board buffer (`Exchange.board_round`), then
+    the partials summed in process order into a result of this process's own, and the board's
+    buffers released at once (nothing keeps a view of them). The same operations in the same order
+    as the `direct` unit's: the same bits. None when the round does not go on the board."""
+    partials = ex.board_round(parts[0], _summed_into(parts, combine))
+    if partials is None:
+        return None
+    if sum(x.nbytes for x in parts[0]) < POOLED_BYTES:
+        out = reduce_in_order(partials, combine)
+    else:
+        pool = pool_of(ex.fabric)
+        out = reduce_into(tuple(pool.empty(v.shape, v.dtype) for v in parts[0]), partials, combine)
+    ex.release()
+    return out
+
+
+# -- the unit -------------------------------------------------------------------------------------------
+
+def _all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> Any:
+    acc = board_all_reduce(ex, parts, combine)
+    return DECLINED if acc is None else ex.scatter_local(None, shared(acc, ex.topo))
+
+
+def _all_gather(ex: Exchange, parts: list[Values], result: GatherResult) -> Any:
+    one = board_all_gather(ex, parts, result.dim)
+    if one is not None:
+        return ex.scatter_local(None, one)
+    if board_all_gather_raw(ex, parts, result):
+        return ex.scatter_local(None, shared(result.out, ex.topo))
+    return DECLINED
+
+
+def _reduce_scatter(ex: Exchange, parts: list[Values], dim: int, combine: Combine) -> Any:
+    mine = board_reduce_scatter(ex, parts, combine, len(ex.topo.group), dim)
+    return DECLINED if mine is None else mine
+
+
+def _all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], dim: int) -> Any:
+    mine = board_all_to_all(ex, chunks, dim)
+    return DECLINED if mine is None else mine
+
+
+def _on_board(s: Situation, t: Thresholds) -> bool:
+    return s.processes > 1 and s.board
+
+
+def _one_round(s: Situation, t: Thresholds) -> float:
+    return cost(1, (s.processes - 1) * s.nbytes, "board")
+
+
+register("all-reduce", Algorithm(
+    "board round", lambda s, t: _on_board(s, t) and s.ufunc and s.nbytes < t.small_bytes, _one_round, _all_reduce))
+register("all-gather", Algorithm("board round", _on_board, _one_round, _all_gather))
+register("reduce-scatter", Algorithm(
+    "board round", lambda s, t: _on_board(s, t) and s.ufunc and s.processes <= t.direct_max_processes,
+    _one_round, _reduce_scatter))
+register("all-to-all", Algorithm(
+    "board round", lambda s, t: _on_board(s, t) and s.nbytes < t.member_assembly_min_bytes, _one_round, _all_to_all))
