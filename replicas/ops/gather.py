@@ -63,20 +63,15 @@ def c_strides(dims: tuple[int, ...] | list[int]) -> list[int]:
     return strides
 
 
-def check_dimension_numbers(inst: Instruction, names: list[str]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for name in names:
-        value = inst.attrs.get(name, [])
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, (int, np.integer)) for v in value):
-            raise inst.error(f"attribute {name} must be a list of ints, got {value!r}")
-        out[name] = [int(v) for v in value]
-    return out
+def dimension_numbers(inst: Instruction, names: list[str]) -> dict[str, list[int]]:
+    """The named integer-list attributes (absent: empty); the verifier checked their values."""
+    return {name: [int(v) for v in inst.attrs.get(name, [])] for name in names}
 
 
 @kernel("gather")
 def make_gather(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     operand_shape, indices_shape = ctx.operand_shapes(inst)
-    dn = check_dimension_numbers(inst, ["offset_dims", "collapsed_slice_dims", "start_index_map",
+    dn = dimension_numbers(inst, ["offset_dims", "collapsed_slice_dims", "start_index_map",
                                         "operand_batching_dims", "start_indices_batching_dims", "slice_sizes"])
     offset_dims = dn["offset_dims"]
     collapsed = set(dn["collapsed_slice_dims"])
@@ -84,52 +79,27 @@ def make_gather(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     operand_batching = dn["operand_batching_dims"]
     indices_batching = dn["start_indices_batching_dims"]
     slice_sizes = dn["slice_sizes"]
-    index_vector_dim = int(inst.attrs.get("index_vector_dim", indices_shape.rank))
+    index_vector_dim = int(inst.attrs["index_vector_dim"])
     op_dims = tuple(operand_shape.dimensions)
     rank = len(op_dims)
     out_shape = tuple(inst.shape.dimensions)
     out_dtype = inst.shape.dtype
 
-    if not isinstance(index_vector_dim, int) or not 0 <= index_vector_dim <= indices_shape.rank:
-        raise inst.error(f"index_vector_dim {index_vector_dim} out of range for indices of rank "
-                         f"{indices_shape.rank}")
-    if len(slice_sizes) != rank:
-        raise inst.error(f"slice_sizes has {len(slice_sizes)} entries, operand rank is {rank}")
-    if any(not 0 <= s <= n for s, n in zip(slice_sizes, op_dims)):
-        raise inst.error(f"slice_sizes {slice_sizes} exceed operand dimensions {list(op_dims)}")
-    if len(operand_batching) != len(indices_batching):
-        raise inst.error("operand_batching_dims and start_indices_batching_dims differ in length")
-    for d in list(collapsed) + start_index_map + operand_batching:
-        if not 0 <= d < rank:
-            raise inst.error(f"operand dimension {d} out of range for rank {rank}")
-    index_vector_size = 1 if index_vector_dim == indices_shape.rank else indices_shape.dimensions[index_vector_dim]
-    if len(start_index_map) != index_vector_size:
-        raise inst.error(f"start_index_map has {len(start_index_map)} entries, the index vector has "
-                         f"{index_vector_size}")
-
+    # The verifier checked the dimension numbers against the shapes (hlo/shape_inference/gather.py).
     # The batch axes of the indices (all but index_vector_dim), in order.
     batch_axes_of_indices = [d for d in range(indices_shape.rank) if d != index_vector_dim]
     batch_shape = tuple(indices_shape.dimensions[d] for d in batch_axes_of_indices)
     n_batch = len(batch_shape)
     # Operand dims that are walked by the slice (become offset dims of the output), in order.
     window_dims = [d for d in range(rank) if d not in collapsed and d not in operand_batching]
-    if len(window_dims) != len(offset_dims):
-        raise inst.error(f"offset_dims {offset_dims} must name {len(window_dims)} output dimensions")
     out_batch_positions = [d for d in range(len(out_shape)) if d not in offset_dims]
-    if len(out_batch_positions) != n_batch:
-        raise inst.error(f"result rank {len(out_shape)} does not match {n_batch} batch + "
-                         f"{len(offset_dims)} offset dimensions")
     # Canonical result layout: (batch..., window...) -> output dim order.
     canonical_axis_of_output = [0] * len(out_shape)
     for i, d in enumerate(out_batch_positions):
         canonical_axis_of_output[d] = i
     for i, d in enumerate(offset_dims):
         canonical_axis_of_output[d] = n_batch + i
-    window_extent = tuple(slice_sizes[d] for d in window_dims)
-    canonical_shape = batch_shape + window_extent
-    if tuple(canonical_shape[a] for a in canonical_axis_of_output) != out_shape:
-        raise inst.error(f"result shape {list(out_shape)} does not match the gather's "
-                         f"{[canonical_shape[a] for a in canonical_axis_of_output]}")
+    canonical_shape = batch_shape + tuple(slice_sizes[d] for d in window_dims)
     identity_transpose = canonical_axis_of_output == list(range(len(out_shape)))
 
     # Trailing operand dims taken whole by every slice are copied as contiguous rows: index in units

@@ -106,8 +106,6 @@ def window_geometry(inst: Instruction, base_dims: tuple[int, ...]) -> WindowGeom
     pad = tuple((int(lo), int(hi)) for lo, hi in window.get("pad", [(0, 0)] * rank))
     lhs = tuple(int(v) for v in window.get("lhs_dilate", [1] * rank))
     rhs = tuple(int(v) for v in window.get("rhs_dilate", [1] * rank))
-    if any(window.get("window_reversal") or []):
-        raise inst.error("window reversal is only meaningful for convolution")
     geometry = WindowGeometry(tuple(base_dims), size, stride, pad, lhs, rhs)
     if any(p < 0 for p in geometry.padded_dims):
         raise inst.error(f"negative padding {list(pad)} removes more than the whole operand")
@@ -196,8 +194,6 @@ def _select_compare(comp: Computation) -> np.ufunc | None:
 def make_select_and_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]:
     operand_shape = ctx.operand_shapes(inst)[0]
     geometry = window_geometry(inst, operand_shape.dimensions)
-    if any(d != 1 for d in geometry.lhs_dilate):
-        raise inst.error("select-and-scatter does not support base dilation")
     out_dims = geometry.output_dims
     dtype = inst.shape.dtype
     dims = operand_shape.dimensions

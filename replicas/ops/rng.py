@@ -145,36 +145,15 @@ def _bit_width(shape: Shape) -> int:
 @kernel("rng-bit-generator")
 def make_rng_bit_generator(inst: Instruction, ctx: KernelContext) -> Callable[[np.ndarray], tuple]:
     (state_shape,) = ctx.operand_shapes(inst)
+    # The verifier checked the algorithm, a u64 state of its length and the result (state, bits) of a
+    # type of 8-64 bits (hlo/shape_inference/rng.py).
     algorithm = inst.attrs.get("algorithm", "rng_default")
     if algorithm == "rng_default":
         algorithm = "rng_philox"
-    if algorithm not in ("rng_three_fry", "rng_philox"):
-        raise inst.error(f"unknown rng algorithm {algorithm!r}")
-    if state_shape.dtype != np.uint64 or state_shape.rank != 1:
-        raise inst.error(f"rng-bit-generator state must be a u64 vector, got {state_shape}")
     state_len = state_shape.dimensions[0]
-    if algorithm == "rng_three_fry" and state_len != 2:
-        raise inst.error(f"rng_three_fry needs a u64[2] state, got {state_shape}")
-    if algorithm == "rng_philox" and state_len not in (2, 3):
-        raise inst.error(f"rng_philox needs a u64[2] or u64[3] state, got {state_shape}")
-    shape = inst.shape
-    if (
-        not shape.is_tuple
-        or len(shape.tuple_shapes) != 2
-        or shape.tuple_shapes[0] != state_shape
-        and shape.tuple_shapes[0].without_layout() != state_shape.without_layout()
-    ):
-        raise inst.error(f"result must be (state {state_shape}, bits), got {shape}")
-    out_shape = shape.tuple_shapes[1]
+    out_shape = inst.shape.tuple_shapes[1]
     out_dtype = out_shape.dtype
     width = _bit_width(out_shape)
-    if not (out_shape.element_type.is_integral or out_shape.element_type.is_floating) or width not in (
-        8,
-        16,
-        32,
-        64,
-    ):
-        raise inst.error(f"rng-bit-generator cannot produce {out_shape.element_type.value}")
     dims = out_shape.dimensions
     unsigned = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}[width]
 
@@ -209,21 +188,12 @@ def make_rng_bit_generator(inst: Instruction, ctx: KernelContext) -> Callable[[n
 
 @kernel("rng")
 def make_rng(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]:
-    distribution = inst.attrs.get("distribution")
-    if distribution not in ("rng_uniform", "rng_normal"):
-        raise inst.error(f"unknown rng distribution {distribution!r}")
-    shapes = ctx.operand_shapes(inst)[:2]  # a third operand repeats the (static) result dimensions
-    if len(shapes) != 2 or not all(s.is_scalar for s in shapes):
-        raise inst.error("rng takes two scalar parameters")
+    # The verifier checked the distribution, two scalar parameters of the result's element type, and
+    # a floating-point type for rng_normal (hlo/shape_inference/rng.py).
+    distribution = inst.attrs["distribution"]
     shape = inst.shape
     dtype = shape.dtype
-    if any(s.dtype != dtype for s in shapes):
-        raise inst.error(f"rng parameters must have the result's element type {shape.element_type.value}")
     kind = shape.element_type
-    if distribution == "rng_normal" and not kind.is_floating:
-        raise inst.error("rng_normal needs a floating-point type")
-    if not (kind.is_floating or kind.is_integral or kind.name == "PRED"):
-        raise inst.error(f"rng cannot produce {kind.value}")
     dims = shape.dimensions
     seed_words = [ctx.replica_id, zlib.crc32(inst.name.encode())]
     runs = [0]
@@ -266,8 +236,6 @@ RNG_STATE_INITIAL = 0x7012395
 def make_rng_get_and_update_state(inst: Instruction, ctx: KernelContext) -> Callable[[], np.ndarray]:
     """The module's 128-bit state as u64[2] (low word first), then advanced by `delta`. One state per
     replica's module, shared by every such instruction and kept across executions, as XLA:CPU's global."""
-    if inst.operands:
-        raise inst.error("rng-get-and-update-state takes no operands")
     delta = int(inst.attrs.get("delta", 0))
     states = ctx.__dict__.setdefault("_rng_state", [RNG_STATE_INITIAL])
     mask = (1 << 128) - 1

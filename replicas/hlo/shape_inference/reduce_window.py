@@ -16,11 +16,18 @@ from replicas.hlo.shape_inference.reduce import check_reducer, split_variadic
 from replicas.shapes import Shape
 
 
+def _window(c: Ctx, rank: int) -> dict:
+    window = c.attr("window")
+    if isinstance(window, dict) and any(window.get("window_reversal") or []):
+        raise c.fail("window reversal is only meaningful for convolution")
+    return check_window(c, window, rank)
+
+
 @rule("reduce-window")
 def _reduce_window(c: Ctx) -> Shape:
     inputs, inits = split_variadic(c, "inputs")
     base = inputs[0]
-    w = check_window(c, c.attr("window"), base.rank)
+    w = _window(c, base.rank)
     check_reducer(c, inputs, inits)
     out = [window_output_size(c, base.dimensions[i], w["size"][i], w["stride"][i], tuple(w["pad"][i]),
                               w["lhs_dilate"][i], w["rhs_dilate"][i], i) for i in range(base.rank)]
@@ -37,7 +44,9 @@ def _select_and_scatter(c: Ctx) -> Shape:
     t = operand.element_type
     check_scalar_computation(c, c.computation("select"), [t, t], [PRED], "select")
     check_scalar_computation(c, c.computation("scatter"), [t, t], [t], "scatter")
-    w = check_window(c, c.attr("window"), operand.rank)
+    w = _window(c, operand.rank)
+    if any(d != 1 for d in w["lhs_dilate"]):
+        raise c.fail("select-and-scatter does not support base dilation")
     windowed = [window_output_size(c, operand.dimensions[i], w["size"][i], w["stride"][i], tuple(w["pad"][i]),
                                    w["lhs_dilate"][i], w["rhs_dilate"][i], i) for i in range(operand.rank)]
     if list(source.dimensions) != windowed:

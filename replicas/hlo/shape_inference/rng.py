@@ -41,19 +41,26 @@ def _rng(c: Ctx) -> None:
 @rule("rng-bit-generator")
 def _rng_bit_generator(c: Ctx) -> None:
     state = c.array(0, "state")
-    if state.rank != 1 or not state.element_type.is_unsigned_integral:
-        raise c.fail(f"state {state} must be a rank-1 unsigned integer array")
+    if state.rank != 1 or state.element_type is not U64:
+        raise c.fail(f"state {state} must be a u64 vector")
     algorithm = c.attr("algorithm", "rng_default")
     if algorithm not in ("rng_default", "rng_three_fry", "rng_philox"):
         raise c.fail(f"unknown algorithm {algorithm!r}")
+    lengths = (2,) if algorithm == "rng_three_fry" else (2, 3)  # rng_default is Philox, as on XLA:CPU
+    if state.dimensions[0] not in lengths:
+        raise c.fail(f"{algorithm} needs a state of {' or '.join(f'u64[{n}]' for n in lengths)}, got {state}")
     r = c.result
     if r is not None:
         if not (r.is_tuple and len(r.tuple_shapes) == 2 and compatible(r.tuple_shapes[0], state)
                 and r.tuple_shapes[1].is_array):
             raise c.fail(f"result must be (state {state}, data), got {r}")
+        t = r.tuple_shapes[1].element_type
+        if not (t.is_integral or t.is_floating) or r.tuple_shapes[1].dtype.itemsize not in (1, 2, 4, 8):
+            raise c.fail(f"rng-bit-generator cannot produce {t.value}")
     return None
 
 
 @rule("rng-get-and-update-state")
 def _rng_state(c: Ctx) -> Shape:
+    c.count(0)
     return array_shape(U64, [2])

@@ -1,0 +1,93 @@
+"""Kernels trust the verifier (docs/architecture.md, "One all-reduce": every path to a kernel passes
+`hlo.verify` first), checked by reading the source:
+
+- a kernel in `replicas/ops/` raises only at the sites listed here, each for something the verifier
+  cannot know (a value seen at run time, the host, what a custom call's target says of itself, a
+  kernel's own limit); a new check of what the shape rules already guarantee fails this test: move
+  it into the shape rule (`hlo/shape_inference/`) or delete it;
+- every string compared with an `.opcode` is an opcode of the table (`hlo/opcodes.py`), where a
+  typo would otherwise be silently false.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+from replicas.hlo.opcodes import OPCODES
+
+ROOT = Path(__file__).resolve().parent.parent / "replicas"
+
+# (file in replicas/ops, outermost function) -> (raises, why the verifier cannot check it).
+ALLOWED_RAISES: dict[tuple[str, str], tuple[int, str]] = {
+    ("constants.py", "make_constant"): (1, "the verifier checks shapes of IR without data (no literal)"),
+    ("convert.py", "make_bitcast_convert"): (1, "the host's byte order"),
+    ("custom_call.py", "_check_result"): (3, "what a registered Python target returned, at run time"),
+    ("custom_call.py", "make_custom_call"): (5, "custom-call targets and their registration, not in the IR"),
+    ("custom_call.py", "register_custom_call"): (3, "the arguments of a Python API call"),
+    ("dynamic_reshape.py", "make_dynamic_reshape"): (1, "the sizes are run-time values"),
+    ("dynamic_shapes.py", "make_set_dimension_size"): (1, "the size is a run-time value"),
+    ("elementwise_binary.py", "_binary_type"): (1, "an element type numpy has no kernel for"),
+    ("elementwise_binary.py", "make_binary"): (2, "element types numpy has no kernel for"),
+    ("elementwise_binary.py", "make_complex"): (1, "an element type numpy has no kernel for"),
+    ("lapack.py", "_char"): (1, "a LAPACK custom call's backend_config (not in the shape rules)"),
+    ("lapack.py", "_matrices"): (2, "a LAPACK custom call's operands (custom calls have no shape rule)"),
+    ("lapack.py", "_results"): (1, "a LAPACK custom call's result (custom calls have no shape rule)"),
+    ("lapack.py", "make_orgqr"): (1, "a LAPACK custom call's operands (custom calls have no shape rule)"),
+    ("lapack.py", "make_trsm"): (2, "a LAPACK custom call's operands (custom calls have no shape rule)"),
+    ("python_scalars.py", "_composed"): (1, "a computation the scalar compiler does not cover"),
+    ("reduce_window.py", "window_geometry"): (1, "a kernel limit: padding that removes the whole operand"),
+    ("registry.py", "lookup"): (1, "an opcode with no kernel (the table and the kernels are tied by a test)"),
+    ("topk.py", "make_topk_custom_call"): (3, "the TopK custom call's operands (custom calls have no shape rule)"),
+}
+
+
+def _raise_sites() -> Counter:
+    sites: Counter = Counter()
+    for path in sorted((ROOT / "ops").glob("*.py")):
+        def visit(node: ast.AST, function: str | None, path: Path = path) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    visit(child, function or child.name)
+                    continue
+                if isinstance(child, ast.Raise) and child.exc is not None:
+                    sites[(path.name, function or "<module>")] += 1
+                visit(child, function)
+
+        visit(ast.parse(path.read_text()), None)
+    return sites
+
+
+def test_kernels_raise_only_where_the_verifier_cannot_know():
+    found = _raise_sites()
+    allowed = {site: count for site, (count, _) in ALLOWED_RAISES.items()}
+    extra = {site: n for site, n in found.items() if n > allowed.get(site, 0)}
+    assert not extra, (f"raises in replicas/ops beyond the listed sites: {extra}; if the verifier guarantees "
+                       f"it, drop the check; if not, move it into the shape rule or list it here with why")
+    gone = {site for site in allowed if found.get(site, 0) < allowed[site]}
+    assert not gone, f"listed sites that no longer raise so often (shrink the list): {gone}"
+
+
+def _opcode_strings() -> list[tuple[str, int, str]]:
+    out = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            if not any(isinstance(s, ast.Attribute) and s.attr == "opcode" for s in sides):
+                continue
+            for side in sides:
+                items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                for item in items:
+                    if isinstance(item, ast.Constant) and isinstance(item.value, str):
+                        out.append((str(path.relative_to(ROOT)), node.lineno, item.value))
+    return out
+
+
+def test_every_string_compared_with_an_opcode_is_in_the_table():
+    strings = _opcode_strings()
+    assert len(strings) > 40  # the scan finds the comparisons (`x.opcode == "..."`, `x.opcode in (...)`)
+    unknown = [s for s in strings if s[2] not in OPCODES]
+    assert not unknown, f"not opcodes of hlo/opcodes.py: {unknown}"
