@@ -27,12 +27,14 @@ CURRENT="${RAY_TMPDIR:-${TMPDIR:-/tmp}}/ray/ray_current_cluster"
 export RAY_USAGE_STATS_ENABLED=0
 # A driver that already joined another Ray exports RAY_ADDRESS: this cluster is a new one.
 unset RAY_ADDRESS
-# Token auth guards real clusters; this one listens on loopback only (ray_loopback.py) and is torn
-# down by `stop`.
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+# Ray's token authentication, as for any `ray start` cluster (RAY_AUTH_MODE=disabled turns it off):
+# the token is Ray's own (~/.ray/auth_token, made here if missing). A driver of this package finds
+# out which mode the cluster uses before it joins (replicas/cluster/address.py).
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 case "${1:-}" in
   start)
     mkdir -p "$BASE"
+    if [ "$RAY_AUTH_MODE" = token ]; then ray_cli get-auth-token --generate >/dev/null 2>&1; fi
     ray_cli start --head --port="$PORT" --node-ip-address=127.0.0.1 --temp-dir="$BASE/ray" \
       --num-cpus=1 --resources='{"node1": 1000}' --include-dashboard=false --disable-usage-stats \
       --node-manager-port=$((PORT + 1)) --object-manager-port=$((PORT + 2)) \

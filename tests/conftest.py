@@ -335,7 +335,7 @@ class ClusterRun:
         # Ray's unix socket paths must stay under 108 bytes: a short directory, not pytest's tmp_path.
         base = tempfile.mkdtemp(prefix="rpc-", dir="/tmp")
         self.settings = {"REPLICAS_CLUSTER_DIR": base, "REPLICAS_CLUSTER_PORT": str(free_port_block()),
-                         "PYTHON": sys.executable, "RAY_AUTH_MODE": "disabled"}
+                         "PYTHON": sys.executable}
         self.starting = subprocess.Popen(["bash", str(CLUSTER_SCRIPT), "start"], env=self._env(),
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -91,7 +91,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("transport", {"transport"}),
     ("communication", {"collectives", "channels"}),
     ("diagnostics", {"diagnostics"}),
-    ("runtime", {"runtime"}),
+    ("runtime", {"runtime", "cluster"}),
     ("applications", {"jax", "checker", "cli", "__init__"}),
 ]
 

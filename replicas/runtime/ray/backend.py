@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from replicas.cluster.address import prepare_to_join
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
@@ -32,8 +33,10 @@ _init_lock = threading.Lock()
 _AUTHKEY = secrets.token_bytes(32)
 
 
-def ensure_ray(address: str | None = None) -> None:
-    """Join `address` ("auto", "ray://host:port") or start a quiet local Ray once per process."""
+def ensure_ray(address: str | None = None, timeout: float | None = None) -> None:
+    """Join `address` ("auto", "ray://host:port") or start a quiet local Ray once per process. A
+    cluster that does not answer within `timeout` s is an error naming it; this driver takes the
+    cluster's authentication mode (replicas/cluster/address.py)."""
     import ray
 
     with _init_lock:
@@ -51,6 +54,8 @@ def ensure_ray(address: str | None = None) -> None:
             # on this machine must not capture a laptop run.
             address = "local"
             kwargs["include_dashboard"] = False
+        else:
+            prepare_to_join(address, timeout)
         try:
             with _loopback_node() if _on_loopback(address) else contextlib.nullcontext():
                 ray.init(address=address, **kwargs)
@@ -151,7 +156,7 @@ class RayBackend:
         launches and reports its end in one call per actor."""
         import ray
 
-        ensure_ray(address)
+        ensure_ray(address, timeout)
         self._ray = ray
         deadline = None if timeout is None else time.monotonic() + timeout
         n = len(args)
