@@ -121,16 +121,30 @@ def test_a_donated_array_is_deleted_by_the_call():
         step(a)
 
 
-def test_a_deadlocked_call_is_reported_and_the_next_call_starts_a_new_job():
+def check_deadlock_ends_the_job(backend: str) -> None:
     def maybe_sum(v):  # a replica whose shard is large all-reduces; the others do not: a deadlock
         return jax.lax.cond(v[0] > 100, lambda u: jax.lax.psum(u, "x") + u, lambda u: u, v)
 
-    step = rp.jax.jit(maybe_sum, num_replicas=4, in_specs=P("x"), out_specs=P("x"), backend="threads", timeout=30)
-    v = np.ones(8, np.float32)
-    np.testing.assert_array_equal(np.asarray(step(v)), v)
+    step = rp.jax.jit(maybe_sum, num_replicas=4, in_specs=P("x"), out_specs=P("x"), backend=backend, timeout=30)
+    v = np.ones(8192, np.float32)  # shards larger than what comes back with a call: they stay on the replicas
+    kept = step(v)
+    np.testing.assert_array_equal(np.asarray(step(kept)), v)
     bad = v.copy()
     bad[0] = 1000
     with pytest.raises(rp.DeadlockError):
         step(bad)
     np.testing.assert_array_equal(np.asarray(step(v * 2)), v * 2)
     assert step.cache_size() == 1
+    if backend == "ray":  # its shards were on the actors of the job that ended
+        with pytest.raises(ProgramError, match="lost with the job"):
+            step(step(kept))
+    step.close()
+
+
+def test_a_deadlocked_call_is_reported_and_the_next_call_starts_a_new_job():
+    check_deadlock_ends_the_job("threads")
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_deadlocked_call_on_ray_is_reported_and_its_kept_arrays_are_lost():
+    check_deadlock_ends_the_job("ray")

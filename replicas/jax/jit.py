@@ -23,7 +23,7 @@ import numpy as np
 
 from replicas.errors import ProgramError
 from replicas.jax.program import JaxProgram, _indices, _jax, _output_leaves, compile_jax
-from replicas.runtime.resident import Array, same_index
+from replicas.runtime.resident import Array, Kept, same_index
 from replicas.runtime.session import Session
 
 # Options of a jitted function's job (those of `rp.run` that a job run again and again can take).
@@ -78,11 +78,11 @@ class JitFunction:
         if compiled is None:
             compiled = self._compile(args, statics, dynamic, leaves, key)
         per_replica = self._shards(compiled, leaves)
-        results = compiled.session.call(per_replica)
+        seq, results = compiled.session.call(per_replica, len(compiled.program.out_avals))
         for i in compiled.donated:
             if isinstance(leaves[i], Array):
                 leaves[i].delete()
-        return self._outputs(compiled, results)
+        return self._outputs(compiled, seq, results)
 
     def _split_static(self, args: tuple) -> tuple[tuple, list[Any]]:
         statics, dynamic = [], []
@@ -131,17 +131,23 @@ class JitFunction:
 
     def _shards(self, compiled: Compiled, leaves: list[Any]) -> list[list[Any]]:
         """Each replica's arguments: a resident array's own shards, a host value's split."""
-        program = compiled.program
+        program, session = compiled.program, compiled.session
         n = program.num_replicas
         per_replica: list[list[Any]] = [[] for _ in range(n)]
         for i, (leaf, index, dtype) in enumerate(zip(leaves, compiled.in_index, program.arg_dtypes)):
             if isinstance(leaf, Array):
                 leaf.check_alive(f"argument {i}")
-                local = leaf.local_shards()
-                if local is not None and leaf.dtype == dtype and same_index(leaf.index, index):
-                    for p in range(n):
-                        per_replica[p].append(local[p])
-                    continue
+                if leaf.dtype == dtype and same_index(leaf.index, index):
+                    if leaf.home is session and session.holds(leaf.key):
+                        kept = Kept(leaf.key[1], leaf.key[2])  # where it is: nothing moves
+                        for p in range(n):
+                            per_replica[p].append(kept)
+                        continue
+                    local = leaf.local_shards()
+                    if local is not None:
+                        for p in range(n):
+                            per_replica[p].append(local[p])
+                        continue
                 leaf = leaf.value()
             value = np.asarray(leaf, dtype=dtype)
             whole = tuple(slice(None) for _ in value.shape)
@@ -152,17 +158,19 @@ class JitFunction:
                     per_replica[p].append(np.ascontiguousarray(value[index[p]]))
         return per_replica
 
-    def _outputs(self, compiled: Compiled, results: list[Any]) -> Any:
+    def _outputs(self, compiled: Compiled, seq: int, results: list[Any]) -> Any:
         jax = _jax()
-        program = compiled.program
+        program, session = compiled.program, compiled.session
         count = len(program.out_avals)
-        per_replica = [_output_leaves(r, count) for r in results]
+        per_replica = results if session.resident else [_output_leaves(r, count) for r in results]
         outputs = []
         for i, (aval, index, sharding) in enumerate(zip(program.out_avals, compiled.out_index,
                                                         program.out_shardings)):
             shards = [per_replica[p][i] for p in range(program.num_replicas)]
-            outputs.append(Array(tuple(aval.shape), np.dtype(aval.dtype), index, shards=shards,
-                                 home=compiled.session, sharding=sharding))
+            here = shards if all(s is not None for s in shards) else None  # came back with the reply
+            key = (session.job, seq, i) if session.resident else None
+            outputs.append(Array(tuple(aval.shape), np.dtype(aval.dtype), index, shards=here, home=session,
+                                 key=key, sharding=sharding))
         return jax.tree_util.tree_unflatten(program.out_tree, outputs)
 
     # -- introspection ----------------------------------------------------------------------------

@@ -9,11 +9,21 @@ replicated output), and the gather reads one of them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from replicas.errors import ProgramError
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """An argument that is output `output` of call `call` of the same persistent job, where its
+    replica's shard already is."""
+
+    call: int
+    output: int
 
 
 class Home(Protocol):

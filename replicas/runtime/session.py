@@ -6,8 +6,13 @@ collected, everything released. A training loop calls the same program thousands
 and fabrics (collective sequence numbers go on from call to call, so no message of one call can be
 taken for one of the next). A call that ends cleanly within the backend's poll interval never
 meets the monitor; any other call is watched by a `Job` exactly as under `rp.run` (deadlocks,
-mismatches, timeouts, faults, Ctrl-C), and a call that fails ends the session: the next call
-starts a new job.
+mismatches, timeouts, faults, Ctrl-C), and a call that fails ends the job: the next call starts a
+new one.
+
+Outputs: under threads every replica's outputs come back (they are in this process already);
+under Ray they stay on the actors, kept by (call, output), and only outputs of at most
+`FETCH_MAX` bytes per replica come back with the call's reply. An `rp.Array` names kept outputs by
+`(job, call, output)`: `fetch` reads them, `forget` lets the actors drop them with the next call.
 """
 
 from __future__ import annotations
@@ -20,17 +25,24 @@ from replicas.errors import ProgramError, ReplicasError
 from replicas.runtime.compile import Executable
 from replicas.runtime.job import Job
 
+FETCH_MAX = 4096  # bytes of one replica's output that come back with a call's reply (a loss)
+
 
 class _Watched:
     """The session's backend as one call's `Job` sees it: the job's end releases the backend only
-    when the call failed (a clean call leaves the session running)."""
+    when the call failed (a clean call leaves the session running); the results of a job whose
+    outputs stay on the actors are its `settle`."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, resident: bool) -> None:
         self._backend = backend
+        self._resident = resident
         self.failed = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
+
+    def results(self) -> list[Any]:
+        return self._backend.settle() if self._resident else self._backend.results()
 
     def abort(self, exc: BaseException) -> None:
         self.failed = True
@@ -51,67 +63,86 @@ class Session:
         self.executable = executable
         self.num_replicas = num_replicas
         self.backend_name = backend
+        self.resident = backend != "threads"  # outputs stay where the replicas run
         self.timeout = timeout
         self._options = options
         self._backend: Any = None
         self._lock = threading.Lock()  # one call at a time
+        self.job = 0  # the running job's number (a failed call ends it; the next call starts one)
+        self._seq = 0  # the next call's number in the job
+        self._forget: list[tuple[int, int]] = []  # kept outputs no array names any more
         self.calls = 0
 
-    def call(self, args: list[list[Any]]) -> list[Any]:
-        """Run the program once on each replica's checked arguments; one result per replica."""
-        if self.backend_name != "threads":
-            return self._one_job(args)
+    def call(self, args: list[list[Any]], count: int) -> tuple[int, list[Any]]:
+        """Run the program once on each replica's arguments (values checked by the caller, or
+        `Kept` outputs of this job's earlier calls); the call's number and, per replica, its result
+        (resident: the list of its `count` outputs, None for each kept on the replicas)."""
         with self._lock:
             backend = self._backend
-            if backend is None:
+            started = backend is None
+            if started:
+                self.job += 1
+                self._seq, self._forget = 0, []
                 backend = self._backend = self._start(args)
-            else:
-                backend.rerun(args)
+            seq = self._seq
+            self._seq += 1
             self.calls += 1
             try:
+                if self.resident:
+                    forget, self._forget = self._forget, []
+                    backend.rerun(args, seq, count, FETCH_MAX, forget)
+                elif not started:
+                    backend.rerun(args)
                 limit = backend.poll_interval if self.timeout is None else min(backend.poll_interval, self.timeout)
                 results = backend.finished(limit)
-            except BaseException as e:  # Ctrl-C while waiting: the job ends, as under rp.run
-                self._backend = None
+            except BaseException as e:  # Ctrl-C while waiting, a lost actor: the job ends, as under rp.run
                 backend.abort(ReplicasError("job interrupted") if isinstance(e, KeyboardInterrupt) else e)
-                backend.shutdown()
+                self._end(backend)
                 raise
             if results is not None:
-                return results
-            watched = _Watched(backend)
+                return seq, results
+            watched = _Watched(backend, self.resident)
             job = Job(watched, self.executable, timeout=self.timeout, host_may_send=False)
             try:
-                return job.result()
+                return seq, job.result()
             finally:
                 if watched.failed:
-                    self._backend = None
+                    self._end(backend)
 
-    def _one_job(self, args: list[list[Any]]) -> list[Any]:
-        """The call as a job of its own (as `rp.run` runs it)."""
-        from replicas.runtime.driver import _start
-
-        o = self._options
-        job = _start(self.executable, args, timeout=self.timeout, address=o.get("address"), infeed=None, trace=None,
-                     strict=o.get("strict", True), backend=self.backend_name,
-                     replicas_per_actor=o.get("replicas_per_actor"), resources=o.get("resources"),
-                     record_every_instruction=o.get("record_every_instruction", False),
-                     trace_events=o.get("trace_events", DEFAULT_CAPACITY), progress=False, run_to_end=True)
-        job.close_host_input()
-        with job:
-            return job.result()
+    def _end(self, backend: Any) -> None:
+        self._backend = None
+        backend.shutdown()
 
     def _start(self, args: list[list[Any]]) -> Any:
+        o = self._options
         if self.backend_name == "threads":
             from replicas.runtime.threads import ThreadBackend
 
-            return ThreadBackend(self.executable, args, persistent=True, **self._options)
-        raise NotImplementedError(self.backend_name)
+            return ThreadBackend(self.executable, args, persistent=True, **o)
+        from replicas.runtime.ray.backend import RayBackend
+
+        return RayBackend(self.executable, args, address=o.get("address"), strict=o.get("strict", True),
+                          record_every_instruction=o.get("record_every_instruction", False),
+                          replicas_per_actor=o.get("replicas_per_actor") or 0, resources=o.get("resources"),
+                          timeout=self.timeout, trace_events=o.get("trace_events", DEFAULT_CAPACITY),
+                          persistent=True)
+
+    # -- outputs kept on the replicas -----------------------------------------------------------------
+    def holds(self, key: Any) -> bool:
+        """Whether the running job keeps the output `key` = (job, call, output)."""
+        return key is not None and key[0] == self.job and self._backend is not None
 
     def fetch(self, key: Any, replicas: list[int]) -> list[Any]:
-        raise ProgramError("this job keeps no shards of its own: its arrays hold them")
+        backend = self._backend
+        if not self.holds(key) or backend is None:
+            raise ProgramError("the array's shards were lost with the job that computed them (a call of it failed, "
+                               "or it was closed)")
+        return backend.fetch((key[1], key[2]), replicas)
 
     def forget(self, key: Any) -> None:
-        """An array of this job's was deleted (its shards live where the array is: nothing to free)."""
+        """An array naming kept output `key` is gone: the replicas drop it with the next call."""
+        if key is not None and key[0] == self.job:
+            self._forget.append((key[1], key[2]))  # a list append: safe from a finalizer
 
     def close(self) -> None:
         """End the job: the replicas stop and release what they hold."""

@@ -25,6 +25,7 @@ from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable
 from replicas.runtime.ray.actor_pool import ActorPool
 from replicas.runtime.ray.faults import actor_failure, not_started, unplaceable
+from replicas.runtime.ray.persistent import PersistentJob
 from replicas.runtime.ray.replica_host import STOP_SECONDS, ReplicaHost
 from replicas.transport.shm import remove_orphaned_segments, remove_segments_of
 
@@ -140,7 +141,7 @@ def _remote_host_class() -> Any:
 POOL = ActorPool(_remote_host_class)
 
 
-class RayBackend:
+class RayBackend(PersistentJob):
     """Runs the replicas in Ray actors (see `Backend` in job.py)."""
 
     # Each poll is two actor tasks per actor; deadlocks need two equal snapshots, so this still
@@ -150,10 +151,11 @@ class RayBackend:
     def __init__(self, executable: Executable, args: list[list[Any]], *, address: str | None = None,
                  strict: bool = True, record_every_instruction: bool = False, replicas_per_actor: int = 0,
                  resources: list[dict[str, float]] | None = None, num_cpus: float = 0,
-                 timeout: float | None = None, trace_events: int = DEFAULT_CAPACITY, run_to_end: bool = False
-                 ) -> None:
+                 timeout: float | None = None, trace_events: int = DEFAULT_CAPACITY, run_to_end: bool = False,
+                 persistent: bool = False) -> None:
         """`run_to_end`: nothing but `completed` is called first (no host feeds): a warm job
-        launches and reports its end in one call per actor."""
+        launches and reports its end in one call per actor. `persistent`: the job is set up but not
+        begun; each `rerun` runs it (runtime/session.py), its outputs kept on the actors."""
         import ray
 
         ensure_ray(address, timeout)
@@ -204,7 +206,10 @@ class RayBackend:
         self._executable = executable
         self._digest = executable.fingerprint or hashlib.sha256(executable.bytes()).digest()
         self._launch_options = dict(strict=strict, record_every_instruction=record_every_instruction,
-                                    custom_calls=registered_custom_calls() or None, trace_events=trace_events)
+                                    custom_calls=registered_custom_calls() or None, trace_events=trace_events,
+                                    persistent=persistent)
+        self._persistent = persistent
+        self._call_refs: list[Any] | None = None  # a persistent job's running call, one per actor
         self._args = args
         self._deadline, self._timeout = deadline, timeout
         self._launch_refs: list[Any] | None = None  # launch calls not yet seen to succeed
@@ -268,9 +273,12 @@ class RayBackend:
             # One argument: Ray serializes each argument of a call on its own.
             refs.append(actor.launch.remote((self._token, ids, n, self._digest, program, self._launch_options,
                                              routes, wire_routes, placement,
-                                             {r: self._args[r] for r in ids} if alone else None, finish_within)))
+                                             {r: self._args[r] for r in ids} if alone and not self._persistent
+                                             else None, finish_within)))
         self._launch_refs = refs
         self.calls["launch"] += len(refs)
+        if self._persistent:
+            return
         if not alone:
             self._ensure_launched()
             if self._launch_refs is not None or self._finish_refs is not None:

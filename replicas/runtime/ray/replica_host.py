@@ -24,6 +24,7 @@ from replicas.errors import ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable
 from replicas.runtime.ray.faults import is_memory_error
+from replicas.runtime.ray.persistent_host import PersistentCalls
 from replicas.transport import board as shared_board
 from replicas.transport import channel_ring, futex, spin
 from replicas.transport.fabric import MailboxFabric
@@ -101,9 +102,10 @@ class RayFabric(MailboxFabric):
             self.routes[dst].deliver.remote(self.token, dst, self.replica_id, key, value)
 
 
-class ReplicaHost:
+class ReplicaHost(PersistentCalls):
     """The body of a replica actor. Actors are pooled: `setup` gives one the replicas
-    `replica_ids` of a new job, `reset` returns it to the pool once they have all stopped."""
+    `replica_ids` of a new job, `reset` returns it to the pool once they have all stopped. A
+    persistent job's replicas run again for each `call` (persistent_host.py)."""
 
     def __init__(self) -> None:
         self._mailboxes: dict[int, Mailbox] = {}
@@ -125,6 +127,7 @@ class ReplicaHost:
         # actor): they take turns on this, and `finish` waits on it for its job's launch.
         self._job_turn = threading.Condition(threading.RLock())
         self._launched: Any = None  # the token of the last launch, or ("failed", token)
+        self._kept = {}
 
     def wire_address(self, authkey: bytes, across_nodes: bool = False) -> dict[str, Any]:
         """Open (once per actor) the direct message sockets; their address for the peers. A TCP
@@ -191,7 +194,7 @@ class ReplicaHost:
 
     def setup(self, token: str, replica_ids: list[int], num_replicas: int, module_bytes: bytes, strict: bool,
               record_every_instruction: bool, custom_calls: dict[str, Any] | None = None,
-              trace_events: int = DEFAULT_CAPACITY, digest: bytes | None = None) -> None:
+              trace_events: int = DEFAULT_CAPACITY, digest: bytes | None = None, persistent: bool = False) -> None:
 
         from replicas.ops.custom_call import register_custom_call
         from replicas.runtime.replica_runner import ReplicaRunner
@@ -216,6 +219,7 @@ class ReplicaHost:
         self._close_shared_memory(self._token)
         self._token = token
         self._faults = {}
+        self._kept = {}
         self._mailboxes = {r: Mailbox(r) for r in replica_ids}
         self._runners = {}
         self._fabrics = []
@@ -239,6 +243,7 @@ class ReplicaHost:
             fabric.inbox = self._inbox
             self._fabrics.append(fabric)
             self._runners[r] = ReplicaRunner(executable, fabric, recorder)
+            self._runners[r].persistent = persistent
         here = {f.replica_id: f for f in self._fabrics}
         for fabric in self._fabrics:
             fabric.here = here
@@ -258,6 +263,7 @@ class ReplicaHost:
         for fabric in self._fabrics:
             fabric.outbox = fabric.board = fabric.rings = fabric.inbox = None  # closed below, whoever holds it
         token = self._token
+        self._kept = {}
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
             self._token = ""
