@@ -67,7 +67,15 @@ def check_loop(backend: str, steps: int) -> None:
         np.testing.assert_allclose(np.asarray(params[k]), np.asarray(want_params[k]), rtol=1e-5, atol=1e-6)
     # numpy arguments on the first step, the replicas' own arrays on the next: one compile
     assert step.cache_size() == 1
+    if backend == "ray":  # every step rang the doorbell: no actor call
+        calls = session_of(step)._backend.calls
+        assert calls["doorbell"] == steps and calls["call"] == 0, calls
     step.close()
+
+
+def session_of(step):
+    (compiled,) = step._cache.values()
+    return compiled.session
 
 
 def test_training_loop_on_threads_matches_jax():
@@ -148,3 +156,25 @@ def test_a_deadlocked_call_is_reported_and_the_next_call_starts_a_new_job():
 @pytest.mark.usefixtures("ray_session")
 def test_a_deadlocked_call_on_ray_is_reported_and_its_kept_arrays_are_lost():
     check_deadlock_ends_the_job("ray")
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_an_actor_killed_between_calls_fails_the_call_naming_its_replicas():
+    import ray
+
+    step = rp.jax.jit(lambda v: jax.lax.psum(v, "x"), num_replicas=4, in_specs=P("x"), out_specs=P("x"), timeout=60)
+    v = np.ones(8, np.float32)
+    np.testing.assert_array_equal(np.asarray(step(v)), np.full(8, 4, np.float32))
+    backend = session_of(step)._backend
+    ray.kill(backend._actors[-1], no_restart=True)
+    for _ in range(1000):  # dead before the next call (the kill travels through Ray's control plane)
+        try:
+            ray.get(backend._actors[-1].ping.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            break
+    else:
+        pytest.fail("the killed actor still answers")
+    with pytest.raises(rp.ReplicaFailure, match="replica"):
+        step(v)
+    np.testing.assert_array_equal(np.asarray(step(v)), np.full(8, 4, np.float32))  # a new job, new actors
+    step.close()

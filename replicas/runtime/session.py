@@ -72,6 +72,7 @@ class Session:
         self._seq = 0  # the next call's number in the job
         self._forget: list[tuple[int, int]] = []  # kept outputs no array names any more
         self.calls = 0
+        self.watched_calls = 0  # calls that did not end within the poll interval: the monitor watched them
 
     def call(self, args: list[list[Any]], count: int) -> tuple[int, list[Any]]:
         """Run the program once on each replica's arguments (values checked by the caller, or
@@ -101,6 +102,7 @@ class Session:
                 raise
             if results is not None:
                 return seq, results
+            self.watched_calls += 1
             watched = _Watched(backend, self.resident)
             job = Job(watched, self.executable, timeout=self.timeout, host_may_send=False)
             try:

@@ -209,6 +209,7 @@ class RayBackend(PersistentJob):
                                     custom_calls=registered_custom_calls() or None, trace_events=trace_events,
                                     persistent=persistent)
         self._persistent = persistent
+        self._note = POOL.note
         self._call_refs: list[Any] | None = None  # a persistent job's running call, one per actor
         self._args = args
         self._deadline, self._timeout = deadline, timeout
@@ -468,6 +469,7 @@ class RayBackend(PersistentJob):
     def shutdown(self) -> None:
         if self._stopped:
             return
+        self._close_doorbell()
         with contextlib.suppress(Exception):
             self._ensure_launched()  # a reset must never overtake the launch
         self._stopped = True

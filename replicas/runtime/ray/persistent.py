@@ -1,10 +1,15 @@
-"""The driver's side of a persistent job on Ray actors (runtime/session.py): each call is one
-actor call per actor that runs the program again and replies with the outputs small enough to
-travel (the others stay on the actors: persistent_host.py). `RayBackend` mixes this in."""
+"""The driver's side of a persistent job on Ray actors (runtime/session.py). A call reaches the
+actors of the driver's node through the job's doorbell (transport/doorbell.py: one request in
+shared memory, one futex wake, no Ray call) and any other actor by one actor call; each replies
+with the outputs small enough to travel (the others stay on the actors: persistent_host.py).
+`RayBackend` mixes this in."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
+
+from replicas.transport import doorbell
 
 
 class PersistentJob:
@@ -17,34 +22,83 @@ class PersistentJob:
     calls: Any
     _ensure_launched: Any  # RayBackend's
     _get: Any
+    _note: Any  # the actor pool's note on an actor (its wire address)
+    _bell: doorbell.Doorbell | None = None
+    _bell_actors: list[int] = []  # indexes of the actors the doorbell reaches
+    _bell_tried = False
+    _call_refs: list[Any] | None = None
+    _bell_seq: int | None = None
+
+    def _open_doorbell(self) -> None:
+        """The job's doorbell, for the actors on the driver's node (none when shared memory or
+        futexes are not available: every call is then an actor call)."""
+        self._bell_tried = True
+        if not doorbell.available():
+            return
+        node = self._ray.get_runtime_context().get_node_id()
+        here = [i for i, a in enumerate(self._actors) if (self._note(a).get("address") or {}).get("node") == node]
+        if not here:
+            return
+        try:
+            bell = doorbell.Doorbell(self._token, len(self._actors), create=True)
+        except OSError:  # no room or no rights under /dev/shm: actor calls remain
+            return
+        self.calls["open_doorbell"] += len(here)
+        self._get([self._actors[i].open_doorbell.remote(self._token, i, len(self._actors)) for i in here], here)
+        self._bell, self._bell_actors = bell, here
+
+    def _close_doorbell(self) -> None:
+        bell, self._bell = self._bell, None
+        if bell is not None:
+            bell.stop()
+            bell.close()
 
     def rerun(self, args: list[list[Any]], seq: int, count: int, fetch_max: int,
               forget: list[tuple[int, int]]) -> None:
         """Run the job's program again as call `seq` (`count` outputs) on each replica's `args`
         (values, or `Kept` outputs of earlier calls), after the actors drop `forget`."""
         self._ensure_launched()
-        self.calls["call"] += len(self._actors)
+        if not self._bell_tried:
+            self._open_doorbell()
         self._call = (seq, count, fetch_max)
-        self._call_refs = [a.call_and_settle.remote(self._token, {r: args[r] for r in ids}, forget,
-                                                    self.poll_interval, seq, count, fetch_max)
-                           for a, ids in zip(self._actors, self._groups)]
+        by_call = range(len(self._actors))
+        self._bell_seq = None
+        if self._bell is not None:
+            rung = {r: args[r] for i in self._bell_actors for r in self._groups[i]}
+            self._bell_seq = self._bell.ring(pickle.dumps((rung, forget, seq, count, fetch_max),
+                                                          protocol=pickle.HIGHEST_PROTOCOL))
+            if self._bell_seq is not None:
+                by_call = [i for i in by_call if i not in self._bell_actors]
+                self.calls["doorbell"] += 1
+        self.calls["call"] += len(by_call)
+        self._call_refs = [self._actors[i].call_and_settle.remote(
+            self._token, {r: args[r] for r in self._groups[i]}, forget, self.poll_interval, seq, count, fetch_max)
+            for i in by_call]
 
     def finished(self, timeout: float) -> list[list[Any]] | None:
         """Per replica, the call's outputs small enough to come back (None for those kept on the
         actors) once every actor reports its replicas finished within about `timeout` s; None when
         one failed or still runs (the monitor's turn: `settle` after it)."""
-        refs, self._call_refs = self._call_refs, None
-        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout + 1.0)
-        if len(ready) < len(refs):
+        refs, self._call_refs = self._call_refs or [], None
+        parts: list[Any] = []
+        if self._bell_seq is not None:
+            replies = self._bell.replies(self._bell_seq, self._bell_actors, timeout)
+            if replies is None:
+                return None
+            parts.extend(pickle.loads(reply) for reply in replies)  # noqa: S301 - our own actors' bytes
+        if refs:
+            ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout + 1.0)
+            if len(ready) < len(refs):
+                return None
+            for ref in refs:
+                try:
+                    parts.append(self._ray.get(ref))
+                except Exception:  # noqa: BLE001 - a dead actor or a refused call: the monitor's poll names it
+                    return None
+        if any(part is None for part in parts):
             return None
         merged: dict[int, list[Any]] = {}
-        for ref in refs:
-            try:
-                part = self._ray.get(ref)
-            except Exception:  # noqa: BLE001 - a dead actor or a refused call: the monitor's poll names it
-                return None
-            if part is None:
-                return None
+        for part in parts:
             merged.update(part)
         return [merged[r] for r in range(self.num_replicas)]
 

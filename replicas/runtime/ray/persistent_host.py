@@ -9,11 +9,14 @@ persistent job's.
 
 from __future__ import annotations
 
+import pickle
+import threading
 import time
 from typing import Any
 
 from replicas.errors import ReplicaFailure
 from replicas.runtime.resident import Kept
+from replicas.transport.doorbell import Doorbell
 
 
 class PersistentCalls:
@@ -24,6 +27,7 @@ class PersistentCalls:
     _faults: dict[int, Any]
 
     _kept: dict[tuple[int, int], dict[int, Any]]  # (call, output) -> replica -> its shard
+    _doorbell: Doorbell | None = None  # the driver's doorbell, when it is on this node
 
     def call(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]]) -> None:
         """Run the program again on each hosted replica's `args` (`Kept` names resolved here), after
@@ -70,6 +74,51 @@ class PersistentCalls:
         if kept is None:
             raise ReplicaFailure(f"this actor no longer holds output {key[1]} of call {key[0]}", replicas[0])
         return {r: kept[r] for r in replicas if r in kept}
+
+
+    # -- calls through the driver's doorbell (transport/doorbell.py) -----------------------------------
+    def open_doorbell(self, token: str, index: int, actors: int) -> None:
+        """Serve the calls of job `token` that the driver rings on its doorbell (this actor is
+        number `index` of `actors`) in a thread of this actor, until the job ends."""
+        bell = Doorbell(token, actors)
+        self._doorbell = bell
+        threading.Thread(target=self._serve, args=(bell, index, token), name="replicas-doorbell", daemon=True).start()
+
+    def close_doorbell(self) -> None:
+        self._doorbell = None  # its thread ends within a slice
+
+    def _serve(self, bell: Doorbell, index: int, token: str) -> None:
+        last = bell.request_seq()
+        try:
+            while self._doorbell is bell and self._token == token:
+                seq = bell.wait_request(last)
+                if seq is None:
+                    if bell.stopped():
+                        return
+                    continue
+                last = seq
+                reply = self._serve_one(token, bell.request())
+                if not bell.reply(index, seq, pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)):
+                    bell.reply(index, seq, pickle.dumps(None))  # too large to travel: the driver settles
+        finally:
+            bell.close()
+
+    def _serve_one(self, token: str, request: bytes) -> dict[int, list[Any]] | None:
+        """One call rung on the doorbell: the outcome `call_and_settle` gives, without a limit on
+        how long the call runs (None as soon as a replica failed: the driver's monitor names it)."""
+        try:
+            args, forget, seq, count, fetch_max = pickle.loads(request)  # noqa: S301 - our own driver's bytes
+            self.call(token, {r: args[r] for r in self._runners}, forget)
+            runners = list(self._runners.values())
+            for runner in runners:
+                while not runner.join(0.05):
+                    if self._faults or any(r.error is not None for r in runners) or self._token != token:
+                        return None
+            if self._faults or any(r.error is not None for r in runners):
+                return None
+            return self.settle(token, seq, count, fetch_max)
+        except Exception:  # noqa: BLE001 - the driver's monitor finds and names what failed
+            return None
 
 
 def output_leaves(result: Any, count: int) -> list[Any]:

@@ -264,6 +264,7 @@ class ReplicaHost(PersistentCalls):
             fabric.outbox = fabric.board = fabric.rings = fabric.inbox = None  # closed below, whoever holds it
         token = self._token
         self._kept = {}
+        self.close_doorbell()
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
             self._token = ""

@@ -1,0 +1,124 @@
+"""The driver's doorbell to the actors of its node: a call of a persistent job without Ray.
+
+A Ray actor call costs a round of scheduling, serialization and gRPC per actor (about a
+millisecond each on a loaded machine); a persistent job (runtime/session.py) calls the same actors
+thousands of times. The driver instead writes the call's request once into a shared-memory segment
+of the job (`rpl-<token>-d`, mode 0600, removed with the job's other segments), bumps the request
+word and wakes every actor of its node with one `FUTEX_WAKE`; each actor's call thread, waiting on
+that word, reads the request (its replicas' part of it), runs the call and writes its reply into
+its own slot, bumps its reply word and wakes the driver. The request holds every replica's host
+arguments in one pickle: an array given to every replica is in it once, whichever number of
+replicas and actors read it.
+
+Layout: line 0 holds the request word (the driver's) and a stop word; line 1+i the reply word of
+actor i (its own); then the request (u64 length, bytes) and one reply slot per actor (u64 length,
+bytes). Each word has one writer, and x86-64 keeps stores in order (transport/futex.py), so a
+reader that sees a word sees the bytes written before it.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+
+from replicas.transport import futex, shm
+from replicas.transport.segment import Mapping
+
+_LINE = 64
+REQUEST_BYTES = int(os.environ.get("REPLICAS_DOORBELL_REQUEST_BYTES", str(256 << 20)))  # virtual: sparse
+REPLY_BYTES = 1 << 20  # per actor: a reply carries only small outputs
+_LENGTH = struct.Struct("<Q")
+SLICE = 0.25  # seconds of one futex wait: stops and the driver's Ctrl-C are noticed within it
+
+
+def available() -> bool:
+    return futex.available() and shm.available()
+
+
+def segment_name(token: str) -> str:
+    return f"{shm.PREFIX}{token}-d"
+
+
+class Doorbell:
+    """The segment of a job's doorbell, for `actors` actors (the driver creates it; actors map it)."""
+
+    def __init__(self, token: str, actors: int, create: bool = False) -> None:
+        self.actors = actors
+        self._request_at = _LINE * (1 + actors)
+        self._replies_at = self._request_at + _LENGTH.size + REQUEST_BYTES
+        size = self._replies_at + actors * REPLY_BYTES
+        self.map = Mapping(os.path.join(shm.SHM_DIR, segment_name(token)), size if create else 0)
+        self.words = self.map.words
+        self.base = self.map.address
+
+    # -- the driver's side --------------------------------------------------------------------------
+    def ring(self, payload: bytes) -> int | None:
+        """Post the request `payload` to every actor; its number, or None if it does not fit."""
+        if len(payload) > REQUEST_BYTES:
+            return None
+        at = self._request_at
+        _LENGTH.pack_into(self.map.mm, at, len(payload))
+        self.map.mm[at + _LENGTH.size:at + _LENGTH.size + len(payload)] = payload
+        seq = (int(self.words[0]) + 1) & 0xFFFFFFFF
+        self.words[0] = seq
+        futex.wake(self.base)
+        return seq
+
+    def replies(self, seq: int, actors: list[int], timeout: float) -> list[bytes] | None:
+        """Each of `actors`' reply to request `seq` once all replied within `timeout` s, else None."""
+        deadline = time.monotonic() + timeout
+        words = self.words
+        for i in actors:
+            word = (1 + i) * (_LINE // 4)
+            while int(words[word]) != seq:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                futex.wait(self.base + word * 4, int(words[word]), min(left, SLICE))
+        return [self._read(self._replies_at + i * REPLY_BYTES) for i in actors]
+
+    def stop(self) -> None:
+        """Every actor's call thread ends (the job ends)."""
+        self.words[1] = 1
+        self.words[0] = (int(self.words[0]) + 1) & 0xFFFFFFFF
+        futex.wake(self.base)
+
+    # -- an actor's side ------------------------------------------------------------------------------
+    def wait_request(self, last: int, timeout: float = SLICE) -> int | None:
+        """The request number once it differs from `last` (None after `timeout` s, or once stopped)."""
+        if int(self.words[0]) == last:
+            futex.wait(self.base, last, timeout)
+        if self.words[1]:
+            return None
+        seq = int(self.words[0])
+        return None if seq == last else seq
+
+    def stopped(self) -> bool:
+        return bool(self.words[1])
+
+    def request_seq(self) -> int:
+        return int(self.words[0])
+
+    def request(self) -> bytes:
+        return self._read(self._request_at)
+
+    def reply(self, actor: int, seq: int, payload: bytes) -> bool:
+        """Write actor `actor`'s reply to request `seq`; False (nothing written) if it does not fit."""
+        if len(payload) > REPLY_BYTES - _LENGTH.size:
+            return False
+        at = self._replies_at + actor * REPLY_BYTES
+        _LENGTH.pack_into(self.map.mm, at, len(payload))
+        self.map.mm[at + _LENGTH.size:at + _LENGTH.size + len(payload)] = payload
+        word = (1 + actor) * (_LINE // 4)
+        self.words[word] = seq
+        futex.wake(self.base + word * 4)
+        return True
+
+    def _read(self, at: int) -> bytes:
+        (length,) = _LENGTH.unpack_from(self.map.mm, at)
+        return self.map.mm[at + _LENGTH.size:at + _LENGTH.size + length]
+
+    def close(self) -> None:
+        self.words = None  # type: ignore[assignment]
+        self.map.close()
