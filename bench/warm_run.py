@@ -6,12 +6,19 @@ Anchors measured in the same run:
 - Ray: a raw Ray actor round trip (`ray.get(actor.echo.remote(x))` of the same argument), the
   floor of any job that ships arguments to an actor and a result back (goal: <= 3 of them).
 
+And the warm call of `rp.jax.jit` (a persistent job, runtime/session.py) at `--jit-replicas`
+(default 4) replicas, its arguments resident (`rp.Array`s of the previous call):
+- its fixed cost: the call less N direct calls of the per-device program (goals: threads <= 30 us,
+  Ray <= 300 us);
+- 1 MiB of host arguments that change every call (a new numpy array given to every replica), less
+  the same call with that argument resident (goal on Ray: <= 1 ms extra).
+
 Each number is the median of `--repeat` rounds of `--iterations` calls; the spread is min-max of
 the rounds' medians. A call and its anchor alternate round by round (the machine is shared: load
 changes within seconds), and the ratio is the median of the rounds' ratios, with their spread.
 Load average is printed at the start and the end.
 
-    python bench/warm_run.py [--iterations 200] [--repeat 5] [--replicas 1] [--no-ray]
+    python bench/warm_run.py [--iterations 200] [--repeat 5] [--replicas 1] [--jit-replicas 4] [--no-ray]
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--no-ray", action="store_true")
+    p.add_argument("--jit-replicas", type=int, default=4, help="0: no rp.jax.jit rows")
     ns = p.parse_args()
     module = rp.parse_hlo(TRIVIAL)
     x = np.arange(4, dtype=np.float32)
@@ -90,6 +98,8 @@ def main() -> None:
                                   lambda: interp.run(args), (ns.iterations, ns.iterations * 10), ns.repeat)
     print(f"direct Interpreter.run        {fmt(direct)}")
     print(f"rp.run threads (warm)         {fmt(threads)}   {ratio(threads, direct)} direct (goal <= 5x)")
+    if ns.jit_replicas:
+        jit_rows(ns, "threads", None)
     if not ns.no_ray:
         import ray
 
@@ -103,9 +113,54 @@ def main() -> None:
                                        (max(ns.iterations // 4, 10), ns.iterations), ns.repeat)
             print(f"raw Ray actor round trip      {fmt(trip)}")
             print(f"rp.run Ray (warm)             {fmt(on_ray)}   {ratio(on_ray, trip)} round trips (goal <= 3)")
+            if ns.jit_replicas:
+                jit_rows(ns, "ray", trip)
         finally:
             ray.shutdown()
     print(f"load average at the end: {load_average()}")
+
+
+def jit_rows(ns: argparse.Namespace, backend: str, trip: list[float] | None) -> None:
+    """The warm `rp.jax.jit` call with resident arguments, and with 1 MiB of changed host arguments."""
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    n = ns.jit_replicas
+    add = rp.jax.jit(lambda a, b: a + b, num_replicas=n, in_specs=(P("x"), P("x")), out_specs=P("x"),
+                     backend=backend)
+    x = np.arange(4 * n, dtype=np.float32)
+    held = [add(x, x)]
+
+    def resident() -> None:
+        held[0] = add(held[0], held[0])
+
+    program = next(iter(add._cache.values())).program  # noqa: SLF001 - the per-device program, for the floor
+    interp = Interpreter(compile_module(program.module))
+    shard = [np.arange(4, dtype=np.float32)] * 2
+    calls, direct = interleaved(resident, lambda: interp.run(shard), (ns.iterations, ns.iterations * 10), ns.repeat)
+    fixed = [c - n * d for c, d in zip(calls, direct)]
+    goal = "30 us" if backend == "threads" else "300 us"
+    print(f"jit {backend:7} N={n} resident   {fmt(calls)}   fixed cost {fmt(fixed)} (goal <= {goal})"
+          + (f"  {ratio(calls, trip)} round trips" if trip else ""))
+
+    big = np.ones(1 << 18, np.float32)  # 1 MiB, the same for every replica
+    use = rp.jax.jit(lambda w, a: (w, a + w[0]), num_replicas=n, in_specs=(P(), P("x")),
+                     out_specs=(P(), P("x")), backend=backend)
+    kept_w, _ = use(big, x)  # resident from now on: the same job's own output
+
+    def changed() -> None:
+        use(big + 0, x)  # a new host array every call
+
+    def kept() -> None:
+        use(kept_w, x)
+
+    fresh, stay = interleaved(changed, kept, (max(ns.iterations // 4, 10), max(ns.iterations // 4, 10)), ns.repeat)
+    extra = [f - k for f, k in zip(fresh, stay)]
+    print(f"jit {backend:7} N={n} 1 MiB host {fmt(fresh)}   extra {fmt(extra)} over resident (goal <= 1 ms)")
+    add.close()
+    use.close()
+    del jax
 
 
 if __name__ == "__main__":

@@ -18,6 +18,27 @@ _RETURNED = threading.Event()  # the `_done` of every run that returned in the c
 _RETURNED.set()
 
 
+class _Flag:
+    """Set once, when one run of a parked replica returned: an Event with a lock's cost (a
+    persistent job's call hands every replica over and back; an Event's Condition costs a dozen
+    lines of Python each way)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            self._lock.release()
+            return True
+        return False
+
+
 class ReplicaRunner:
     def __init__(self, executable: Executable, fabric: MailboxFabric, recorder: FlightRecorder) -> None:
         self.replica_id = fabric.replica_id
@@ -33,11 +54,37 @@ class ReplicaRunner:
         # A persistent job's runner (runtime/session.py) runs again: it keeps its interpreter bound to
         # its fabric after a clean run instead of pooling it.
         self.persistent = False
+        # A persistent replica's thread parks between runs, waiting on `_go` for `_next` (None: end).
+        self._go: threading.Lock | None = None
+        self._next: list[Any] | None = None
         self._named: tuple[Any, str | None] = (None, None)  # (the last instruction `state` named, its name)
 
     def start(self, args: Sequence[Any]) -> None:
         values = list(args)
+        if self.persistent:
+            self._go = threading.Lock()
+            self._go.acquire()
+            self._done = _Flag()
+            workers.submit(lambda: self._parked(values), f"replica-{self.replica_id}")
+            return
         self._done = workers.submit(lambda: self._run(values), f"replica-{self.replica_id}")
+
+    def _parked(self, args: list[Any] | None) -> None:
+        """Run, then wait for the next run's arguments in the same thread (a persistent job)."""
+        go = self._go
+        while args is not None:
+            done = self._done
+            self._run(args)
+            done.set()
+            go.acquire()
+            args, self._next = self._next, None
+
+    def stop(self) -> None:
+        """End a parked replica's thread once its current run returns (its job ended)."""
+        go, self._go = self._go, None
+        if go is not None:
+            self._next = None
+            go.release()
 
     def run_here(self, args: Sequence[Any]) -> None:
         """Run in the calling thread (a program that cannot wait: see `runs_bounded_alone`)."""
@@ -75,6 +122,10 @@ class ReplicaRunner:
         self.mailbox.set_status("running")
         if here:
             self.run_here(args)
+        elif self._go is not None:  # its thread is parked: hand it the arguments
+            self._done = _Flag()
+            self._next = list(args)
+            self._go.release()
         else:
             self.start(args)
 

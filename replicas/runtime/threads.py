@@ -154,10 +154,12 @@ class ThreadBackend:
     def shutdown(self) -> None:
         self.abort(ReplicasError("job stopped"))
         release(self._cores)
-        for rep in self._replicas:  # a persistent job's interpreters, still bound after clean runs
-            if rep.persistent and rep.join(0) and rep.error is None:
-                rep.persistent = False
-                checkin(rep.interpreter)
+        for rep in self._replicas:  # a persistent job's threads and interpreters, kept between runs
+            if rep.persistent:
+                rep.stop()
+                if rep.join(0) and rep.error is None:
+                    rep.persistent = False
+                    checkin(rep.interpreter)
 
     def deliver_from_host(self, replica: int, key: tuple, value: Any) -> None:
         self._mailboxes[replica].deliver(HOST, key, value)

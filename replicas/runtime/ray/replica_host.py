@@ -254,6 +254,8 @@ class ReplicaHost(PersistentCalls):
         for box in self._mailboxes.values():
             box.abort(stopped)
         clean = all(runner.join(timeout) for runner in self._runners.values())
+        for runner in self._runners.values():  # a persistent job's parked threads end
+            runner.stop()
         # An actor whose replica ran out of memory may hold what it allocated: never reuse it.
         clean = clean and not any(is_memory_error(runner.error) for runner in self._runners.values())
         if self._wire is not None:
