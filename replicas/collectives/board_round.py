@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from replicas.caching import Cache
 from replicas.collectives.buffers import MIN_BYTES as POOLED_BYTES
 from replicas.collectives.buffers import pool_of
 from replicas.collectives.exchange import Exchange
@@ -270,16 +271,15 @@ class _ScatterPlan:
                            for k in range(len(local)))
 
 
-_plans: dict[tuple, _ScatterPlan] = {}
+# A topology per member and placement: a pooled actor sees new ones per job.
+_plans: Cache[_ScatterPlan] = Cache("reduce-scatter board plans", 256)
 
 
 def _plan(topo: Topology, first: Values, n: int, dim: int) -> _ScatterPlan:
     key = (topo, n, dim, *((v.dtype, v.shape) for v in first))
     plan = _plans.get(key)
     if plan is None:
-        if len(_plans) > 256:  # a topology per member and placement: a pooled actor sees new ones per job
-            _plans.clear()
-        plan = _plans[key] = _ScatterPlan(topo, first, n, dim)
+        plan = _plans.put(key, _ScatterPlan(topo, first, n, dim))
     return plan
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from replicas.caching import Cache
 from replicas.collectives.groups import intern
 from replicas.collectives.mismatch import mismatch_report
 from replicas.errors import CollectiveMismatchError
@@ -57,14 +58,8 @@ class Fingerprint:
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON-able form; one shared (read-only by convention) dict per interned wire."""
-        found = _dicts.get(id(self.wire))
-        if found is not None and found[0] is self.wire:
-            return found[1]
-        value = {field: _jsonable(v) for field, v in zip(FIELDS, self.wire)}
-        if len(_dicts) > 4096:
-            _dicts.clear()
-        _dicts[id(self.wire)] = (self.wire, value)
-        return value
+        wire = self.wire
+        return _dicts.get_or_make(wire, lambda: {field: _jsonable(v) for field, v in zip(FIELDS, wire)})
 
     def describe(self) -> str:
         """`%ar.2 (all-reduce f32[4])`."""
@@ -72,7 +67,7 @@ class Fingerprint:
         return f"%{self.name} ({self.opcode} {operands})"
 
 
-_dicts: dict[int, tuple[tuple, dict[str, Any]]] = {}
+_dicts: Cache[dict[str, Any]] = Cache("fingerprint dicts", 4096, by_identity=True)
 
 
 def _operand_text(wire: tuple) -> str:

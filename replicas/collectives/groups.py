@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from replicas.caching import Cache
 from replicas.hlo.ir import Instruction
 from replicas.limits import missing_ids, short_text
 
@@ -45,30 +46,22 @@ def is_spmd(module: Any) -> bool:
 # One tuple object per distinct group (and list of groups) in the process: every member's kernel,
 # fingerprint and published BlockInfo share it, so N members of a 1024-group hold one copy, and a
 # batch of states pickles it once.
-_interned: dict[Any, Any] = {}
+_interned: Cache[Any] = Cache("interned groups", 4096)
 
 
 def intern(value: Any) -> Any:
-    if len(_interned) > 4096:  # a long-lived actor running many programs: start over
-        _interned.clear()
-    return _interned.setdefault(value, value)
+    return _interned.get_or_make(value, lambda: value)
 
 
 # Per instruction and per list of groups, what every replica of a process would compute alike:
 # binding N replicas stays O(N) instead of each re-reading all N ids (O(N^2) at 1024: ~10 s).
-_normalized: dict[int, tuple[Instruction, tuple[Group, ...]]] = {}
-_membership: dict[tuple[int, int], tuple[tuple[Group, ...], dict[int, int]]] = {}
+_normalized: Cache[tuple[Group, ...]] = Cache("normalized groups", 4096, by_identity=True)
+_membership: Cache[tuple[int, dict[int, int]]] = Cache("group membership", 4096, by_identity=True)
 
 
 def normalized_groups(inst: Instruction) -> tuple[Group, ...]:
-    found = _normalized.get(id(inst))
-    if found is not None and found[0] is inst:
-        return found[1]
-    groups = intern(tuple(intern(tuple(int(r) for r in g)) for g in inst.attrs.get("replica_groups") or []))
-    if len(_normalized) > 4096:
-        _normalized.clear()
-    _normalized[id(inst)] = (inst, groups)
-    return groups
+    return _normalized.get_or_make(inst, lambda: intern(tuple(intern(tuple(int(r) for r in g))
+                                                              for g in inst.attrs.get("replica_groups") or [])))
 
 
 def plan_groups(inst: Instruction, module: Any, replica_id: int, num_replicas: int) -> GroupPlan:
@@ -92,8 +85,8 @@ def plan_groups(inst: Instruction, module: Any, replica_id: int, num_replicas: i
 def _group_of_replica(inst: Instruction, groups: tuple[Group, ...], num_replicas: int) -> dict[int, int]:
     """replica -> the index of its group; ProgramError unless the groups partition this job's replicas
     (the verifier checked that no group is empty or names a replica twice)."""
-    found = _membership.get((id(groups), num_replicas))
-    if found is not None and found[0] is groups:
+    found = _membership.get(groups)
+    if found is not None and found[0] == num_replicas:
         return found[1]
     seen: dict[int, int] = {}
     for gi, g in enumerate(groups):
@@ -105,9 +98,7 @@ def _group_of_replica(inst: Instruction, groups: tuple[Group, ...], num_replicas
     if len(seen) != num_replicas:
         raise inst.error(f"replica_groups {short_text(_text(groups))} leave out replicas "
                          f"{missing_ids(seen, num_replicas)}: groups must cover every replica exactly once")
-    if len(_membership) > 4096:
-        _membership.clear()
-    _membership[(id(groups), num_replicas)] = (groups, seen)
+    _membership.put(groups, (num_replicas, seen))
     return seen
 
 

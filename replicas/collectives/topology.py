@@ -27,10 +27,10 @@ Who leads a process's members:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from replicas.caching import Cache
 from replicas.collectives.groups import Group
 
 DEPOSIT = 0  # member -> its fixed leader: the member's operand
@@ -80,16 +80,16 @@ class Topology:
         self.result_to = tuple(to)
 
 
-_layouts: dict[tuple[int, int], tuple[Group, Sequence[int], Layout]] = {}
-_layouts_lock = threading.Lock()
+# Per group and placement (each job brings a new placement, so a pooled actor adds entries job after
+# job: the bound keeps that growth small, bench/soak.py).
+_layouts: Cache[tuple[Sequence[int], Layout]] = Cache("layouts", 512, by_identity=True)
 
 
 def layout_of(group: Group, placement: Sequence[int]) -> Layout:
     """The layout of `group` under `placement`, computed once per process (O(group) the first time)."""
-    key = (id(group), id(placement))
-    found = _layouts.get(key)
-    if found is not None and found[0] is group and found[1] is placement:
-        return found[2]
+    found = _layouts.get(group)
+    if found is not None and found[0] is placement:
+        return found[1]
     position: dict[int, int] = {}
     processes: list[list[int]] = []
     leaders: list[int] = []
@@ -107,12 +107,7 @@ def layout_of(group: Group, placement: Sequence[int]) -> Layout:
         process_of_index.append(k)
     layout = Layout(group, tuple(tuple(p) for p in processes), tuple(leaders), tuple(process_of_index),
                     tuple(rank_of_index))
-    with _layouts_lock:
-        # Each job brings a new placement, so a pooled actor adds entries job after job: start over
-        # at a size that keeps that growth small (bench/soak.py).
-        if len(_layouts) > 512:
-            _layouts.clear()
-        _layouts[key] = (group, placement, layout)  # the references keep the ids valid
+    _layouts.put(group, (placement, layout))
     return layout
 
 

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from replicas.caching import Cache
 from replicas.transport import futex
 from replicas.transport.segment import Mapping
 from replicas.transport.shm import PREFIX, SHM_DIR
@@ -122,9 +123,9 @@ class Board:
         # Per hosted replica: the next buffer it writes, and per buffer the readers still to release it.
         self._next = dict.fromkeys(replica_ids, 0)
         self._pending: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
-        self._fingerprints: dict[int, tuple[tuple, bytes]] = {}
-        self._layouts: dict[tuple, bytes] = {}  # a tuple of arrays' (dtype, shape)s -> their pickle
-        self._layouts_read: dict[bytes, tuple] = {}
+        self._fingerprints: Cache[bytes] = Cache("board fingerprints", 4096, by_identity=True)
+        self._layouts: Cache[bytes] = Cache("board layouts", 4096)  # arrays' (dtype, shape)s -> their pickle
+        self._layouts_read: Cache[tuple] = Cache("board layouts read", 4096)
         self._slots: dict[int, tuple[Mapping, int, int]] = {}  # replica -> `_slot(replica)`
         # Set by the host once the job's placement is known: replica -> (first replica of its actor, rank there).
         self.locations: dict[int, tuple[int, int]] = {}
@@ -171,12 +172,10 @@ class Board:
         return mapping, rank * _slot_stride(capacity), capacity
 
     def fingerprint_bytes(self, wire: tuple) -> bytes:
-        found = self._fingerprints.get(id(wire))
-        if found is None or found[0] is not wire:
-            if len(self._fingerprints) > 4096:
-                self._fingerprints.clear()
-            found = self._fingerprints[id(wire)] = (wire, pickle.dumps(wire, protocol=pickle.HIGHEST_PROTOCOL))
-        return found[1]
+        found = self._fingerprints.get(wire)
+        if found is None:
+            found = self._fingerprints.put(wire, pickle.dumps(wire, protocol=pickle.HIGHEST_PROTOCOL))
+        return found
 
     # -- writing ---------------------------------------------------------------------------------
     def publish(self, replica: int, tag: int, fingerprint: bytes, payload: Any, readers: tuple[int, ...],
@@ -245,9 +244,7 @@ class Board:
             return last[2]
         meta = self._layouts.get(layout)
         if meta is None:
-            if len(self._layouts) > 4096:
-                self._layouts.clear()
-            meta = self._layouts[layout] = pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
+            meta = self._layouts.put(layout, pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL))
         fp_len, meta_len = len(fingerprint), len(meta)
         table = _round8(fp_len + meta_len)
         offsets = []
@@ -349,9 +346,7 @@ class Board:
             key = bytes(meta)
             layout = self._layouts_read.get(key)
             if layout is None:
-                if len(self._layouts_read) > 4096:
-                    self._layouts_read.clear()
-                layout = self._layouts_read[key] = pickle.loads(key)  # noqa: S301 - see below
+                layout = self._layouts_read.put(key, pickle.loads(key))  # noqa: S301 - see below
             arrays = tuple(np.ndarray(shape, dtype, buffer=b) for (dtype, shape), b in zip(layout, buffers))
             mapping.opened[base] = (described, arrays)
             return fingerprint, arrays, False, read

@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from replicas.caching import Cache
 from replicas.transport import futex, keys, shm
 from replicas.transport.mailbox import Mailbox
 from replicas.transport.message_bounds import MessageBounds
@@ -145,8 +146,8 @@ class ChannelRings:
         self._outbound: dict[int, _Ring] = {}  # receiving actor -> my ring in its segment
         self._peer_maps: list[Mapping] = []
         self._map_lock = threading.Lock()
-        self._layouts: dict[tuple, bytes] = {}  # (dtype, shape) -> its pickle
-        self._layouts_read: dict[bytes, tuple] = {}
+        self._layouts: Cache[bytes] = Cache("ring layouts", 4096)  # (dtype, shape) -> its pickle
+        self._layouts_read: Cache[tuple] = Cache("ring layouts read", 4096)
         self._inbox = inbox  # maps the peers' arenas: large values come as their descriptors
         self.closed = False
 
@@ -237,9 +238,7 @@ class ChannelRings:
                 layout = (value.dtype, value.shape)
                 meta = self._layouts.get(layout)
                 if meta is None:
-                    if len(self._layouts) > 4096:
-                        self._layouts.clear()
-                    meta = self._layouts[layout] = pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
+                    meta = self._layouts.put(layout, pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL))
                 return meta, value, ARRAY
         if payload_bytes(value) >= shm.MIN_BYTES:
             shared = outbox.encode(value, key) if outbox is not None else None
@@ -321,9 +320,7 @@ class ChannelRings:
                 if not (type(layout) is tuple and len(layout) == 2 and isinstance(layout[0], np.dtype)
                         and not layout[0].hasobject and type(layout[1]) is tuple):
                     raise WireError(f"a channel ring record with the layout {layout!r}")
-                if len(self._layouts_read) > 4096:
-                    self._layouts_read.clear()
-                self._layouts_read[meta] = layout
+                self._layouts_read.put(meta, layout)
             dtype, shape = layout
             count = math.prod(shape)
             if count * dtype.itemsize != data_len:

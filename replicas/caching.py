@@ -1,0 +1,94 @@
+"""One policy for the process-wide caches: bounded, least recently used out first, and one
+`clear_all` for tests.
+
+A cache keyed `by_identity` looks a key up by `id(key)` and keeps a reference to the key, so the id
+cannot be reused by another object while the entry lives, and a hit is the very same object
+(IR nodes, interned tuples and shapes are unhashable or costly to hash; they are compared by
+identity). Other caches key by value.
+
+Caches live as long as their process: a pooled Ray actor runs job after job, and each job brings
+new placements, programs and instructions, so every cache has a bound. `get` is a dict lookup and
+a move to the end of the order, cheap enough for a collective's per-call path; `put` evicts the
+least recently used entries beyond the bound. Thread-safe: a lock guards every change of the
+order (replica threads of one process share these caches).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
+
+V = TypeVar("V")
+
+_ALL: weakref.WeakSet[Cache[Any]] = weakref.WeakSet()
+_MISSING = object()
+
+
+class Cache(Generic[V]):
+    """A bounded LRU map from keys (by value, or `by_identity`) to values."""
+
+    __slots__ = ("name", "size", "by_identity", "_data", "_lock", "__weakref__")
+
+    def __init__(self, name: str, size: int, *, by_identity: bool = False) -> None:
+        if size < 1:
+            raise ValueError(f"cache {name}: size must be at least 1, got {size}")
+        self.name = name
+        self.size = size
+        self.by_identity = by_identity
+        self._data: OrderedDict[Hashable, tuple[Any, V]] = OrderedDict()
+        self._lock = threading.Lock()
+        _ALL.add(self)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value stored for `key` (the very same object, `by_identity`), else `default`."""
+        k = id(key) if self.by_identity else key
+        found = self._data.get(k)
+        if found is None or (self.by_identity and found[0] is not key):
+            return default
+        try:
+            self._data.move_to_end(k)
+        except KeyError:  # evicted by another thread meanwhile: still a valid answer
+            pass
+        return found[1]
+
+    def put(self, key: Any, value: V) -> V:
+        """Store `value` for `key` and return it, evicting the least recently used beyond the bound."""
+        k = id(key) if self.by_identity else key
+        with self._lock:
+            self._data[k] = (key, value)
+            self._data.move_to_end(k)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+        return value
+
+    def get_or_make(self, key: Any, make: Callable[[], V]) -> V:
+        """The value for `key`, made by `make()` and stored when absent (two threads may both make it;
+        the last one stored wins, so `make` must give equal answers)."""
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            value = self.put(key, make())
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Cache({self.name!r}, {len(self._data)}/{self.size}{', by identity' if self.by_identity else ''})"
+
+
+def clear_all() -> None:
+    """Empty every cache of the process (tests that must see a cold start)."""
+    for cache in list(_ALL):
+        cache.clear()
+
+
+def caches() -> list[Cache[Any]]:
+    """Every cache of the process (for tests and reports)."""
+    return sorted(_ALL, key=lambda c: c.name)

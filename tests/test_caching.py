@@ -1,0 +1,34 @@
+"""The one cache policy (replicas/caching.py): bounded, least recently used out first, identity keys
+that hold their object, and one clear for every cache of the process."""
+
+from __future__ import annotations
+
+from replicas.caching import Cache, caches, clear_all
+
+
+def test_the_least_recently_used_entry_goes_first():
+    cache: Cache[int] = Cache("test lru", 2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # "b" is now the least recently used
+    cache.put("c", 3)
+    assert (cache.get("a"), cache.get("b"), cache.get("c")) == (1, None, 3)
+    assert len(cache) == 2
+
+
+def test_identity_keys_match_only_the_same_object_and_keep_it_alive():
+    cache: Cache[str] = Cache("test identity", 8, by_identity=True)
+    key = [1, 2]  # unhashable: only its identity can key it
+    cache.put(key, "mine")
+    assert cache.get(key) == "mine"
+    assert cache.get([1, 2]) is None  # equal, but another object
+    made = []
+    assert cache.get_or_make(key, lambda: made.append(1) or "other") == "mine" and not made
+
+
+def test_clear_all_empties_every_cache_of_the_process():
+    cache: Cache[int] = Cache("test clear", 4)
+    cache.put(1, 1)
+    assert cache in caches()
+    clear_all()
+    assert len(cache) == 0 and cache.get(1) is None
