@@ -427,8 +427,8 @@ def expect_mismatch(m, choice, operands, field, n=2, **kw) -> CollectiveMismatch
     with pytest.raises(CollectiveMismatchError) as info:
         run_threads(m, branch_args(choice, operands), n, **kw)
     e = info.value
-    assert field in [f["field"] for f in e.report["fields"]], e.report
-    assert e.report["collective"] == 0
+    assert field in [f["field"] for f in e.report.fields], e.report
+    assert e.report.collective == 0
     assert str(e).startswith("collective #0: replica ")
     assert f"{field}: " in str(e)
     return e
@@ -443,9 +443,9 @@ def test_mismatch_kind():
     msg = str(e)
     assert "%b0.coll (all-reduce f32[4])" in msg and "%b1.coll (all-gather f32[4])" in msg
     assert "kind: all-reduce != all-gather" in msg or "kind: all-gather != all-reduce" in msg
-    names = {d["name"] for d in e.report["instructions"].values()}
+    names = {d["name"] for d in e.report.instructions.values()}
     assert names == {"b0.coll", "b1.coll"}
-    assert sorted(e.report["replicas"]) == [0, 1]
+    assert sorted(e.report.replicas) == [0, 1]
 
 
 def test_mismatch_shape_and_dtype():
@@ -479,7 +479,7 @@ def test_identity_compared_only_when_strict():
                  branch("b1", "all-reduce", "f32[4]", "f32[4]", to_apply="plus", replica_groups=[])],
                 ops, reducer("add", "f32"), reducer("add", "f32", name="plus"))
     e = expect_mismatch(m, [0, 1], ops, "instruction")
-    assert [f["field"] for f in e.report["fields"]] == ["instruction"]
+    assert [f["field"] for f in e.report.fields] == ["instruction"]
     out = run_threads(m, branch_args([0, 1], ops), 2, strict=False)
     assert out == [(), ()]
 

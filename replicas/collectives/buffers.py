@@ -133,9 +133,6 @@ class BufferPool:
             self._bytes += nbytes
         return buffer
 
-    def kept_bytes(self) -> int:
-        return self._bytes
-
     def retire(self) -> bool:
         """The job is over: its free buffers go to the process's spare ones (a pool that keeps),
         the pool forgets every buffer (one still held elsewhere stays its holder's). False if a

@@ -35,9 +35,6 @@ class MismatchReport:
                 "fields": self.fields, "expected": self.expected, "found": self.found, "sides": self.sides,
                 "deadlock": self.deadlock.to_dict() if self.deadlock is not None else None}
 
-    def __getitem__(self, key: str) -> Any:  # reads like the dict it used to be
-        return self.to_dict()[key]
-
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
 

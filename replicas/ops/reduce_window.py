@@ -65,10 +65,6 @@ class WindowGeometry:
     def trivial_padding(self) -> bool:
         return all(p == (0, 0) for p in self.pad) and all(d == 1 for d in self.lhs_dilate)
 
-    @property
-    def num_elements(self) -> int:
-        return math.prod(self.size)
-
     def element_offsets(self) -> list[tuple[int, ...]]:
         """Window elements in XLA's (row-major) order, as offsets into the padded base."""
         return [

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.name_table import registrar
 from replicas.shapes import Shape
@@ -64,10 +63,6 @@ def lookup(inst: Instruction) -> KernelFactory:
 
 def registered_opcodes() -> frozenset[str]:
     return frozenset(_REGISTRY)
-
-
-def unsupported(inst: Instruction, why: str) -> ProgramError:
-    return inst.error(f"{inst.opcode} is not supported here: {why}")
 
 
 def dimension_list(inst: Instruction, name: str) -> list[int]:
