@@ -73,7 +73,7 @@ def collective_program(op: str, elements: int, n: int, result_elements: int | No
     skipped); all-gather and reduce-scatter keep the operand and carry their result beside it.
     `result_elements`: the program returns only the first elements of the last result (a job's
     return of a large result through Ray's object store is a per-job cost whose page faults vary
-    from job to job by more than the 64 MiB rows' differenced time: bench/README.md, "large")."""
+    from job to job by more than the 64 MiB rows' differenced time: bench/LOG-2026.md, "large")."""
     e = elements
     if op == "all-reduce":
         out, carry = e, "y"

@@ -1,7 +1,7 @@
 """A gauge of the machine: how long a 1 MiB buffer takes to go from one core to the other and back
 (a benchmark's instrument, never a test).
 
-Why (bench/README.md, "Slow periods of the machine"): on this virtual machine there are periods of
+Why (bench/LOG-2026.md, "Slow periods of the machine"): on this virtual machine there are periods of
 seconds in which copying data that the other core wrote takes 3-5x its usual time, while copies of
 a core's own data keep their speed. Every collective of replicas in two processes crosses cores
 that way, and so do JAX's threads and MPI's ranks: a row measured in such a period is slower for a

@@ -1,5 +1,5 @@
 """What XLA's HLO parser accepts and the package took for errors, found by parsing a broad sample
-of XLA's own test modules (bench/README.md, "Parser coverage"): each case against the value XLA
+of XLA's own test modules (bench/LOG-2026.md, "Parser coverage"): each case against the value XLA
 gives (worked out by hand from XLA's semantics where the case is this small)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The leaner per-replica path of a collective and a While loop (bench/README.md, "lean"): a kernel that
+"""The leaner per-replica path of a collective and a While loop (bench/LOG-2026.md, "lean"): a kernel that
 raises in a loop's body or condition is still named, a finished job's collectives keep nothing of it
 alive through a reference cycle, and the collector's threshold follows the replica threads."""
 

@@ -245,7 +245,7 @@ class Exchange:
         Arrays (a lone one as a tuple of one, C-contiguous) are written raw into the board buffer
         whatever their size up to a slot: one wait for the reader (the board word), where the arena
         and a socket message made it wait twice (the board's announcement, then the message through
-        the peer's reader thread and mailbox): 1 MiB 1.16 -> 0.64 ms, measured on two actors of a node. Larger
+        the peer's reader thread and mailbox): about half the time at 1 MiB (bench/LOG-2026.md, "permute"). Larger
         ones, and large values of other kinds, are only announced on the board (so the reader
         compares fingerprints there first) and go as a message through the shared-memory arena."""
         for t in targets:
@@ -264,8 +264,8 @@ class Exchange:
                     self.send(t, 0, value)
                 continue
             if payload_bytes(value) >= shm.MIN_BYTES:
-                # Announced first, then sent (sending first measured slower, 2026-11-26: 1 MiB 1.6-2.3
-                # against 1.2 ms).
+                # Announced first, then sent: the reader compares fingerprints on the board while the
+                # bytes travel (sending first measured slower).
                 board.publish(self.me, tag, fingerprint, value, (0,), self._wait_released, announce_only=True)
                 self.send(t, 0, value)
             elif board.publish(self.me, tag, fingerprint, value, (0,), self._wait_released):
@@ -279,7 +279,7 @@ class Exchange:
         fingerprints say the shapes agree), which the board brings as a tuple of one.
 
         Arrays read off the board are copied at once into buffers of the replica's pool (no fresh
-        pages per call: a fresh 1 MiB result cost 80-120 page faults, bench/README.md "board") and
+        pages per call: a fresh result costs page faults on every call) and
         the board buffer is released to its writer before this returns."""
         board = self._board_for(source)
         if board is not None:
@@ -379,10 +379,9 @@ class Exchange:
         The results travel down `RESULT_LANES` chains of the local members (member k forwards to
         member k + RESULT_LANES before it goes on with its own work): a few threads at a time become
         runnable, instead of every member waking at once and queueing for the GIL (whose waiters each
-        poll every switch interval: a cost that grows with the square of the threads waiting,
-        measured 2x at 1024 members); and the last member waits for N / RESULT_LANES wake-ups in a
-        row, not N (each a wait for a core on a loaded machine: at load 100, one chain of 1024 members
-        took 40 s)."""
+        poll every switch interval: a cost that grows with the square of the threads waiting); and
+        the last member waits for N / RESULT_LANES wake-ups in a row, not N (each a wait for a core
+        on a loaded machine, where one chain of 1024 members took tens of seconds)."""
         topo = self.topo
         if self._reads and not settled:
             results, shared = self.settle((results, shared))

@@ -1,6 +1,6 @@
 """The same-node board: leaders of a collective exchange operands through shared memory, woken by futexes.
 
-Why (py-spy on the 4 actors of `bench/collectives.py`'s 4 KiB all-reduce, bench/README.md "The
+Why (py-spy on the 4 actors of `bench/collectives.py`'s 4 KiB all-reduce, bench/LOG-2026.md "The
 board"): over the sockets, every message of the leaders' round is a pickle, a write, a reader
 thread's wake-up in the peer, a mailbox hand-off and the replica thread's wake-up, and each wake-up
 waits for the GIL behind the actor's other threads; the replica thread spent about a quarter of
@@ -48,7 +48,8 @@ from replicas.transport.segment import Mapping
 from replicas.transport.shm import PREFIX, SHM_DIR
 
 # Payloads up to this many bytes go on the board (per buffer; larger ones announce themselves and
-# go through the fabric: the shared-memory arena's single copy wins there, bench/README.md).
+# go through the fabric: the shared-memory arena's single copy wins there). The selector reads these
+# as `Thresholds.board_slot_bytes` and `board_readers` (collectives/selector.py).
 SLOT_BYTES = 4 << 20
 _VIRTUAL_BUDGET = 1 << 30  # per actor: tmpfs backs only the pages written
 READERS = 8  # reader positions per buffer: the board serves groups of at most 8 processes

@@ -1,6 +1,6 @@
 """Send/Recv between replica actors of one node: a shared-memory ring per ordered pair of actors.
 
-Why (bench/README.md, "Channels on shared-memory rings"): over the sockets, each of a ping-pong's
+Why (bench/LOG-2026.md, "Channels on shared-memory rings"): over the sockets, each of a ping-pong's
 four messages per round trip (data and the channel's acknowledgement, each way) was a pickle, a
 write, a reader thread's wake-up in the peer, a mailbox hand-off and the replica thread's wake-up,
 each waiting for the GIL: ~100 us per message. Through a ring, the sending replica's thread writes

@@ -34,7 +34,7 @@ class Mailbox:
         # The replica's own thread sleeps on `_wake` (a lock used as a binary semaphore) while
         # `_sleeping`; a delivery that completes what it waits for releases it once. Cheaper than a
         # Condition (whose wait allocates a lock and runs a dozen lines of Python per hand-off: py-spy
-        # had `Condition.notify` as the largest line of a packed actor, bench/README.md "small").
+        # had `Condition.notify` as the largest line of a packed actor, bench/LOG-2026.md "small").
         self._wake = threading.Lock()
         self._wake.acquire()
         self._sleeping = False

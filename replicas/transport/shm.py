@@ -1,6 +1,6 @@
 """Same-node shared memory between replica actors: one reusable outbound arena per actor and job.
 
-Why this mechanism (measured, `bench/shm_mechanisms.py` and bench/README.md "Same-node shared memory"):
+Why this mechanism (measured, `bench/shm_mechanisms.py` and bench/LOG-2026.md "Same-node shared memory"):
 - Ray's object store (`ray.put` once, peers `ray.get` zero-copy) costs a raylet round trip to
   create, seal and pin each object, plus the owner's reference counting for a ref handed to
   another actor outside a task (the ref is "borrowed" out of band: Ray keeps it pinned until the
@@ -16,7 +16,7 @@ Why this mechanism (measured, `bench/shm_mechanisms.py` and bench/README.md "Sam
 
 The arena's memory is an unnamed tmpfs file (`memfd_create`) the actor keeps across its jobs; the
 peers of a job open it through `/proc/<pid>/fd/<fd>`. Why: writing a fresh tmpfs page costs 6-9x
-rewriting one (64 MiB: 60-90 ms against 9-20 ms, bench/README.md "Copies per collective"), and an
+rewriting one (64 MiB: 60-90 ms against 9-20 ms, bench/LOG-2026.md "Copies per collective"), and an
 arena made per job paid that again in every job. Unnamed, it leaves nothing under /dev/shm and
 dies with its actor; an idle pooled actor keeps at most `KEEP_BYTES` of it (the rest is returned
 to the kernel when a job ends).

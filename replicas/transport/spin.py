@@ -1,6 +1,6 @@
 """Bounded, adaptive spinning before a futex sleep on shared memory (the board, the channel rings).
 
-Why (bench/README.md, "small"): a replica that sleeps on a futex costs its peer a `FUTEX_WAKE`
+Why (bench/LOG-2026.md, "small"): a replica that sleeps on a futex costs its peer a `FUTEX_WAKE`
 system call and itself a wake-up (~15 us for the call and tens of microseconds before the woken
 thread runs again in this virtual machine), twice per round trip of a ping-pong and once per
 leader and all-reduce. MPI's ranks never sleep: they poll. When every process of the job on

@@ -1,6 +1,6 @@
 """A longer GIL switch interval while many replica threads run in this process.
 
-Why (bench/README.md, "GIL slice"): a thread waiting for the GIL wakes every switch interval (5 ms
+Why (bench/LOG-2026.md, "GIL slice"): a thread waiting for the GIL wakes every switch interval (5 ms
 by default) to ask for it again. Replica threads woken together (a job's start, a collective's
 results, an abort) all wait for it at once, so at N=1024 on the threads backend a busy machine
 turned those wake-ups into a storm that fed itself: with four other busy processes on the 2 cores,
@@ -18,7 +18,7 @@ Meanwhile the cycle collector's threshold of young objects is raised too (to `YO
 Python's 700). Each waiting replica holds a few container objects of its collective (its
 exchange, blocked record, message keys): at N=256, 2,500 of them alive at any time, so a
 collection every 700 allocations found young objects that were all still alive, moved them on
-and collected the older generations often (1.3 ms per all-reduce of ~25, bench/README.md "lean").
+and collected the older generations often (1.3 ms per all-reduce of ~25, bench/LOG-2026.md "lean").
 With the higher threshold most of what a collection would have seen is freed by then.
 """
 
