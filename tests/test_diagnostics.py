@@ -49,12 +49,12 @@ def check_error(case: Case, error: BaseException) -> None:
         report = error.report
         json.dumps(report.to_dict())  # JSON-able, like the deadlock Report
         if case.replicas:
-            assert sorted(report["replicas"]) == sorted(case.replicas)
-        names = {v["name"] for v in report["instructions"].values()}
+            assert sorted(report.replicas) == sorted(case.replicas)
+        names = {v["name"] for v in report.instructions.values()}
         assert names <= set(case.instructions) and len(names) == 2
-        differing = [f["field"] for f in report["fields"]]
+        differing = [f["field"] for f in report.fields]
         assert case.mismatch_field in differing, f"{case.name}: {differing}"
-        for f in report["fields"]:
+        for f in report.fields:
             assert f["expected"] != f["found"]
 
 
@@ -151,11 +151,11 @@ def test_mismatch_names_both_instructions_as_a_diff() -> None:
     with pytest.raises(CollectiveMismatchError) as info:
         run_case(BY_NAME["mismatched_reductions"])
     report = info.value.report
-    assert report["collective"] == 0
-    assert [f["field"] for f in report["fields"]] == ["reduction", "instruction"]
-    diff = report["fields"][0]
+    assert report.collective == 0
+    assert [f["field"] for f in report.fields] == ["reduction", "instruction"]
+    diff = report.fields[0]
     assert {diff["expected"], diff["found"]} == {"add(f32)", "maximum(f32)"}
-    assert {report["expected"]["instruction"][1], report["found"]["instruction"][1]} == {"ar_a", "ar_b"}
+    assert {report.expected["instruction"][1], report.found["instruction"][1]} == {"ar_a", "ar_b"}
     assert "maximum(f32) != add(f32)" in str(info.value) or "add(f32) != maximum(f32)" in str(info.value)
     assert json.loads(report.to_json()) == report.to_dict()
     diff_lines = str(report).splitlines()
@@ -168,10 +168,10 @@ def test_group_mismatch_found_from_the_flight_recorder_of_a_replica_that_moved_o
     with pytest.raises(CollectiveMismatchError) as info:
         run_case(BY_NAME["mismatched_groups_one_replica_alone"])
     report = info.value.report
-    assert report["replicas"] == [0, 1]
-    assert report["instructions"]["0"]["name"] == "ar_a"
-    assert report["instructions"]["1"]["name"] == "ar_b"
-    (field,) = [f for f in report["fields"] if f["field"] == "replica_groups"]
+    assert report.replicas == [0, 1]
+    assert report.instructions["0"]["name"] == "ar_a"
+    assert report.instructions["1"]["name"] == "ar_b"
+    (field,) = [f for f in report.fields if f["field"] == "replica_groups"]
     assert field["expected"] == [[0, 1]] and field["found"] == [[0], [1]]
     assert "replica 1 completed its collective #0 without replica 0" in str(info.value)
 
