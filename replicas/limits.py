@@ -10,6 +10,11 @@ before a list, an array or a message of that size is built.
                   replicas (every replica materializes its own); default: this machine's physical
                   memory, environment variable REPLICAS_MAX_BYTES.
     max_nesting   depth of tuple shapes and of nested values; fixed at 64 (XLA programs use < 10).
+    max_program_bytes
+                  bytes of one program's text or .msgpack file, refused before it is read or parsed
+                  (parsing holds at most ~10 bytes per input byte); default 512 MiB, environment
+                  variable REPLICAS_MAX_PROGRAM_BYTES.
+    max_rank      dimensions of one array shape; fixed at 64 (XLA's own limit).
 
 `configure(...)` changes them for this process (Ray actors read the environment variables).
 """
@@ -25,7 +30,9 @@ from typing import Any
 from replicas.errors import ProgramError
 
 DEFAULT_MAX_REPLICAS = 4096
+DEFAULT_MAX_PROGRAM_BYTES = 512 << 20
 MAX_NESTING = 64
+MAX_RANK = 64
 # Error messages list at most this many ranges of replica ids, then say how many were left out.
 MAX_LISTED_RANGES = 8
 
@@ -54,23 +61,27 @@ def _env_int(name: str, default: int) -> int:
 class Limits:
     max_replicas: int
     max_bytes: int
+    max_program_bytes: int = DEFAULT_MAX_PROGRAM_BYTES
     max_nesting: int = MAX_NESTING
 
 
 _current = Limits(_env_int("REPLICAS_MAX_REPLICAS", DEFAULT_MAX_REPLICAS),
-                  _env_int("REPLICAS_MAX_BYTES", _physical_memory()))
+                  _env_int("REPLICAS_MAX_BYTES", _physical_memory()),
+                  _env_int("REPLICAS_MAX_PROGRAM_BYTES", DEFAULT_MAX_PROGRAM_BYTES))
 
 
 def current() -> Limits:
     return _current
 
 
-def configure(*, max_replicas: int | None = None, max_bytes: int | None = None) -> Limits:
+def configure(*, max_replicas: int | None = None, max_bytes: int | None = None,
+              max_program_bytes: int | None = None) -> Limits:
     """Set this process's ceilings; returns the previous ones (pass them back to restore)."""
     global _current
     previous = _current
     changes: dict[str, int] = {}
-    for name, value in (("max_replicas", max_replicas), ("max_bytes", max_bytes)):
+    for name, value in (("max_replicas", max_replicas), ("max_bytes", max_bytes),
+                        ("max_program_bytes", max_program_bytes)):
         if value is not None:
             if not is_integer(value) or value < 1:
                 raise ProgramError(f"{name} must be a positive integer, got {value!r}")
@@ -105,6 +116,16 @@ def check_replicas(value: Any, what: str = "num_replicas") -> int:
     return n
 
 
+def check_program_size(size: int, what: str = "the program") -> None:
+    """ProgramError if a program of `size` bytes (text or .msgpack) is over max_program_bytes:
+    called before the program is read or parsed."""
+    ceiling = _current.max_program_bytes
+    if size > ceiling:
+        raise ProgramError(f"{what} takes {format_bytes(size)}, more than the ceiling of {format_bytes(ceiling)} "
+                           "per program (replicas.limits.configure(max_program_bytes=...) or "
+                           "REPLICAS_MAX_PROGRAM_BYTES)")
+
+
 def shape_bytes(shape: Any) -> int:
     """Bytes a value of `shape` takes (sub-byte types one byte per element), without recursion;
     ProgramError if tuples nest deeper than max_nesting."""
@@ -117,6 +138,9 @@ def shape_bytes(shape: Any) -> int:
         if s.is_tuple:
             stack.extend((t, depth + 1) for t in s.tuple_shapes)
         elif not s.is_token:
+            if len(s.dimensions) > MAX_RANK:
+                raise ProgramError(f"an array shape of rank {len(s.dimensions)}: more than the {MAX_RANK} "
+                                   "dimensions XLA allows")
             total += math.prod(s.dimensions) * max(1, s.dtype.itemsize)
     return total
 
@@ -204,4 +228,5 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 __all__ = ["Limits", "current", "configure", "restore", "check_replicas", "check_shape", "check_module",
+           "check_program_size",
            "shape_bytes", "format_bytes", "id_ranges", "missing_ids", "short_text", "is_integer"]

@@ -182,8 +182,9 @@ class Escaped(AssertionError):
     pass
 
 
-def run_target(target: Any, data: Any, what: str) -> None:
-    """`target(data)` must succeed or raise ProgramError, within the allocation budget."""
+def run_target(target: Any, data: Any, what: str, per_byte: int = DECODE_EXPANSION, allowance: int = 0) -> None:
+    """`target(data)` must succeed or raise ProgramError, within the allocation budget (plus
+    `per_byte` bytes per input byte and `allowance`)."""
     tracemalloc.start()  # only around the target: hypothesis's own generation stays fast
     try:
         target(data)
@@ -194,7 +195,7 @@ def run_target(target: Any, data: Any, what: str) -> None:
     finally:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-    budget = ALLOCATION_BUDGET + DECODE_EXPANSION * _input_bytes(data)
+    budget = ALLOCATION_BUDGET + allowance + per_byte * _input_bytes(data)
     if peak > budget:
         raise Escaped(f"{what}: allocated {peak} bytes, over the budget of {budget}")
 

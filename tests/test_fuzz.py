@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import replicas as rp
-from replicas.hlo.serialize import module_from_bytes, module_to_bytes
+from replicas.hlo.serialize import DECODE_EXPANSION, _ModuleReader, module_from_bytes, module_to_bytes
 from replicas.limits import check_module
 from replicas.runtime.compile import compile_module
 from replicas.runtime.job import prepare
@@ -109,6 +109,16 @@ TARGETS = {".hlo": lambda b: parse_target(b.decode("utf-8", "surrogateescape")),
            ".npz": npz_target}
 
 
+# Bytes allocated per input byte: HLO text is parsed within 10; a .msgpack module's decoded objects
+# are refused past their budget; .npz members are bounded by their declared sizes.
+PER_BYTE = {".hlo": 10, ".msgpack": _ModuleReader.BUDGET_PER_BYTE + 1, ".npz": DECODE_EXPANSION}
+ALLOWANCE = {".hlo": 0, ".msgpack": _ModuleReader.BUDGET_FLOOR, ".npz": 0}
+
+
+def bounded(path_kind: str) -> dict[str, int]:
+    return {"per_byte": PER_BYTE[path_kind], "allowance": ALLOWANCE[path_kind]}
+
+
 def kind(path: Path) -> str:
     """A corpus file's kind: its suffix (before ".gz": large inputs are stored compressed)."""
     return Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
@@ -128,7 +138,7 @@ def test_the_corpus_is_not_empty():
 
 @pytest.mark.parametrize("path", CORPUS_FILES, ids=lambda p: p.name)
 def test_corpus_input_raises_only_program_error(path: Path):
-    run_target(TARGETS[kind(path)], content(path), str(path.name))
+    run_target(TARGETS[kind(path)], content(path), str(path.name), **bounded(kind(path)))
 
 
 SMALL_CORPUS_FILES = [p for p in CORPUS_FILES if p.suffix != ".gz"]  # the large ones are replayed once, above
@@ -137,7 +147,7 @@ SMALL_CORPUS_FILES = [p for p in CORPUS_FILES if p.suffix != ".gz"]  # the large
 def test_the_corpus_through_rp_load():
     for path in SMALL_CORPUS_FILES:
         if kind(path) in (".hlo", ".msgpack"):
-            run_target(rp.load, path, path.name)
+            run_target(rp.load, path, path.name, **bounded(kind(path)))
 
 
 def test_decoding_a_module_holds_at_most_its_expansion_and_a_larger_input_is_refused_up_front(tmp_path):
@@ -165,7 +175,7 @@ text_ops = st.lists(st.tuples(st.sampled_from(["drop", "dup", "swap", "number", 
 
 def test_fuzz_hlo_text():
     fuzz("hlo text", 150, lambda seed, ops: run_target(parse_target, mutate_text(HLO_SEEDS[seed], ops),
-                                                       "HLO text"),
+                                                       "HLO text", **bounded(".hlo")),
          seed=st.sampled_from(range(len(HLO_SEEDS))), ops=text_ops)
 
 

@@ -24,10 +24,10 @@ from replicas.shapes import Shape
 
 _INT = re.compile(r"-?[0-9]+")
 _WORD = re.compile(r"[A-Za-z0-9_?.\-]+(?:->[A-Za-z0-9_?]+)?")
-_BRACED_GROUPS = re.compile(r"\{\s*(?:\{[^{}]*\}(?:\s*,\s*\{[^{}]*\})*)?\s*\}")
+_BRACED_GROUPS = re.compile(r"\{\s*(?:\{[^{}]*\}(?:\s*,\s*\{[^{}]*\})*+)?\s*\}")
 _GROUP = re.compile(r"\{([^{}]*)\}")
 _IOTA_GROUPS = re.compile(r"\[([0-9,\s]*)\]\s*<=\s*\[([0-9,\s]*)\](?:\s*T\(([0-9,\s]*)\))?")
-_SLICES = re.compile(r"\{\s*(?:\[[^\[\]]*\](?:\s*,\s*\[[^\[\]]*\])*)?\s*\}")
+_SLICES = re.compile(r"\{\s*(?:\[[^\[\]]*\](?:\s*,\s*\[[^\[\]]*\])*+)?\s*\}")
 _SLICE = re.compile(r"\[([^\[\]]*)\]")
 _COMP_NAME = re.compile(r"%?([A-Za-z_][A-Za-z0-9_.\-]*)")
 

@@ -75,11 +75,12 @@ def load(path: str | os.PathLike[str], *, elided: str = "error", verify: bool = 
 def _read_bounded(path: Path) -> bytes:
     """The file's bytes; a special file (a pipe, /dev/zero) or one over the byte ceiling is refused
     before it is read."""
-    from replicas.limits import current, format_bytes
+    from replicas.limits import check_program_size, current, format_bytes
 
     info = path.stat()
     if not stat.S_ISREG(info.st_mode):
         raise ProgramError(f"{str(path)!r}: cannot read: not a regular file")
+    check_program_size(info.st_size, str(path))
     if info.st_size > current().max_bytes:
         raise ProgramError(f"{str(path)!r}: {format_bytes(info.st_size)} is more than the ceiling of "
                            f"{format_bytes(current().max_bytes)}")

@@ -2,7 +2,9 @@
 raw attribute values, with line/column positions for error messages.
 
 Every pattern here is anchored at the current position and made of single-pass pieces (character
-classes, non-overlapping alternatives), so scanning is linear in the length of the text.
+classes, non-overlapping alternatives), so scanning is linear in the length of the text. Every
+repetition of a group is possessive (`*+`, `++`): Python's `re` otherwise keeps a backtracking
+record per iteration, ~120 bytes per character of a long comment or string.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import re
 from replicas.errors import ProgramError
 
 # Whitespace, /* block */ and // line comments (XLA prints /*index=5*/ inside long lists).
-_SKIP = re.compile(r"(?:[ \t\r\n]+|/\*(?:[^*]|\*(?!/))*\*/|//[^\n]*)*")
+_SKIP = re.compile(r"(?:[ \t\r\n]++|/\*(?:[^*]++|\*(?!/))*+\*/|//[^\n]*+)*+")
 _NOT_SKIPPABLE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789%_{}()[],=:\"-.")
-_SKIP_INLINE = re.compile(r"(?:[ \t\r]+|/\*(?:[^*\n]|\*(?!/))*\*/)*")
+_SKIP_INLINE = re.compile(r"(?:[ \t\r]++|/\*(?:[^*\n]++|\*(?!/))*+\*/)*+")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _INT = re.compile(r"-?[0-9]+")
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)  # XLA's strings may span lines (a module inside an attribute)
+_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.S)  # XLA's strings may span lines (a module inside an attribute)
 # Characters a raw attribute value may run over without any bookkeeping.
 _RAW_PLAIN = re.compile(r'[^,{}\[\]()"\n]*')
 _RAW_PLAIN_NESTED = re.compile(r'[^{}\[\]()"]*')

@@ -7,6 +7,7 @@ them for a tuple shape. Floats print as the shortest text that reads back to the
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -22,21 +23,27 @@ _COMMENT = re.compile(r"/\*.*?\*/", re.S)  # XLA prints /*i0=1*/ index comments 
 
 
 class _Tokens:
+    """The literal's tokens one at a time (a list of them would hold a Python string per number)."""
+
     def __init__(self, body: str) -> None:
         if "/*" in body:
             body = _COMMENT.sub(" ", body)
-        self.tokens = _TOKEN.findall(body)
-        self.i = 0
+        self._matches = _TOKEN.finditer(body)
+        self._peeked = self._advance()
+
+    def _advance(self) -> str:
+        m = next(self._matches, None)
+        return "" if m is None else m.group(0)
 
     def next(self) -> str:
-        if self.i >= len(self.tokens):
+        tok = self._peeked
+        if not tok:
             raise ValueError("literal ends too early")
-        tok = self.tokens[self.i]
-        self.i += 1
+        self._peeked = self._advance()
         return tok
 
     def peek(self) -> str:
-        return self.tokens[self.i] if self.i < len(self.tokens) else ""
+        return self._peeked
 
     def expect(self, tok: str) -> None:
         got = self.next()
@@ -44,30 +51,68 @@ class _Tokens:
             raise ValueError(f"expected {tok!r} in literal, got {got!r}")
 
 
+class _Sink:
+    """The scalars' text converted into the result a chunk at a time, so that no more than a chunk
+    of Python objects is alive however long the literal is."""
+
+    CHUNK = 1 << 15
+
+    def __init__(self, shape: Shape, count: int) -> None:
+        self.shape = shape
+        # Pages of np.empty are touched only as they are filled: a short literal of a large declared
+        # shape costs what it holds (and the caller bounded `count` by the text's length).
+        self.flat = np.empty(count, dtype=shape.dtype)
+        self.filled = 0
+        self.pending: list[Any] = []
+
+    def append(self, scalar: Any) -> None:
+        self.pending.append(scalar)
+        if len(self.pending) >= self.CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        n = len(self.pending)
+        if self.filled + n > self.flat.size:
+            raise ValueError(f"the literal has more than the {self.flat.size} elements of its shape")
+        if n:
+            self.flat[self.filled:self.filled + n] = _to_array(self.pending, self.shape)
+            self.filled += n
+            self.pending = []
+
+    def array(self) -> np.ndarray:
+        self.flush()
+        if self.filled != self.flat.size:
+            raise ValueError(f"the literal has {self.filled} elements, its shape {self.flat.size}")
+        return self.flat.reshape(self.shape.dimensions)
+
+
 def parse_literal(body: str, shape: Shape) -> Any:
     """The literal text between `constant(` and `)` for a constant of `shape`."""
     if body.strip() in ("{...}", "..."):
         raise ValueError("the literal was elided as {...}; dump the module with print_large_constants")
     tokens = _Tokens(body)
-    value = _literal(tokens, shape)
-    if tokens.i != len(tokens.tokens):
+    value = _literal(tokens, shape, len(body))
+    if tokens.peek():
         raise ValueError(f"unexpected {tokens.peek()!r} after the literal")
     return value
 
 
-def _literal(tokens: _Tokens, shape: Shape) -> Any:
+def _literal(tokens: _Tokens, shape: Shape, length: int) -> Any:
     if shape.is_tuple:
         tokens.expect("(")
         elems = []
         for k, sub in enumerate(shape.tuple_shapes):
             if k:
                 tokens.expect(",")
-            elems.append(_literal(tokens, sub))
+            elems.append(_literal(tokens, sub, length))
         tokens.expect(")")
         return tuple(elems)
     if shape.is_token:
         raise ValueError("a token has no literal")
-    scalars: list[Any] = []
+    count = math.prod(shape.dimensions)
+    if count > length // 2 + 1:  # each element takes a character and a separator
+        raise ValueError(f"{length} characters cannot hold the {count} elements of the shape")
+    scalars = _Sink(shape, count)
     is_complex = shape.element_type.is_complex
     if shape.rank == 0:
         # XLA also accepts a rank-0 literal written as a one-element list.
@@ -79,10 +124,10 @@ def _literal(tokens: _Tokens, shape: Shape) -> Any:
             tokens.expect("}")
     else:
         _nested(tokens, shape.dimensions, 0, is_complex, scalars)
-    return _to_array(scalars, shape)
+    return scalars.array()
 
 
-def _scalar(tokens: _Tokens, is_complex: bool, out: list[Any]) -> None:
+def _scalar(tokens: _Tokens, is_complex: bool, out: _Sink) -> None:
     if is_complex:
         tokens.expect("(")
         re_part = tokens.next()
@@ -97,7 +142,7 @@ def _scalar(tokens: _Tokens, is_complex: bool, out: list[Any]) -> None:
     out.append(tok)
 
 
-def _nested(tokens: _Tokens, dims: tuple[int, ...], level: int, is_complex: bool, out: list[Any]) -> None:
+def _nested(tokens: _Tokens, dims: tuple[int, ...], level: int, is_complex: bool, out: _Sink) -> None:
     tokens.expect("{")
     count = 0
     if tokens.peek() != "}":
@@ -122,17 +167,16 @@ def _to_array(scalars: list[Any], shape: Shape) -> np.ndarray:
     et = shape.element_type
     dtype = shape.dtype
     if et is PrimitiveType.PRED:
-        flat = np.array([_pred(t) for t in scalars], dtype=np.bool_)
-    elif et.is_integral:
-        flat = _int_array(scalars, dtype, et)
-    elif et.is_complex:
+        return np.array([_pred(t) for t in scalars], dtype=np.bool_)
+    if et.is_integral:
+        return _int_array(scalars, dtype, et)
+    if et.is_complex:
         part = np.float32 if et is PrimitiveType.C64 else np.float64
         flat = np.empty(len(scalars), dtype=dtype)
         flat.real = _float_array([t[0] for t in scalars], np.dtype(part))
         flat.imag = _float_array([t[1] for t in scalars], np.dtype(part))
-    else:
-        flat = _float_array(scalars, dtype)
-    return flat.reshape(shape.dimensions)
+        return flat
+    return _float_array(scalars, dtype)
 
 
 def _pred(tok: str) -> bool:

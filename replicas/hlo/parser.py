@@ -26,7 +26,7 @@ from replicas.hlo.lexer import Scanner
 from replicas.hlo.literals import parse_literal
 from replicas.hlo.opcodes import KNOWN_OPCODES
 from replicas.hlo.window import make_window
-from replicas.limits import MAX_NESTING, check_replicas, check_shape
+from replicas.limits import MAX_NESTING, check_program_size, check_replicas, check_shape
 from replicas.shapes import Shape, _ShapeParser
 
 _ARRAY_SHAPE_PATTERN = r"[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^{}\n]*\})?"
@@ -35,9 +35,11 @@ _NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_.\-]*"
 # Fast paths for the forms XLA prints; anything else goes through the general code.
 _HEAD = re.compile(rf"(ROOT[ \t]+)?%?({_NAME_PATTERN})[ \t]*=[ \t]*({_ARRAY_SHAPE_PATTERN})[ \t]+"
                    r"([a-z][a-z0-9\-]*)(?=\()")
-_SIMPLE_OPERANDS = re.compile(rf"\((%?{_NAME_PATTERN}(?:, %?{_NAME_PATTERN})*)?\)")
+_SIMPLE_OPERANDS = re.compile(rf"\((%?{_NAME_PATTERN}(?:, %?{_NAME_PATTERN})*+)?\)")
+_OPERAND_NAME = re.compile(rf"%?({_NAME_PATTERN})")
 _ATTR_KEY = re.compile(rf"[ \t]*,[ \t]*({_NAME_PATTERN})[ \t]*=")
-_FLAT_BRACES = re.compile(r'\{(?:[^{}"\n]|"(?:[^"\\\n]|\\.)*")*\}')
+# Group repetitions are possessive so that matching keeps no per-character backtracking record.
+_FLAT_BRACES = re.compile(r'\{(?:[^{}"\n]++|"(?:[^"\\\n]++|\\.)*+")*+\}')
 _NAME_THEN_BRACKET = re.compile(r"[a-z][a-z0-9]*\[")
 _OPCODE = re.compile(r"[a-z][a-z0-9\-]*")
 _OPCODE_CALL = re.compile(r"([a-z][a-z0-9\-]*)\(")  # `add(`: an instruction written without its shape
@@ -352,14 +354,14 @@ class HloParser:
         simple = _SIMPLE_OPERANDS.match(text, s.pos)
         if simple is not None:  # '(%a, %b)' without inline shapes or comments
             names = []
-            if simple.group(1):
-                offset = simple.start(1)
-                for piece in simple.group(1).split(", "):
-                    name = piece[1:] if piece.startswith("%") else piece
-                    if name not in self._defined:
-                        raise s.error(f"undefined instruction %{name} in computation {comp.name}", offset)
-                    names.append(name)
-                    offset += len(piece) + 2
+            defined = self._defined
+            # One name at a time, each kept as its definition's string: a list of split pieces would
+            # hold a new string per operand.
+            for m in _OPERAND_NAME.finditer(text, simple.start(), simple.end()):
+                operand = defined.get(m.group(1))
+                if operand is None:
+                    raise s.error(f"undefined instruction %{m.group(1)} in computation {comp.name}", m.start())
+                names.append(operand.name)
             s.pos = simple.end()
             return names
         s.expect("(")
@@ -387,7 +389,7 @@ class HloParser:
                 raise s.error(f"undefined instruction %{name} in computation {comp.name}", name_pos)
             if declared is not None and not declared.compatible(operand.shape):
                 raise s.error(f"operand %{name} is declared as {declared} but has shape {operand.shape}", pos)
-            names.append(name)
+            names.append(operand.name)
             if s.accept(","):
                 continue
             s.expect(")", "',' or ')' in the operand list")
@@ -534,6 +536,7 @@ def elided_values(shape: Shape, rng: np.random.Generator | None) -> Any:
 def parse_module(text: str, *, elided: ElidedPolicy = "error") -> Module:
     if elided not in ELIDED_POLICIES:
         raise ProgramError(f"elided must be one of {', '.join(ELIDED_POLICIES)}, got {elided!r}")
+    check_program_size(len(text), "the HLO text")
     parser = HloParser(text, elided)
     try:
         return parser.module()

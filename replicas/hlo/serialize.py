@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import struct
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -298,6 +299,8 @@ def _read(data: bytes | bytearray | memoryview, what: str, read: Callable[[msgpa
         unpacker.feed(data)
         obj = read(unpacker)
         consumed = unpacker.tell()
+    except ProgramError:
+        raise
     except msgpack.OutOfData:
         raise ProgramError(f"damaged {what}: the data is truncated") from None
     except msgpack.exceptions.StackError:
@@ -329,18 +332,29 @@ class _ModuleReader:
     instruction's `line` decoded to 79 MB of Python lists first (0.5 CPU s, ~8 s under a memory
     tracer); skipping them takes milliseconds. An instruction of at most `WHOLE` bytes (all but
     hostile ones) is decoded whole after a skip that finds its end: ~2 us per instruction (reading
-    every instruction field by field made `rp.load` of 20k instructions ~20% slower)."""
+    every instruction field by field made `rp.load` of 20k instructions ~20% slower).
+
+    Every decoded value is charged its Python size against a budget of `BUDGET_PER_BYTE` times the
+    input plus `BUDGET_FLOOR`: a run of one-byte empty lists is 64 bytes of Python per input byte,
+    so without the budget a file of them holds ~80 times its size. A program of many small
+    instructions decodes to ~12 times its size (its IR to ~11), so the budget is above that."""
 
     WHOLE = 4096  # bytes: such an instruction decodes to at most DECODE_EXPANSION times as many
+    BUDGET_PER_BYTE = 16
+    BUDGET_FLOOR = 64 << 20
 
-    def __init__(self, unpacker: msgpack.Unpacker, data: memoryview) -> None:
+    def __init__(self, unpacker: msgpack.Unpacker, data: memoryview, budget: list[int] | None = None) -> None:
         self.unpacker, self.data, self.limit = unpacker, data, max(len(data), 1)
         self.options = _options(self.limit)  # for each instruction decoded whole
+        # Bytes of Python objects still allowed, shared with the readers of parts of the input.
+        self.budget = [self.BUDGET_PER_BYTE * len(data) + self.BUDGET_FLOOR] if budget is None else budget
 
     def module(self) -> Any:
         try:
-            return self._map(("name", "entry"), "computations",
-                             lambda: self._map(("name", "root", "is_fusion"), "instructions", self._instruction))
+            def computation() -> Any:
+                return self._map(("name", "root", "is_fusion"), "instructions", lambda: self._items(self._instruction))
+
+            return self._map(("name", "entry"), "computations", lambda: self._items(computation))
         except IndexError:  # a peek past the end
             raise msgpack.OutOfData from None
 
@@ -350,15 +364,16 @@ class _ModuleReader:
         unpacker.skip()  # checks the structure and finds the end, decoding nothing
         data = self.data[start:unpacker.tell()]
         if len(data) <= self.WHOLE:
-            return msgpack.unpackb(data, **self.options)
-        return _ModuleReader(_unpacker_of(data, self.limit), data)._map(("name", "opcode", "line"))
+            return self._charged(msgpack.unpackb(data, **self.options))
+        reader = _ModuleReader(_unpacker_of(data, self.limit), data, self.budget)
+        return reader._map(("name", "opcode", "line"), "operands", reader._names)
 
     def _map(self, scalars: tuple[str, ...], nested: str = "", item: Callable[[], Any] | None = None) -> Any:
         """A map whose `scalars` fields are read with `_scalar` and whose `nested` field is a list
-        of `item()`; anything else (not a map, say) is decoded whole, for `_decode_module` to judge."""
+        of `item()`; anything else (not a map, say) is read by `_value`, for `_decode_module` to judge."""
         unpacker, data = self.unpacker, self.data
         if _CONTAINER[data[unpacker.tell()]] != _MAP:
-            return unpacker.unpack()
+            return self._value()
         out = {}
         for _ in range(self._length(unpacker.read_map_header(), "map")):
             key = self._scalar()  # a container key is not decoded either
@@ -367,10 +382,85 @@ class _ModuleReader:
             if key in scalars:
                 out[key] = self._scalar()
             elif key == nested and item is not None and _CONTAINER[data[unpacker.tell()]] == _ARRAY:
-                out[key] = [item() for _ in range(self._length(unpacker.read_array_header(), "array"))]
+                out[key] = item()
             else:
-                out[key] = unpacker.unpack()
+                out[key] = self._value()
         return out
+
+    def _items(self, item: Callable[[], Any]) -> list[Any]:
+        count = self._length(self.unpacker.read_array_header(), "array")
+        self._charge(56 + 8 * count)
+        return [item() for _ in range(count)]
+
+    def _names(self) -> list[Any]:
+        """A list that must hold strings: read up to its first non-string (the rest is skipped, and
+        the list stands in as [that one] for `_decode_module` to refuse)."""
+        unpacker = self.unpacker
+        count = self._length(unpacker.read_array_header(), "array")
+        self._charge(56 + 8 * count)
+        names = []
+        for k in range(count):
+            name = self._scalar()
+            if type(name) is not str:
+                for _ in range(count - k - 1):
+                    unpacker.skip()
+                return [name]
+            names.append(self._charged(name))
+        return names
+
+    def _value(self, depth: int = 0) -> Any:
+        """One value of a large instruction (a shape, its attributes): a container of more than
+        `WHOLE` bytes is read an element at a time, so each part is charged as it is decoded."""
+        if depth > MAX_DEPTH:
+            raise _too_deep("a serialized value")
+        unpacker, data = self.unpacker, self.data
+        kind = _CONTAINER[data[unpacker.tell()]]
+        if not kind:
+            return self._charged(unpacker.unpack())
+        start = unpacker.tell()
+        unpacker.skip()
+        part = data[start:unpacker.tell()]
+        if len(part) <= self.WHOLE:
+            return self._charged(msgpack.unpackb(part, **self.options))
+        reader = _ModuleReader(_unpacker_of(part, self.limit), part, self.budget)
+        if kind == _ARRAY:
+            count = reader._length(reader.unpacker.read_array_header(), "array")
+            self._charge(56 + 8 * count)
+            return [reader._value(depth + 1) for _ in range(count)]
+        count = reader._length(reader.unpacker.read_map_header(), "map")
+        self._charge(64 + 100 * count)
+        out = {}
+        for _ in range(count):
+            key = reader._scalar()
+            if type(key) is not str:
+                raise ValueError(f"{type(key).__name__} is not allowed for map key when strict_map_key=True")
+            out[key] = reader._value(depth + 1)
+        return out
+
+    def _charged(self, value: Any) -> Any:
+        """`value`, its Python size charged against the budget (objects CPython shares, such as
+        None, small integers and one-character strings, cost nothing)."""
+        size = 0
+        stack = [value]
+        while stack:
+            obj = stack.pop()
+            kind = type(obj)
+            if kind is list:
+                stack.extend(obj)
+            elif kind is dict:
+                stack.extend(obj.values())
+            elif obj is None or kind is bool or (kind is int and -5 <= obj <= 256) or (kind is str and len(obj) < 2):
+                continue
+            size += sys.getsizeof(obj)
+        self._charge(size)
+        return value
+
+    def _charge(self, size: int) -> None:
+        self.budget[0] -= size
+        if self.budget[0] < 0:
+            raise ProgramError(f"the module decodes to more than {self.BUDGET_PER_BYTE} times its "
+                               f"{limits.format_bytes(len(self.data))} plus "
+                               f"{limits.format_bytes(self.BUDGET_FLOOR)} of Python objects: refused as hostile")
 
     def _scalar(self) -> Any:
         kind = _CONTAINER[self.data[self.unpacker.tell()]]
@@ -496,6 +586,7 @@ def module_from_bytes(data: bytes | bytearray | memoryview) -> Module:
         data = memoryview(data).cast("B")
     except TypeError:
         raise ProgramError("expected a contiguous byte buffer") from None
+    limits.check_program_size(len(data), "the .msgpack module")
     if len(data) < _HEADER.size or data[:len(MAGIC)] != MAGIC:
         raise ProgramError("not a replicas .msgpack module (bad magic number)")
     _, version = _HEADER.unpack_from(data)
