@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from replicas.checker import zero_arguments
+from replicas.cluster.command import add_cluster_parser, cluster_command
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import CollectiveMismatchError, DeadlockError, ProgramError, ReplicasError
 from replicas.hlo.ir import Instruction
@@ -189,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo = sub.add_parser("demo", help="all-reduce and all-gather on 4 replicas under local Ray", **kw)
     p_demo.add_argument("--replicas", "-n", type=_positive_int, default=4, help="number of replicas")
     p_demo.add_argument("--backend", default="ray", choices=("ray", "threads"), help="what runs the replicas")
+    add_cluster_parser(sub, formatter_class=_Formatter)
     return parser
 
 
@@ -216,6 +218,8 @@ def _warning_line(message: Warning | str, *_: Any, **__: Any) -> None:
 def _dispatch(ns: argparse.Namespace) -> int:
     import replicas as rp
 
+    if ns.command == "cluster":
+        return cluster_command(ns)
     if ns.command == "demo":
         text = DEMO_HLO.replace("replica_count=4", f"replica_count={ns.replicas}").replace(
             "f32[32]", f"f32[{8 * ns.replicas}]")

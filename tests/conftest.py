@@ -390,6 +390,8 @@ def group_of(item: pytest.Item) -> str:
     fixtures = getattr(item, "fixturenames", ())
     if "readme_run" in fixtures or "two_node_cluster" in fixtures:
         return "subprocess"
+    if item.get_closest_marker("hosts"):
+        return "hosts"  # one set of simulated hosts per module: its tests on one worker
     return "ray" if item.get_closest_marker("ray") else ""
 
 

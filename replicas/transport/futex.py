@@ -1,7 +1,9 @@
 """Futexes on words of shared memory: a thread sleeps while a u32 keeps a value, another wakes it.
 
 Only Linux on x86-64 (whose stores are seen in order by other cores) uses them; elsewhere
-`available()` is False and the callers keep to the sockets.
+`available()` is False and the callers keep to the sockets: the same-node path of Linux on ARM and
+of macOS. REPLICAS_NO_FUTEX=1 takes that path here too (read when a job starts, in every actor:
+set it before Ray starts), so it is tested and measured where futexes work (.ci/run, bench/README.md).
 """
 
 from __future__ import annotations
@@ -42,4 +44,6 @@ def wake(address: int) -> None:
 
 def available() -> bool:
     """True when futexes work here and the node has a writable shared-memory folder to put words in."""
+    if os.environ.get("REPLICAS_NO_FUTEX", "") not in ("", "0"):
+        return False
     return _SYS_FUTEX is not None and _libc is not None and os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)

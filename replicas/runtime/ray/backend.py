@@ -19,6 +19,7 @@ from collections import Counter
 from typing import Any
 
 from replicas.cluster.address import prepare_to_join
+from replicas.cluster.liveness import quiet_ray_messages, silent, silent_failure
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
@@ -60,6 +61,7 @@ def ensure_ray(address: str | None = None, timeout: float | None = None) -> None
         try:
             with _loopback_node() if _on_loopback(address) else contextlib.nullcontext():
                 ray.init(address=address, **kwargs)
+            quiet_ray_messages()
         except Exception as e:  # noqa: BLE001 - Ray raises many kinds; the user needs one
             raise ReplicaFailure(f"cannot start or join Ray (address={address!r}): {type(e).__name__}: {e}") from e
 
@@ -437,7 +439,13 @@ class RayBackend(PersistentJob):
     def states(self) -> list[ReplicaState]:
         self._touch("states")
         out: list[ReplicaState] = []
-        for states in self._get([a.states.remote() for a in self._actors]):
+        refs = [a.states.remote() for a in self._actors]
+        nodes = [(POOL.note(a).get("address") or {}).get("node") for a in self._actors]
+        quiet = silent(self._ray, refs, nodes, self._ray.get_runtime_context().get_node_id())
+        if quiet:  # a host cut off or frozen: Ray would take a minute to say so (cluster/liveness.py)
+            self._dead.update(quiet)
+            raise silent_failure(self._ray, self._groups, quiet, nodes)
+        for states in self._get(refs):
             out.extend(states)
         self._last = {s.replica: s for s in out}
         return out
@@ -528,7 +536,8 @@ class RayBackend(PersistentJob):
             return merged
         self._touch("events", quiet=True)
         try:
-            for part in self._ray.get([a.events.remote() for a in self._actors], timeout=10):
+            live = [a for i, a in enumerate(self._actors) if i not in self._dead]  # the dead never answer
+            for part in self._ray.get([a.events.remote() for a in live], timeout=10):
                 merged.update(pickle.loads(part))  # noqa: S301 - our own actors' bytes
         except Exception:  # noqa: BLE001 - events are a best-effort addition to a report
             pass

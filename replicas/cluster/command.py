@@ -1,0 +1,63 @@
+"""`replicas cluster start|stop|status|run`: simulated hosts on this machine (replicas/cluster/hosts.py)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from typing import Any
+
+HELP = """Simulated hosts on this Linux machine (root): each its own network, mount and UTS namespace
+(an address 10.213.0.<k+2> on a private bridge, its own /dev/shm and hostname) and its own Ray node
+with the custom resource host<k>, joined to the head on host 0, with Ray's token authentication.
+A driver runs inside a host: `replicas cluster run -- replicas run program.hlo --address auto`."""
+
+
+def add_cluster_parser(sub: Any, **kw: Any) -> None:
+    p = sub.add_parser("cluster", help="start, stop, inspect simulated hosts on this machine, run a driver on one",
+                       description=HELP, **kw)
+    actions = p.add_subparsers(dest="action", required=True)
+    start = actions.add_parser("start", help="start the hosts and their Ray nodes; prints the head's address")
+    start.add_argument("--hosts", type=int, default=2, help="how many hosts (1-16)")
+    start.add_argument("--cpus", type=int, default=1, help="Ray CPUs per host")
+    start.add_argument("--rate", default=None, help="each link's bandwidth, as tc says it (1gbit, 100mbit)")
+    start.add_argument("--delay", default=None, help="each link's one-way delay (tc netem: 1ms)")
+    start.add_argument("--loss", default=None, help="each link's packet loss (tc netem: 5%%)")
+    for name, text in (("stop", "end every process of the hosts and remove them"),
+                       ("status", "the hosts, their addresses, processes and links")):
+        actions.add_parser(name, help=text)
+    run = actions.add_parser("run", help="run a command inside a host (default the head's), as its driver")
+    run.add_argument("--host", default="0", help="host number or name")
+    run.add_argument("argv", nargs=argparse.REMAINDER, help="the command (after --)")
+    for q in actions.choices.values():
+        q.add_argument("--name", default="rp", help="the cluster's name (1-8 letters or digits)")
+
+
+def cluster_command(ns: argparse.Namespace) -> int:
+    from replicas.cluster import hosts
+
+    if ns.action == "start":
+        cluster = hosts.start(ns.name, ns.hosts, cpus=ns.cpus, rate=ns.rate, delay=ns.delay, loss=ns.loss)
+        print(cluster.address)
+        return 0
+    if ns.action == "stop":
+        hosts.stop(ns.name)
+        return 0
+    if ns.action == "status":
+        for row in hosts.status(ns.name):
+            print("  ".join(f"{k}={v}" for k, v in row.items()))
+        return 0
+    argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
+    if not argv:
+        print("replicas cluster run: give the command after --", file=sys.stderr)
+        return 2
+    proc = hosts.run_in(hosts.load(ns.name), ns.host, argv)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            return proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return 130

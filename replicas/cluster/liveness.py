@@ -1,0 +1,61 @@
+"""A host that stops answering: a link cut, a host frozen, a node lost without a word. Ray notices
+such a node only when its heartbeats have been missed for about a minute; a job across hosts
+notices at its next poll: the driver asks every actor for its replicas' states a few times a
+second, and an actor on another node that has not answered for LIVENESS_SECONDS while an actor
+elsewhere did ends the job, naming the replicas it runs and its host.
+
+An actor of the driver's own node is never judged this way (a busy machine delays them all alike;
+an actor process that dies there is reported by Ray at once), nor is one when no actor answered
+(the driver itself, or the whole machine, was slow)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from replicas.errors import ReplicaFailure
+from replicas.records import replicas_text
+
+LIVENESS_SECONDS = float(os.environ.get("REPLICAS_LIVENESS_SECONDS", "3"))
+
+
+def silent(ray: Any, refs: list[Any], nodes: list[str | None], here: str | None) -> list[int]:
+    """Indexes of the calls `refs` (one per actor, on `nodes`) to actors of another node than
+    `here` that did not answer within LIVENESS_SECONDS while some other actor did."""
+    _, pending = ray.wait(refs, num_returns=len(refs), timeout=LIVENESS_SECONDS)
+    if not pending or len(pending) == len(refs):
+        return []
+    waiting = set(pending)
+    return [i for i, ref in enumerate(refs) if ref in waiting and nodes[i] is not None and nodes[i] != here]
+
+
+def silent_failure(ray: Any, groups: list[list[int]], indexes: list[int], nodes: list[str | None]) -> ReplicaFailure:
+    """The error naming every replica of the silent actors and their hosts' addresses."""
+    ids = sorted(r for i in indexes for r in groups[i])
+    try:
+        address = {n["NodeID"]: n.get("NodeManagerAddress") for n in ray.nodes()}
+    except Exception:  # noqa: BLE001 - the cluster's table is a courtesy here
+        address = {}
+    hosts = sorted({str(address.get(nodes[i]) or nodes[i]) for i in indexes})
+    where = ", ".join(hosts)
+    return ReplicaFailure(f"{replicas_text(ids)} on {'host' if len(hosts) == 1 else 'hosts'} {where} stopped "
+                          f"answering: no report for {LIVENESS_SECONDS:g} s while the others reported (a link cut, "
+                          "a host frozen or its Ray node lost)", ids[0], cause="unresponsive")
+
+
+def quiet_ray_messages() -> None:
+    """Ray's driver prints what its cluster publishes as errors ("(raylet) The node ... has been
+    marked dead ...") to this process's stdout, which is the user's: to stderr instead."""
+    try:
+        from ray._private import worker
+    except ImportError:
+        return
+    original = worker.print_to_stdstream
+    if getattr(original, "_replicas_quiet", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        original(dict(data, is_err=True), ignore_prefix)
+
+    to_stderr._replicas_quiet = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr
