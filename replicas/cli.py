@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo = sub.add_parser("demo", help="all-reduce and all-gather on 4 replicas under local Ray", **kw)
     p_demo.add_argument("--replicas", "-n", type=_positive_int, default=4, help="number of replicas")
     p_demo.add_argument("--backend", default="ray", choices=("ray", "threads"), help="what runs the replicas")
-    add_cluster_parser(sub, formatter_class=_Formatter)
+    add_cluster_parser(sub, **kw)
     return parser
 
 

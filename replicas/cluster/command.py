@@ -17,7 +17,8 @@ def add_cluster_parser(sub: Any, **kw: Any) -> None:
     p = sub.add_parser("cluster", help="start, stop, inspect simulated hosts on this machine, run a driver on one",
                        description=HELP, **kw)
     actions = p.add_subparsers(dest="action", required=True)
-    start = actions.add_parser("start", help="start the hosts and their Ray nodes; prints the head's address")
+    kw.pop("description", None)
+    start = actions.add_parser("start", help="start the hosts and their Ray nodes; prints the head's address", **kw)
     start.add_argument("--hosts", type=int, default=2, help="how many hosts (1-16)")
     start.add_argument("--cpus", type=int, default=1, help="Ray CPUs per host")
     start.add_argument("--rate", default=None, help="each link's bandwidth, as tc says it (1gbit, 100mbit)")
@@ -25,8 +26,8 @@ def add_cluster_parser(sub: Any, **kw: Any) -> None:
     start.add_argument("--loss", default=None, help="each link's packet loss (tc netem: 5%%)")
     for name, text in (("stop", "end every process of the hosts and remove them"),
                        ("status", "the hosts, their addresses, processes and links")):
-        actions.add_parser(name, help=text)
-    run = actions.add_parser("run", help="run a command inside a host (default the head's), as its driver")
+        actions.add_parser(name, help=text, **kw)
+    run = actions.add_parser("run", help="run a command inside a host (default the head's), as its driver", **kw)
     run.add_argument("--host", default="0", help="host number or name")
     run.add_argument("argv", nargs=argparse.REMAINDER, help="the command (after --)")
     for q in actions.choices.values():
