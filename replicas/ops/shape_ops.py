@@ -132,6 +132,9 @@ def make_reverse(inst: Instruction, ctx: KernelContext) -> Callable[[np.ndarray]
     return reverse
 
 
+IOTA_CHUNK = 1 << 20  # elements; runtime/memory.py declares the temporary
+
+
 @kernel("iota")
 def make_iota(inst: Instruction, ctx: KernelContext) -> Callable[[], np.ndarray]:
     """Counts 0, 1, ... along iota_dimension; computed once at bind time (a read-only constant)."""
@@ -139,11 +142,13 @@ def make_iota(inst: Instruction, ctx: KernelContext) -> Callable[[], np.ndarray]
     dim = int(inst.attrs["iota_dimension"])
     n = shape.dimensions[dim]
     dtype = shape.dtype
-    if dtype.kind in "iub":
-        counts = np.arange(n, dtype=np.int64).astype(dtype)
-    else:
-        # Exact integer counts rounded once to the result type (bf16, f16, f8 round like XLA's convert).
-        counts = np.arange(n, dtype=np.float64).astype(dtype)
+    # Exact integer counts rounded once to the result type (bf16, f16, f8 round like XLA's convert),
+    # a chunk at a time: the wide counts of the whole dimension would take 8 bytes an element.
+    wide = np.int64 if dtype.kind in "iub" else np.float64
+    counts = np.empty(n, dtype=dtype)
+    for start in range(0, n, IOTA_CHUNK):
+        stop = min(n, start + IOTA_CHUNK)
+        counts[start:stop] = np.arange(start, stop, dtype=wide).astype(dtype)
     view_shape = [1] * shape.rank
     view_shape[dim] = n
     counts.flags.writeable = False

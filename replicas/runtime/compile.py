@@ -26,6 +26,7 @@ from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.hlo.opcodes import SIDE_EFFECT_OPCODES
 from replicas.hlo.verify import verify
+from replicas.runtime.memory import check_peak
 from replicas.tuning import affinity
 
 
@@ -103,12 +104,14 @@ def compile_module(module: Module, *, num_replicas: int | None = None) -> Execut
         executable, verified_for = entry
         if num_replicas not in verified_for:
             verify(module, num_replicas=num_replicas)
+            check_peak(executable, num_replicas)
             verified_for.add(num_replicas)
         return executable
     verify(module, num_replicas=num_replicas)
     verified_for: set[int | None] = {num_replicas}
     schedules = {name: schedule_computation(comp) for name, comp in module.computations.items()}
     executable = Executable(module, schedules, key)
+    check_peak(executable, num_replicas)  # memory known before running (runtime/memory.py)
     with _COMPILED_LOCK:
         _COMPILED[key] = (executable, verified_for)
         while len(_COMPILED) > _COMPILED_SIZE:
