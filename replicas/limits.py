@@ -6,9 +6,11 @@ before a list, an array or a message of that size is built.
 
     max_replicas  replicas of one job (and a module's replica_count / num_partitions);
                   default 4096, environment variable REPLICAS_MAX_REPLICAS.
-    max_bytes     bytes of one value a program declares, and of one value times the number of
-                  replicas (every replica materializes its own); default: this machine's physical
-                  memory, environment variable REPLICAS_MAX_BYTES.
+    max_bytes     bytes of one value a program declares, of one value times the number of
+                  replicas (every replica materializes its own), and of a replica's peak live bytes
+                  times the replicas (runtime/memory.py); default: this machine's physical memory, or
+                  the process's address-space or data limit if lower; environment variable
+                  REPLICAS_MAX_BYTES.
     max_nesting   depth of tuple shapes and of nested values; fixed at 64 (XLA programs use < 10).
     max_program_bytes
                   bytes of one program's text or .msgpack file, refused before it is read or parsed
@@ -38,10 +40,22 @@ MAX_LISTED_RANGES = 8
 
 
 def _physical_memory() -> int:
+    """The machine's memory, or less if this process's address space or data segment is capped
+    (a program that cannot fit is then refused before it runs, not stopped by a MemoryError)."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return 16 << 30
+        memory = 16 << 30
+    try:
+        import resource
+
+        for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
+            soft = resource.getrlimit(which)[0]
+            if soft != resource.RLIM_INFINITY and soft > 0:
+                memory = min(memory, soft)
+    except (ImportError, ValueError, OSError):
+        pass
+    return memory
 
 
 def _env_int(name: str, default: int) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import zipfile
-import zlib
 from typing import Any
 
 import numpy as np
@@ -45,7 +44,7 @@ def read_npz_array(npz: Any, key: str, what: str) -> np.ndarray:
                            f"{format_bytes(max(data_bytes, 0))}")
     try:
         return npz[key]
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+    except Exception as e:  # noqa: BLE001 - damaged data of any kind (zlib, zip, numpy's reader) is the file's fault
         raise ProgramError(f"{what}: not a readable array: {type(e).__name__}: {e}") from None
 
 

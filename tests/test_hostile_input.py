@@ -165,3 +165,39 @@ def test_load_refuses_a_special_file(tmp_path):
     link = tmp_path / "zero.hlo"
     link.symlink_to("/dev/zero")
     refused(rp.load, link, match="not a regular file")
+
+
+class _RaisingArray:
+    def __array__(self, dtype=None, copy=None):
+        raise RuntimeError("this object refuses to become an array")
+
+
+def test_an_argument_whose_array_conversion_raises_is_a_program_error():
+    text = "HloModule m\nENTRY e {\n  p = f32[1] parameter(0)\n  ROOT n = f32[1] negate(p)\n}\n"
+    message = refused(rp.run, text, [[_RaisingArray()]], num_replicas=1, backend="threads")
+    assert "refuses to become an array" in message
+
+
+CAPPED = r'''
+import resource, sys
+for line in open("/proc/self/status"):
+    if line.startswith("VmSize:"):
+        size = int(line.split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + (2 << 30),) * 2)
+import replicas as rp
+try:
+    rp.run("HloModule m\nENTRY e {\n  ROOT i = f32[1073741824] iota(), iota_dimension=0\n}\n", [],
+           num_replicas=1, backend="threads")
+except rp.ProgramError as e:
+    print("ProgramError", e)
+'''
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc")
+def test_under_an_address_space_cap_a_program_that_cannot_fit_is_refused_before_it_runs():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CAPPED], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("ProgramError") and "f32[1073741824]" in done.stdout, done.stdout

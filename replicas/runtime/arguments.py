@@ -160,8 +160,9 @@ def _check_value(shape: Shape, value: Any, what: str) -> Any:
             raise ProgramError(f"{what}: expected {shape}, got a list of {len(value)}")
         try:
             arr = np.asarray(value, dtype=shape.dtype)
-        except (TypeError, ValueError, OverflowError, RecursionError) as e:
-            raise ProgramError(f"{what}: cannot convert {_describe(value)} to {shape}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - an element's own __array__ / __float__ may raise anything
+            raise ProgramError(f"{what}: cannot convert {_describe(value)} to {shape}: "
+                               f"{type(e).__name__}: {e}") from None
     else:
         raise ProgramError(f"{what}: expected a numpy array {shape}, got {_describe(value)}")
     dims = shape.dimensions

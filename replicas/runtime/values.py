@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from replicas.errors import ProgramError
+
 MAX_NESTING = 4  # per-replica list > argument list > tuple argument > its elements: deeper is left as is
 
 
@@ -20,5 +22,9 @@ def as_value(value: Any, depth: int = 0) -> Any:
         converted = [as_value(v, depth + 1) for v in value]
         return converted if isinstance(value, list) else tuple(converted)
     if hasattr(value, "__array__") and not isinstance(value, np.generic):
-        return np.asarray(value)
+        try:
+            return np.asarray(value)
+        except Exception as e:  # noqa: BLE001 - a user object's __array__ may raise anything
+            raise ProgramError(f"cannot convert a {type(value).__name__} to an array: "
+                               f"{type(e).__name__}: {e}") from None
     return value
