@@ -271,3 +271,19 @@ def test_nothing_a_file_names_is_evaluated_unpickled_or_imported(tmp_path):
     assert not named, named[:3]
     assert not [e for e, _ in events if e in ("pickle.find_class", "os.system", "subprocess.Popen")]
     assert MARKER not in sys.modules
+
+
+def _repeated(seed: int, start: int, length: int, copies: int) -> str:
+    """A slice of a seed repeated in place, so the text stays mostly well-formed and grows large."""
+    text = HLO_SEEDS[seed]
+    start %= len(text)
+    piece = text[start:start + 1 + length % 64]
+    return text[:start] + piece * copies + text[start:]
+
+
+def test_fuzz_large_repetitive_hlo_text_stays_within_ten_bytes_per_input_byte():
+    fuzz("repetitive hlo text", 12,
+         lambda seed, start, length, copies: run_target(parse_target, _repeated(seed, start, length, copies),
+                                                        "repetitive HLO text", **bounded(".hlo")),
+         seed=st.sampled_from(range(len(HLO_SEEDS))), start=st.integers(0, 10**6), length=st.integers(0, 63),
+         copies=st.integers(1000, 8000))
