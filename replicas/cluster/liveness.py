@@ -59,3 +59,34 @@ def quiet_ray_messages() -> None:
 
     to_stderr._replicas_quiet = True  # type: ignore[attr-defined]
     worker.print_to_stdstream = to_stderr
+
+
+def host_lost(ray: Any, error: ReplicaFailure, refs: list[Any], nodes: list[str | None], here: str | None,
+              dead: set[int], new: set[int], groups: list[list[int]]) -> ReplicaFailure:
+    """`error` (Ray reported the actors `new` dead) naming every replica of their hosts when those
+    hosts are not the driver's and their other actors do not answer either (a node lost: all its
+    actors go at once, and waiting on each in turn would cost seconds). Those actors join `dead`."""
+    lost_nodes = {nodes[i] for i in new if nodes[i] is not None and nodes[i] != here}
+    others = [j for j, node in enumerate(nodes) if node in lost_nodes and j not in dead]
+    if not lost_nodes:
+        return error
+    _, pending = ray.wait([refs[j] for j in others], num_returns=len(others), timeout=1.0) if others else ([], [])
+    waiting = set(pending)
+    for j in others:
+        if refs[j] in waiting:
+            dead.add(j)
+            continue
+        try:
+            ray.get(refs[j], timeout=0)
+        except Exception:  # noqa: BLE001 - dead as well
+            dead.add(j)
+    gone = sorted(i for i in dead if nodes[i] in lost_nodes)
+    ids = sorted(r for i in gone for r in groups[i])
+    try:
+        address = {n["NodeID"]: n.get("NodeManagerAddress") for n in ray.nodes()}
+    except Exception:  # noqa: BLE001 - the cluster's table is a courtesy here
+        address = {}
+    where = ", ".join(sorted(str(address.get(n) or n) for n in lost_nodes))
+    failure = ReplicaFailure(f"{replicas_text(ids)} on host {where} lost: {error}", error.replica, error.cause,
+                             error.instruction)
+    return failure

@@ -19,7 +19,7 @@ from collections import Counter
 from typing import Any
 
 from replicas.cluster.address import prepare_to_join
-from replicas.cluster.liveness import quiet_ray_messages, silent, silent_failure
+from replicas.cluster.liveness import host_lost, quiet_ray_messages, silent, silent_failure
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
@@ -441,11 +441,18 @@ class RayBackend(PersistentJob):
         out: list[ReplicaState] = []
         refs = [a.states.remote() for a in self._actors]
         nodes = [(POOL.note(a).get("address") or {}).get("node") for a in self._actors]
-        quiet = silent(self._ray, refs, nodes, self._ray.get_runtime_context().get_node_id())
+        here = self._ray.get_runtime_context().get_node_id()
+        quiet = silent(self._ray, refs, nodes, here)
         if quiet:  # a host cut off or frozen: Ray would take a minute to say so (cluster/liveness.py)
             self._dead.update(quiet)
             raise silent_failure(self._ray, self._groups, quiet, nodes)
-        for states in self._get(refs):
+        dead_before = set(self._dead)
+        try:
+            parts = self._get(refs)
+        except ReplicaFailure as e:  # an actor died: on another host, its host's others with it
+            raise host_lost(self._ray, e, refs, nodes, here, self._dead, self._dead - dead_before,
+                            self._groups) from None
+        for states in parts:
             out.extend(states)
         self._last = {s.replica: s for s in out}
         return out
