@@ -9,24 +9,19 @@ position).
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from replicas import limits
 from replicas.hlo.lexer import Scanner, quote
+from replicas.hlo.replica_groups import ints as _ints
+from replicas.hlo.replica_groups import parse_int_groups, parse_replica_groups
 from replicas.hlo.window import make_window
 from replicas.shapes import Shape
 
 _INT = re.compile(r"-?[0-9]+")
 _WORD = re.compile(r"[A-Za-z0-9_?.\-]+(?:->[A-Za-z0-9_?]+)?")
-_BRACED_GROUPS = re.compile(r"\{\s*(?:\{[^{}]*\}(?:\s*,\s*\{[^{}]*\})*+)?\s*\}")
-_GROUP = re.compile(r"\{([^{}]*)\}")
-_IOTA_GROUPS = re.compile(r"\[([0-9,\s]*)\]\s*<=\s*\[([0-9,\s]*)\](?:\s*T\(([0-9,\s]*)\))?")
 _SLICES = re.compile(r"\{\s*(?:\[[^\[\]]*\](?:\s*,\s*\[[^\[\]]*\])*+)?\s*\}")
 _SLICE = re.compile(r"\[([^\[\]]*)\]")
 _COMP_NAME = re.compile(r"%?([A-Za-z_][A-Za-z0-9_.\-]*)")
@@ -77,17 +72,6 @@ def _parse_string(raw: str) -> str:
     return value
 
 
-def _ints(body: str) -> list[int]:
-    body = body.strip()
-    if not body:
-        return []
-    parts = [p.strip() for p in body.split(",")]
-    for p in parts:
-        if not _INT.fullmatch(p):
-            raise ValueError(f"expected an integer, got {p!r}")
-    return [int(p) for p in parts]
-
-
 def parse_int_list(raw: str) -> list[int]:
     if not (raw.startswith("{") and raw.endswith("}")):
         raise ValueError("expected {i,j,...}")
@@ -96,40 +80,12 @@ def parse_int_list(raw: str) -> list[int]:
 
 def _parse_slice_sizes(raw: str) -> list[int] | list[list[int]]:
     """gather's {i,j,...}, or an in-place collective-permute's {{i,j},...} (one list per slice)."""
-    return _parse_int_groups(raw) if raw.replace(" ", "").startswith("{{") else parse_int_list(raw)
-
-
-def _parse_int_groups(raw: str) -> list[list[int]]:
-    if not _BRACED_GROUPS.fullmatch(raw):
-        raise ValueError("expected {{i,j,...},...}")
-    return [_ints(g) for g in _GROUP.findall(raw[1:-1])]
-
-
-def _parse_replica_groups(raw: str) -> list[list[int]]:
-    m = _IOTA_GROUPS.fullmatch(raw)
-    if m is None:
-        return _parse_int_groups(raw)
-    # Iota form: reshape(transpose(reshape(iota(N), reshape_dims), perm), group_dims).
-    group_dims, reshape_dims = _ints(m.group(1)), _ints(m.group(2))
-    perm = _ints(m.group(3)) if m.group(3) is not None else list(range(len(reshape_dims)))
-    if len(group_dims) != 2:
-        raise ValueError("iota replica groups need [groups,group_size]")
-    if sorted(perm) != list(range(len(reshape_dims))):
-        raise ValueError("the transpose is not a permutation of the reshape dimensions")
-    total = math.prod(reshape_dims)
-    ceiling = limits.current().max_replicas
-    if total > ceiling or min(reshape_dims + group_dims, default=0) < 0:
-        raise ValueError(f"iota replica groups over {limits.short_text(total)} devices: more than the "
-                         f"ceiling of {ceiling} replicas, or a negative size")
-    if total != group_dims[0] * group_dims[1]:
-        raise ValueError(f"{group_dims} groups do not hold the {total} devices of {reshape_dims}")
-    ids = np.arange(total, dtype=np.int64).reshape(reshape_dims).transpose(perm).reshape(group_dims)
-    return [[int(x) for x in row] for row in ids]
+    return parse_int_groups(raw) if raw.replace(" ", "").startswith("{{") else parse_int_list(raw)
 
 
 def _parse_pairs(raw: str) -> list[tuple[int, int]]:
     pairs = []
-    for group in _parse_int_groups(raw):
+    for group in parse_int_groups(raw):
         if len(group) != 2:
             raise ValueError(f"a source-target pair has two entries, got {group}")
         pairs.append((group[0], group[1]))
@@ -409,7 +365,7 @@ def _build_specs() -> dict[str, AttrSpec]:
     add("infeed_config", "infeed_config", _parse_config_string, _fmt_config)
     add("outfeed_config", "outfeed_config", _parse_config_string, _fmt_config)
     add("outfeed_shape", "outfeed_shape", Shape.parse, str)
-    add("replica_groups", "replica_groups", _parse_replica_groups, _fmt_groups)
+    add("replica_groups", "replica_groups", parse_replica_groups, _fmt_groups)
     add("source_target_pairs", "source_target_pairs", _parse_pairs, _fmt_groups)
     add("slice", "slice", _parse_slice, _fmt_slice)
     add("padding", "padding", _parse_padding, _fmt_padding)

@@ -25,6 +25,7 @@ from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
 from replicas.hlo.lexer import Scanner
 from replicas.hlo.literals import parse_literal
 from replicas.hlo.opcodes import KNOWN_OPCODES
+from replicas.hlo.replica_groups import MESH_DEVICE_IDS
 from replicas.hlo.window import make_window
 from replicas.limits import MAX_NESTING, check_program_size, check_replicas, check_shape
 from replicas.shapes import Shape, _ShapeParser
@@ -421,6 +422,9 @@ class HloParser:
                 s.pos = flat.end()
             else:
                 raw = s.raw_value()
+                if key == "replica_groups" and (more := MESH_DEVICE_IDS.match(text, s.pos)) is not None:
+                    s.pos = more.end()
+                    raw += ", " + s.raw_value()
             if attributes.is_dropped(key, inst.opcode):
                 continue
             spec = attributes.SPECS.get(key)
