@@ -19,7 +19,7 @@ ENTRY main {{
   one = f32[1]{{0}} reshape(v)
   ROOT ag = f32[{size}]{{0}} all-gather(one), channel_id=1, replica_groups={groups}, use_global_device_ids=true, dimensions={{0}}
 }}
-"""
+"""  # noqa: E501
 
 FORMS = {
     "explicit": ("{{0,1,2,3},{4,5,6,7}}", [[0, 1, 2, 3], [4, 5, 6, 7]]),
@@ -69,7 +69,7 @@ ENTRY %main (x: f32[2,4]) -> f32[4] {
   %partial = f32[4]{0} reduce(%x, %zero), dimensions={0}, to_apply=%region_0.0.clone
   ROOT %all-reduce = f32[4]{0} all-reduce(%partial), channel_id=1, replica_groups=mesh['axis_0'=4,'axis_1'=1] {'axis_0'}, use_global_device_ids=true, to_apply=%region_0.0.clone, metadata={op_name="jit(<lambda>)/reduce_sum" stack_frame_id=2}
 }
-"""
+"""  # noqa: E501
     x = np.arange(32, dtype=np.float32).reshape(8, 4)
     results = rp.run(text, [[x[2 * p:2 * p + 2]] for p in range(4)], backend="threads", timeout=60)
     for got in results:
