@@ -70,11 +70,11 @@ def _group_dims(dims: list[int]) -> list[int]:
     return dims
 
 
-def _checked_total(dims: list[int]) -> int:
+def _checked_total(dims: list[int], form: str) -> int:
     total = math.prod(dims)
     ceiling = limits.current().max_replicas
     if total > ceiling or min(dims, default=0) < 0:
-        raise ValueError(f"replica groups over {limits.short_text(total)} devices: more than the "
+        raise ValueError(f"{form} replica groups over {limits.short_text(total)} devices: more than the "
                          f"ceiling of {ceiling} replicas, or a negative size")
     return total
 
@@ -84,7 +84,7 @@ def _iota_ids(reshape_dims: list[int], perm_text: str | None, into: list[int] | 
     perm = ints(perm_text) if perm_text is not None else list(range(len(reshape_dims)))
     if sorted(perm) != list(range(len(reshape_dims))):
         raise ValueError("the transpose is not a permutation of the reshape dimensions")
-    total = _checked_total(reshape_dims)
+    total = _checked_total(reshape_dims, "iota")
     if into is not None and total != math.prod(into):
         raise ValueError(f"{reshape_dims} holds {total} devices, not the {math.prod(into)} of {into}")
     return np.arange(total, dtype=np.int64).reshape(reshape_dims).transpose(perm).reshape(-1)
@@ -108,7 +108,7 @@ def _mesh_groups(raw: str) -> list[list[int]]:
         sizes.append(int(axis.group(2)))
     if len(set(names)) != len(names):
         raise ValueError(f"the mesh names an axis twice: {names}")
-    total = _checked_total(sizes)
+    total = _checked_total(sizes, "mesh")
     devices = _device_order(m.group(2), sizes, total)
     refs = [] if not m.group(3).strip() else [_axis_ref(p, names, sizes) for p in m.group(3).split(",")]
     return _groups(devices, sizes, refs)
