@@ -9,11 +9,14 @@ meaning (0 = success, i > 0 = failed at step i), 1-based pivots, and the charact
 
 potrf, syevd/heevd, gesdd/gesvd and geqrf go to numpy's batched LAPACK calls; getrf to scipy's
 batched LU (its permutation turned back into LAPACK's row swaps); trsm and orgqr/ungqr are
-column/row recurrences vectorized over the batch.
+column/row recurrences vectorized over the batch. The other families (`lapack_eigen.py`,
+`lapack_householder.py`, `lapack_tridiagonal.py`) call scipy's LAPACK once per matrix
+(`each_matrix`), as jaxlib does.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -80,6 +83,35 @@ def _matrices(inst: Instruction, shape: Shape, *, square: bool = False) -> tuple
 def _adjoint(x: np.ndarray) -> np.ndarray:
     x = np.swapaxes(x, -1, -2)
     return np.conj(x) if x.dtype.kind == "c" else x
+
+
+def int_attributes(inst: Instruction) -> dict[str, int]:
+    """The integer FFI attributes of backend_config (`{high = 4 : i32, low = 1 : i32}`)."""
+    raw = inst.attrs.get("backend_config") or ""
+    return {key: int(number) for key, number, _ in _CONFIG_ENTRY.findall(str(raw)) if number}
+
+
+def lapack_routine(name: str, shape: Shape) -> Callable[..., Any]:
+    """scipy's wrapper of LAPACK's `name` for the element type of `shape` (jaxlib calls the same
+    routines: it takes them from scipy)."""
+    import scipy.linalg.lapack  # here, not at the top: it doubles the package's import time
+
+    return scipy.linalg.lapack.get_lapack_funcs(name, dtype=shape.dtype)
+
+
+def each_matrix(results: list[Shape], batch_rank: int, one: Callable[..., tuple[Any, ...]],
+                *operands: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`one(*matrices)` for every batch index (one LAPACK call per matrix, as jaxlib makes: scipy's
+    wrappers take one), its outputs written into fresh results of the declared shapes; an output
+    given as 0 leaves zeros (a part the call was asked not to compute)."""
+    outs = [np.zeros(shape.dimensions, shape.dtype) for shape in results]
+    count = math.prod(operands[0].shape[:batch_rank])
+    flat_in = [x.reshape((count,) + x.shape[batch_rank:]) for x in operands]
+    flat_out = [out.reshape((count,) + out.shape[batch_rank:]) for out in outs]
+    for i in range(count):
+        for out, value in zip(flat_out, one(*(x[i] for x in flat_in))):
+            out[i] = value
+    return tuple(outs)
 
 
 def _first_failure(failed: np.ndarray) -> np.ndarray:
