@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from replicas.errors import ProgramError
+from replicas.jax.arguments import host_value, physical_dtype, physical_shape, signature_dtype
 from replicas.jax.program import JaxProgram, _indices, _jax, _output_leaves, compile_jax
 from replicas.runtime.resident import Array, Kept, same_index
 from replicas.runtime.session import Session
@@ -108,7 +109,7 @@ class JitFunction:
             return self.fn(*(full[i] for i in range(len(args))))
 
         abstract = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(list(dynamic)),
-                                                [_abstract(leaf) for leaf in leaves])
+                                                [_abstract(leaf, self._in_specs is not None) for leaf in leaves])
         donate = tuple(positions.index(i) for i in self.donate_argnums if i in positions)
         program = compile_jax(bound, *abstract, num_replicas=self._num_replicas, mesh=self._mesh,
                               in_specs=self._in_specs, out_specs=self._out_specs, axis_name=self._axis_name,
@@ -149,7 +150,7 @@ class JitFunction:
                             per_replica[p].append(local[p])
                         continue
                 leaf = leaf.value()
-            value = np.asarray(leaf, dtype=dtype)
+            value = host_value(leaf, dtype)
             whole = tuple(slice(None) for _ in value.shape)
             for p in range(n):
                 if index[p] == whole:
@@ -169,8 +170,8 @@ class JitFunction:
             shards = [per_replica[p][i] for p in range(program.num_replicas)]
             here = shards if all(s is not None for s in shards) else None  # came back with the reply
             key = (session.job, seq, i) if session.resident else None
-            outputs.append(Array(tuple(aval.shape), np.dtype(aval.dtype), index, shards=here, home=session,
-                                 key=key, sharding=sharding))
+            shape, dtype = physical_shape(aval.shape, aval.dtype), physical_dtype(aval.dtype)
+            outputs.append(Array(shape, dtype, index, shards=here, home=session, key=key, sharding=sharding))
         return jax.tree_util.tree_unflatten(program.out_tree, outputs)
 
     # -- introspection ----------------------------------------------------------------------------
@@ -283,7 +284,7 @@ def _signature(leaf: Any, by_specs: bool) -> Hashable:
         return ((), type(leaf), True, None)
     sharding = getattr(leaf, "sharding", None)
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-        return (tuple(leaf.shape), np.dtype(leaf.dtype), bool(getattr(leaf, "weak_type", False)),
+        return (tuple(leaf.shape), signature_dtype(leaf.dtype), bool(getattr(leaf, "weak_type", False)),
                 _sharding_key(sharding) if _is_partitioned(sharding) and not by_specs else None)
     value = np.asarray(leaf)
     return (value.shape, value.dtype, False, None)
@@ -303,8 +304,9 @@ def _is_partitioned(sharding: Any) -> bool:
     return sharding is not None and len(getattr(sharding, "device_set", ())) > 1
 
 
-def _abstract(leaf: Any) -> Any:
-    """The `jax.ShapeDtypeStruct` a leaf lowers as."""
+def _abstract(leaf: Any, by_specs: bool = False) -> Any:
+    """The `jax.ShapeDtypeStruct` a leaf lowers as (`by_specs`: without its sharding, which the
+    function's in_specs replace, so an array of another mesh is taken as its global value)."""
     jax = _jax()
     if isinstance(leaf, Array):
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
@@ -313,7 +315,7 @@ def _abstract(leaf: Any) -> Any:
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype") and not isinstance(leaf, np.ndarray):
         sharding = getattr(leaf, "sharding", None)
         return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, weak_type=bool(getattr(leaf, "weak_type", False)),
-                                    sharding=sharding if _is_partitioned(sharding) else None)
+                                    sharding=sharding if _is_partitioned(sharding) and not by_specs else None)
     value = np.asarray(leaf)
     dtype = jax.numpy.asarray(np.zeros((), value.dtype)).dtype  # JAX's (x64 off: int64 -> int32)
     return jax.ShapeDtypeStruct(value.shape, dtype)

@@ -14,6 +14,7 @@ import numpy as np
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
+from replicas.jax.arguments import host_value, physical_dtype, physical_shape
 
 DEVICE_COUNT_HINT = ("set XLA_FLAGS=--xla_force_host_platform_device_count=N (N >= the number of replicas) "
                      "before JAX is imported")
@@ -50,7 +51,7 @@ class JaxProgram:
                                f"got {len(leaves)}")
         per_replica: list[list[np.ndarray]] = [[] for _ in range(self.num_replicas)]
         for leaf, sharding, dtype in zip(leaves, self.in_shardings, self.arg_dtypes):
-            value = np.asarray(leaf, dtype=dtype)
+            value = host_value(leaf, dtype)
             index = _indices(sharding, value.shape, self.num_replicas)
             for p in range(self.num_replicas):
                 per_replica[p].append(np.ascontiguousarray(value[index[p]]))
@@ -62,7 +63,7 @@ class JaxProgram:
         per_replica = [_output_leaves(r, len(self.out_avals)) for r in results]
         outputs = []
         for i, (aval, sharding) in enumerate(zip(self.out_avals, self.out_shardings)):
-            out = np.empty(aval.shape, dtype=aval.dtype)
+            out = np.empty(physical_shape(aval.shape, aval.dtype), physical_dtype(aval.dtype))
             index = _indices(sharding, aval.shape, self.num_replicas)
             for p in range(self.num_replicas):
                 out[index[p]] = per_replica[p][i]
@@ -163,7 +164,7 @@ def compile_jax(f: Callable[..., Any], *args: Any, num_replicas: int | None = No
     devices = _device_order(in_shardings[0] if in_shardings and in_shardings[0] is not None
                             else out_shardings[0]) if partitions > 1 else []
     return JaxProgram(module, num_replicas, in_shardings, out_shardings, out_avals, lowered.out_tree, devices,
-                      [np.dtype(leaf.dtype) for leaf in leaves])
+                      [physical_dtype(leaf.dtype) for leaf in leaves])
 
 
 def _optimized_text(lowered: Any, error: BaseException) -> str:

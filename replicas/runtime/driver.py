@@ -1,7 +1,8 @@
 """The public entry points: launch N replicas of a program, or run it to completion.
 
 A *program* is a Module or Executable, a path to an `.hlo`/`.txt`/`.msgpack` file, HLO text, the
-bytes of either, or JAX's lowered / compiled form (`jax.jit(f).lower(*args)`, `.compile()`).
+bytes of either, or JAX's lowered / compiled form (`jax.jit(f).lower(*args)`: global arguments, as
+its text; `.compile()`: each partition's shards).
 Arguments may be numpy arrays, JAX arrays (anything with `__array__`), Python scalars and lists.
 """
 
@@ -46,7 +47,7 @@ def as_program(program: Program) -> Module | Executable:
         raise ProgramError("rp.run got a JAX function: JAX needs its arguments to lower it; run it with "
                            "rp.jax.run(f, *args, num_replicas=N), which also splits and joins the shards")
     elif hasattr(program, "as_text") and hasattr(program, "compile"):  # jax.stages.Lowered
-        module = _parse(program.compile().as_text())  # per device: its arguments are shards
+        module = _parse(program.as_text(dialect="hlo"))  # as its text: global arguments and results
     elif hasattr(program, "as_text") and hasattr(program, "input_shardings"):  # jax.stages.Compiled
         module = _parse(program.as_text())
     else:
