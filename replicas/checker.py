@@ -20,12 +20,12 @@ from replicas.limits import check_replicas
 from replicas.records import HOST
 from replicas.runtime.arguments import check_timeout
 from replicas.runtime.compile import Executable
-from replicas.runtime.driver import Program, as_arguments, as_program, declared_replicas, launch
+from replicas.runtime.driver import DEFAULT_TIMEOUT, Program, as_arguments, as_program, declared_replicas, launch
 from replicas.transport import keys
 
 
 def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int | None = None, *,
-          timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None, strict: bool = True,
+          timeout: float = DEFAULT_TIMEOUT, infeed: Sequence[Sequence[Any]] | None = None, strict: bool = True,
           trace: str | None = None, record_every_instruction: bool = False,
           trace_events: int = DEFAULT_CAPACITY) -> None:
     """`rp.check`: run `module` on threads and raise what goes wrong, as `rp.verify` raises for a bad
@@ -45,7 +45,7 @@ def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int 
 
 
 def find_problem(module: Module, args: Sequence[Any] | None = None, num_replicas: int = 2, *,
-          timeout: float = 30, infeed: Sequence[Sequence[Any]] | None = None,
+          timeout: float = DEFAULT_TIMEOUT, infeed: Sequence[Sequence[Any]] | None = None,
           strict: bool = True, **options: Any) -> ReplicasError | None:
     """Run `module` on `num_replicas` threads; None if it completes cleanly, else the error it raised
     (DeadlockError, CollectiveMismatchError, ProgramError, ReplicaFailure, ExecutionTimeout),

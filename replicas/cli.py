@@ -18,7 +18,7 @@ from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import CollectiveMismatchError, DeadlockError, ProgramError, ReplicasError
 from replicas.hlo.ir import Instruction
 from replicas.npz import read_npz_array
-from replicas.runtime.driver import as_program, declared_replicas
+from replicas.runtime.driver import DEFAULT_TIMEOUT, as_program, declared_replicas
 
 DEMO_HLO = """\
 HloModule all_reduce_demo, replica_count=4
@@ -148,7 +148,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _common(p: argparse.ArgumentParser, timeout: float = 60) -> None:
+def _common(p: argparse.ArgumentParser, timeout: float = DEFAULT_TIMEOUT) -> None:
     p.add_argument("program", help="an .hlo/.txt (HLO text) or .msgpack program")
     p.add_argument("--replicas", "-n", type=_positive_int, default=None,
                    help="number of replicas (None: the module's replica_count x num_partitions)")
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--backend", default="ray", choices=("ray", "threads"), help="what runs the replicas")
     p_check = sub.add_parser("check", help="run on N threads (no Ray) and report deadlocks, mismatches and "
                              "messages nobody received; parameters without --args are zeros", **kw)
-    _common(p_check, timeout=30)
+    _common(p_check)
     p_check.add_argument("--lenient", action="store_true",
                          help="pair different collective instructions of the same form (strict=False)")
     p_check.add_argument("--trace", default=None, help="write a Chrome trace-event file (Perfetto)")

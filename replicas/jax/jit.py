@@ -24,12 +24,13 @@ import numpy as np
 from replicas.errors import ProgramError
 from replicas.jax.arguments import host_value, physical_dtype, physical_shape, signature_dtype
 from replicas.jax.program import JaxProgram, _indices, _jax, _output_leaves, compile_jax
+from replicas.runtime.job import checked_executable
+from replicas.runtime.options import LaunchOptions
 from replicas.runtime.resident import Array, Kept, same_index
 from replicas.runtime.session import Session
 
 # Options of a jitted function's job (those of `rp.run` that a job run again and again can take).
-JOB_OPTIONS = ("backend", "timeout", "address", "strict", "replicas_per_actor", "resources",
-               "record_every_instruction", "trace_events")
+JOB_OPTIONS = tuple(name for name in LaunchOptions.__dataclass_fields__ if name not in ("trace", "progress"))
 CACHE_SIZE = 32  # compiled signatures kept per jitted function (least recently used dropped)
 
 
@@ -60,7 +61,7 @@ class JitFunction:
         self.donate_argnums = tuple(sorted(_positions(donate_argnums, "donate_argnums")))
         if set(self.static_argnums) & set(self.donate_argnums):
             raise ProgramError("an argument cannot be both static and donated")
-        self._options = {"backend": "ray", **options}
+        self._options = LaunchOptions.of(**options)
         self._cache: OrderedDict[Hashable, Compiled] = OrderedDict()
         self._lock = threading.Lock()
         functools.update_wrapper(self, f)
@@ -117,9 +118,11 @@ class JitFunction:
         n = program.num_replicas
         in_index = [_indices(s, tuple(np.shape(leaf)), n) for s, leaf in zip(program.in_shardings, leaves)]
         out_index = [_indices(s, tuple(a.shape), n) for s, a in zip(program.out_shardings, program.out_avals)]
+        # An output placed as some argument is the same list: passed back, one `is` says it fits.
+        out_index = [next((i for i in in_index if same_index(i, o)), o) for o in out_index]
         options = self._options
-        executable = _executable(program, n, options)
-        session = Session(executable, n, **_session_options(options))
+        options.checked(n)
+        session = Session(checked_executable(program.module, n), n, options)
         owners = [j for j, a in enumerate(dynamic) for _ in jax.tree_util.tree_leaves(a)]
         donated = frozenset(i for i, j in enumerate(owners) if j in donate)
         compiled = Compiled(program, session, in_index, out_index, donated)
@@ -138,7 +141,7 @@ class JitFunction:
         for i, (leaf, index, dtype) in enumerate(zip(leaves, compiled.in_index, program.arg_dtypes)):
             if isinstance(leaf, Array):
                 leaf.check_alive(f"argument {i}")
-                if leaf.dtype == dtype and same_index(leaf.index, index):
+                if leaf.dtype == dtype and (leaf.index is index or same_index(leaf.index, index)):
                     if leaf.home is session and session.holds(leaf.key):
                         kept = Kept(leaf.key[1], leaf.key[2])  # where it is: nothing moves
                         for p in range(n):
@@ -240,26 +243,6 @@ def cached_jit(f: Callable[..., Any], *, num_replicas: int | None, mesh: Any, in
                 _RUN_CACHE.popitem(last=False)[1].close()
         _RUN_CACHE.move_to_end(key)
     return jitted
-
-
-def _executable(program: JaxProgram, num_replicas: int, options: dict[str, Any]) -> Any:
-    from replicas.runtime.arguments import check_launch_options
-    from replicas.runtime.job import checked_executable
-
-    check_launch_options(num_replicas=num_replicas, timeout=options.get("timeout"), infeed=None, trace=None,
-                         strict=options.get("strict", True), backend=options["backend"],
-                         replicas_per_actor=options.get("replicas_per_actor"), resources=options.get("resources"),
-                         address=options.get("address"))
-    return checked_executable(program.module, num_replicas)
-
-
-def _session_options(options: dict[str, Any]) -> dict[str, Any]:
-    from replicas.runtime.driver import BACKENDS, DEFAULT_TIMEOUT
-
-    out = {"timeout": DEFAULT_TIMEOUT, **options}
-    if out["backend"] not in BACKENDS:
-        raise ProgramError(f"backend must be one of {BACKENDS}, got {out['backend']!r}")
-    return out
 
 
 def _positions(numbers: Sequence[int] | int, what: str) -> set[int]:

@@ -17,14 +17,11 @@ import numpy as np
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
-from replicas.runtime.arguments import check_launch_options
 from replicas.runtime.compile import Executable, module_fingerprint, runs_bounded_alone
 from replicas.runtime.job import Job, prepare
+from replicas.runtime.options import BACKENDS, DEFAULT_TIMEOUT, LaunchOptions
 from replicas.runtime.threads import ThreadBackend, run_alone
 from replicas.runtime.values import as_value
-
-BACKENDS = ("ray", "threads")
-DEFAULT_TIMEOUT = 60.0
 
 Program = Module | Executable | str | bytes | os.PathLike | Any
 
@@ -144,66 +141,48 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
     progress: while `result()` waits, a live status line on stderr when it is a terminal
         (`job.progress()` gives the same as data at any time).
     """
-    return _launch(module, args, num_replicas, timeout=timeout, address=address, infeed=infeed, trace=trace,
-                   strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
-                   record_every_instruction=record_every_instruction, trace_events=trace_events,
-                   progress=progress, run_to_end=False)
+    options = LaunchOptions.of(timeout=timeout, address=address, trace=trace, strict=strict, backend=backend,
+                               replicas_per_actor=replicas_per_actor, resources=resources,
+                               record_every_instruction=record_every_instruction, trace_events=trace_events,
+                               progress=progress)
+    executable, per_replica = _prepared(module, args, num_replicas, options, infeed)
+    return start(executable, per_replica, options, infeed)
 
 
-def _launch(module: Program, args: Sequence[Any] | None, num_replicas: int | None, *, timeout: float | None,
-            address: str | None, infeed: Sequence[Sequence[Any]] | None, trace: str | None, strict: bool,
-            backend: str, replicas_per_actor: int | None, resources: Sequence[dict[str, float]] | None,
-            record_every_instruction: bool, trace_events: int, progress: bool, run_to_end: bool) -> Job:
-    """`launch`; `run_to_end`: the caller only waits for the result (see `RayBackend`)."""
-    executable, per_replica = _prepared(module, args, num_replicas, timeout=timeout, address=address, infeed=infeed,
-                                        trace=trace, strict=strict, backend=backend,
-                                        replicas_per_actor=replicas_per_actor, resources=resources,
-                                        trace_events=trace_events)
-    return _start(executable, per_replica, timeout=timeout, address=address, infeed=infeed, trace=trace,
-                  strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
-                  record_every_instruction=record_every_instruction, trace_events=trace_events,
-                  progress=progress, run_to_end=run_to_end)
-
-
-def _prepared(module: Program, args: Sequence[Any] | None, num_replicas: int | None, *, timeout: float | None,
-              address: str | None, infeed: Sequence[Sequence[Any]] | None, trace: str | None, strict: bool,
-              backend: str, replicas_per_actor: int | None, resources: Sequence[dict[str, float]] | None,
-              trace_events: int) -> tuple[Executable, list[list[Any]]]:
+def _prepared(module: Program, args: Sequence[Any] | None, num_replicas: int | None, options: LaunchOptions,
+              infeed: Sequence[Sequence[Any]] | None) -> tuple[Executable, list[list[Any]]]:
     """Every check of a launch, in order (the program, the options, the arguments): the executable
     and each replica's checked arguments. Nothing has started yet."""
     program, fingerprint = _fingerprinted_program(module)
     if num_replicas is None:
         num_replicas = declared_replicas(program)
-    num_replicas = check_launch_options(num_replicas=num_replicas, timeout=timeout, infeed=infeed, trace=trace,
-                                        strict=strict, backend=backend, replicas_per_actor=replicas_per_actor,
-                                        resources=resources, address=address)
-    if backend not in BACKENDS:
-        raise ProgramError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if isinstance(trace_events, bool) or not isinstance(trace_events, (int, np.integer)) or trace_events < 1:
-        raise ProgramError(f"trace_events must be a whole number >= 1, got {trace_events!r}")
-    if infeed is not None and len(infeed) != num_replicas:
-        raise ProgramError(f"infeed must have one list per replica ({num_replicas}), got {len(infeed)}")
-    if resources is not None and len(resources) != num_replicas:
-        raise ProgramError(f"resources must have one dict per replica ({num_replicas}), got {len(resources)}")
+    num_replicas = options.checked(num_replicas, infeed)
     return prepare(program, as_arguments(args), num_replicas, fingerprint=fingerprint)
 
 
-def _start(executable: Executable, per_replica: list[list[Any]], *, timeout: float | None, address: str | None,
-           infeed: Sequence[Sequence[Any]] | None, trace: str | None, strict: bool, backend: str,
-           replicas_per_actor: int | None, resources: Sequence[dict[str, float]] | None,
-           record_every_instruction: bool, trace_events: int, progress: bool, run_to_end: bool) -> Job:
-    if backend == "threads":
-        engine: Any = ThreadBackend(executable, per_replica, strict=strict,
-                                    record_every_instruction=record_every_instruction, trace_events=trace_events)
+def start(executable: Executable, per_replica: list[list[Any]], options: LaunchOptions,
+          infeed: Sequence[Sequence[Any]] | None = None, *, run_to_end: bool = False,
+          persistent: bool = False) -> Any:
+    """The job of `executable` on `per_replica`'s checked arguments (`options` checked): a `Job`;
+    with `persistent`, the backend alone, for a `Session` to run again and again. `run_to_end`:
+    the caller only waits for the result (see `RayBackend`)."""
+    o = options
+    if o.backend == "threads":
+        engine: Any = ThreadBackend(executable, per_replica, strict=o.strict,
+                                    record_every_instruction=o.record_every_instruction,
+                                    trace_events=o.trace_events, persistent=persistent)
     else:
         from replicas.runtime.ray.backend import RayBackend
 
-        engine = RayBackend(executable, per_replica, address=address, strict=strict,
-                            record_every_instruction=record_every_instruction,
-                            replicas_per_actor=replicas_per_actor or 0,
-                            resources=list(resources) if resources is not None else None, timeout=timeout,
-                            trace_events=trace_events, run_to_end=run_to_end and not infeed)
-    job = Job(engine, executable, timeout=timeout, host_may_send=True, trace=trace, progress=progress)
+        engine = RayBackend(executable, per_replica, address=o.address, strict=o.strict,
+                            record_every_instruction=o.record_every_instruction,
+                            replicas_per_actor=o.replicas_per_actor or 0,
+                            resources=list(o.resources) if o.resources is not None else None, timeout=o.timeout,
+                            trace_events=o.trace_events, run_to_end=run_to_end and not infeed,
+                            persistent=persistent)
+    if persistent:
+        return engine
+    job = Job(engine, executable, timeout=o.timeout, host_may_send=True, trace=o.trace, progress=o.progress)
     for r, values in enumerate(infeed or []):
         for v in values:
             job.infeed(r, v)
@@ -223,22 +202,21 @@ def run(module: Program, args: Sequence[Any] | None = None, num_replicas: int | 
     seconds, a disagreement between the members of a collective raises CollectiveMismatchError,
     and `timeout` seconds of work raise ExecutionTimeout naming what each replica was doing.
     """
-    executable, per_replica = _prepared(module, args, num_replicas, timeout=timeout, address=address, infeed=infeed,
-                                        trace=trace, strict=strict, backend=backend,
-                                        replicas_per_actor=replicas_per_actor, resources=resources,
-                                        trace_events=trace_events)
+    options = LaunchOptions.of(timeout=timeout, address=address, trace=trace, strict=strict, backend=backend,
+                               replicas_per_actor=replicas_per_actor, resources=resources,
+                               record_every_instruction=record_every_instruction, trace_events=trace_events,
+                               progress=progress)
+    executable, per_replica = _prepared(module, args, num_replicas, options, infeed)
     if (backend == "threads" and len(per_replica) == 1 and infeed is None and trace is None and not progress
             and not record_every_instruction and runs_bounded_alone(executable)):
         # Nothing of a job is needed by a replica that cannot wait, and nobody can see one: no
         # mailbox, recorder, monitor or Job, with the same results and errors (`run_alone`).
         return run_alone(executable, per_replica[0])
-    job = _start(executable, per_replica, timeout=timeout, address=address, infeed=infeed, trace=trace,
-                 strict=strict, backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
-                 record_every_instruction=record_every_instruction, trace_events=trace_events, progress=progress,
-                 run_to_end=True)
+    job = start(executable, per_replica, options, infeed, run_to_end=True)
     job.close_host_input()  # run() feeds nothing beyond the preloaded infeed
     with job:
         return job.result()
 
 
-__all__ = ["BACKENDS", "as_program", "as_value", "declared_replicas", "launch", "run"]
+__all__ = ["BACKENDS", "DEFAULT_TIMEOUT", "LaunchOptions", "as_program", "as_value", "declared_replicas", "launch",
+           "run", "start"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Hashable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from replicas.collectives.mismatch import with_sides
 from replicas.diagnostics.monitor import Monitor
@@ -29,20 +29,56 @@ from replicas.transport import keys
 EVENTS_IN_REPORT = 20
 
 
-class Backend(Protocol):
+class Backend:
+    """What runs a job's replicas (threads here, Ray actors in `ray/backend.py`): every method
+    `Job` calls. A backend overrides the ones it has more to say in than these defaults."""
+
     num_replicas: int
     poll_interval: float
 
-    def states(self) -> list[ReplicaState]: ...
-    def wait(self, timeout: float) -> None: ...  # returns early when something may have changed
-    def results(self) -> list[Any]: ...
-    def errors(self) -> dict[int, BaseException]: ...
-    def abort(self, exc: BaseException) -> None: ...
-    def shutdown(self) -> None: ...
-    def deliver_from_host(self, replica: int, key: tuple, value: Any) -> None: ...
-    def outfeed(self, replica: int, timeout: float | None) -> Any: ...
-    def from_channel(self, replica: int, channel_id: int, timeout: float | None) -> Any: ...
-    def events(self) -> dict[int, list[dict[str, Any]]]: ...
+    def states(self) -> list[ReplicaState]:
+        raise NotImplementedError
+
+    def wait(self, timeout: float) -> None:  # returns early when something may have changed
+        raise NotImplementedError
+
+    def results(self) -> list[Any]:
+        raise NotImplementedError
+
+    def errors(self) -> dict[int, BaseException]:
+        raise NotImplementedError
+
+    def abort(self, exc: BaseException) -> None:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    def deliver_from_host(self, replica: int, key: tuple, value: Any) -> None:
+        raise NotImplementedError
+
+    def outfeed(self, replica: int, timeout: float | None) -> Any:
+        raise NotImplementedError
+
+    def from_channel(self, replica: int, channel_id: int, timeout: float | None) -> Any:
+        raise NotImplementedError
+
+    def events(self) -> dict[int, list[dict[str, Any]]]:
+        raise NotImplementedError
+
+    def completed(self, timeout: float) -> list[Any] | None:
+        """The results when the job ends at once (in about `timeout` s, one reply), else None: the
+        monitor's turn."""
+        return None
+
+    def drain(self) -> dict[int, tuple[list[Any], dict[int, list[Any]]]] | None:
+        """Values the replicas wrote to the host and nobody read, taken when the job ends (for a
+        backend whose replicas' memory goes with the job); None when they stay readable."""
+        return None
+
+    def leftovers(self) -> dict[int, dict[tuple[int, Hashable], Any]]:
+        """Each replica's messages nobody took, where the mailboxes live in this process."""
+        raise ProgramError("leftover messages are known only under backend='threads'")
 
 
 class Job:
@@ -162,10 +198,7 @@ class Job:
     def leftovers(self) -> dict[int, dict[tuple[int, Hashable], Any]]:
         """Messages left in each replica's mailbox after the job, by (source, key): evidence of a
         message nobody received. Known only where the mailboxes live in this process (threads)."""
-        leftovers = getattr(self._backend, "leftovers", None)
-        if leftovers is None:
-            raise ProgramError("leftover messages are known only under backend='threads'")
-        return leftovers()
+        return self._backend.leftovers()
 
     def states(self) -> list[ReplicaState]:
         return self._backend.states()
@@ -202,11 +235,9 @@ class Job:
         confirming = False
         backend = self._backend
         try:
-            completed = getattr(backend, "completed", None)  # a job that ends at once, in one reply
-            if completed is not None:
-                results = completed(backend.poll_interval)
-                if results is not None:
-                    return self._finish(True, results)
+            results = backend.completed(backend.poll_interval)  # a job that ends at once, in one reply
+            if results is not None:
+                return self._finish(True, results)
             while True:
                 states = backend.states()
                 if any(s.status == "failed" for s in states):
@@ -260,9 +291,7 @@ class Job:
             if not ok:
                 self._outcome = (ok, with_sides(value, self._final_events))  # who ran which side of a mismatch
                 backend.abort(value)
-            drain = getattr(backend, "drain", None)
-            if drain is not None:
-                self._host_values = drain()
+            self._host_values = backend.drain()
             if self._trace:
                 self._write_trace()
         finally:

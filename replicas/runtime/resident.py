@@ -49,7 +49,7 @@ class Array:
                  sharding: Any = None) -> None:
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
-        self.index = list(index)  # per replica: its shard's place in the global array
+        self.index = index if type(index) is list else list(index)  # per replica: its shard's place
         self.home = home
         self.key = key  # the shards' name in `home` when they are not held here
         self.sharding = sharding  # the JAX sharding it has, when a JAX program made it

@@ -20,26 +20,27 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ProgramError, ReplicasError
 from replicas.runtime.compile import Executable
-from replicas.runtime.job import Job
+from replicas.runtime.job import Backend, Job
+from replicas.runtime.options import LaunchOptions
 
 FETCH_MAX = 4096  # bytes of one replica's output that come back with a call's reply (a loss)
 
 
-class _Watched:
+class _Watched(Backend):
     """The session's backend as one call's `Job` sees it: the job's end releases the backend only
     when the call failed (a clean call leaves the session running); the results of a job whose
     outputs stay on the actors are its `settle`."""
 
-    def __init__(self, backend: Any, resident: bool) -> None:
+    def __init__(self, backend: Backend, resident: bool) -> None:
         self._backend = backend
         self._resident = resident
         self.failed = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
+        self.num_replicas, self.poll_interval = backend.num_replicas, backend.poll_interval
+        for name in ("states", "wait", "errors", "deliver_from_host", "outfeed", "from_channel", "events",
+                     "drain", "leftovers"):
+            setattr(self, name, getattr(backend, name))
 
     def results(self) -> list[Any]:
         return self._backend.settle() if self._resident else self._backend.results()
@@ -54,18 +55,15 @@ class _Watched:
 
 
 class Session:
-    """Replicas of `executable` kept running between calls (see the module's docstring).
+    """Replicas of `executable` kept running between calls (see the module's docstring), run
+    with `options` (checked)."""
 
-    options: the `rp.run` options of the job (backend, timeout, strict, ...)."""
-
-    def __init__(self, executable: Executable, num_replicas: int, *, backend: str = "ray",
-                 timeout: float | None = None, **options: Any) -> None:
+    def __init__(self, executable: Executable, num_replicas: int, options: LaunchOptions) -> None:
         self.executable = executable
         self.num_replicas = num_replicas
-        self.backend_name = backend
-        self.resident = backend != "threads"  # outputs stay where the replicas run
-        self.timeout = timeout
-        self._options = options
+        self.options = options
+        self.resident = options.backend != "threads"  # outputs stay where the replicas run
+        self.timeout = options.timeout
         self._backend: Any = None
         self._lock = threading.Lock()  # one call at a time
         self.job = 0  # the running job's number (a failed call ends it; the next call starts one)
@@ -116,18 +114,9 @@ class Session:
         backend.shutdown()
 
     def _start(self, args: list[list[Any]]) -> Any:
-        o = self._options
-        if self.backend_name == "threads":
-            from replicas.runtime.threads import ThreadBackend
+        from replicas.runtime.driver import start
 
-            return ThreadBackend(self.executable, args, persistent=True, **o)
-        from replicas.runtime.ray.backend import RayBackend
-
-        return RayBackend(self.executable, args, address=o.get("address"), strict=o.get("strict", True),
-                          record_every_instruction=o.get("record_every_instruction", False),
-                          replicas_per_actor=o.get("replicas_per_actor") or 0, resources=o.get("resources"),
-                          timeout=self.timeout, trace_events=o.get("trace_events", DEFAULT_CAPACITY),
-                          persistent=True)
+        return start(self.executable, args, self.options, persistent=True)
 
     # -- outputs kept on the replicas -----------------------------------------------------------------
     def holds(self, key: Any) -> bool:

@@ -16,7 +16,7 @@ from replicas.errors import ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable, light, runs_bounded_alone, uses_blas
 from replicas.runtime.interpreter_pool import checkin, checkout
-from replicas.runtime.job import replica_error
+from replicas.runtime.job import Backend, replica_error
 from replicas.runtime.replica_runner import ReplicaRunner
 from replicas.transport.fabric import MailboxFabric
 from replicas.transport.mailbox import Mailbox
@@ -44,8 +44,8 @@ class ThreadFabric(MailboxFabric):
         return self._peers[replica]
 
 
-class ThreadBackend:
-    """Runs the replicas as threads of this process (see `Backend` in job.py)."""
+class ThreadBackend(Backend):
+    """Runs the replicas as threads of this process."""
 
     poll_interval = 0.02
 

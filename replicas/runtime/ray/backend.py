@@ -24,6 +24,7 @@ from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable
+from replicas.runtime.job import Backend
 from replicas.runtime.ray.actor_pool import ActorPool
 from replicas.runtime.ray.faults import actor_failure, not_started, unplaceable
 from replicas.runtime.ray.persistent import PersistentJob
@@ -143,8 +144,8 @@ def _remote_host_class() -> Any:
 POOL = ActorPool(_remote_host_class)
 
 
-class RayBackend(PersistentJob):
-    """Runs the replicas in Ray actors (see `Backend` in job.py)."""
+class RayBackend(PersistentJob, Backend):
+    """Runs the replicas in Ray actors."""
 
     # Each poll is two actor tasks per actor; deadlocks need two equal snapshots, so this still
     # reports them well within 2 s, and completion is noticed at once (wait returns early).
