@@ -3,6 +3,9 @@ the replicas as `rp.Array`s; a training loop gives what the same loop gives unde
 
 from __future__ import annotations
 
+import os
+import select
+
 import numpy as np
 import pytest
 
@@ -166,14 +169,14 @@ def test_an_actor_killed_between_calls_fails_the_call_naming_its_replicas():
     v = np.ones(8, np.float32)
     np.testing.assert_array_equal(np.asarray(step(v)), np.full(8, 4, np.float32))
     backend = session_of(step)._backend
-    ray.kill(backend._actors[-1], no_restart=True)
-    for _ in range(1000):  # dead before the next call (the kill travels through Ray's control plane)
-        try:
-            ray.get(backend._actors[-1].ping.remote(), timeout=10)
-        except ray.exceptions.RayActorError:
-            break
-    else:
-        pytest.fail("the killed actor still answers")
+    victim = backend._actors[-1]
+    pid = ray.get(victim.__ray_call__.remote(lambda host: os.getpid()))
+    gone = os.pidfd_open(pid)  # readable once the process has exited
+    ray.kill(victim, no_restart=True)
+    try:
+        assert select.select([gone], [], [], 60)[0], "the killed actor's process still runs after 60 s"
+    finally:
+        os.close(gone)
     with pytest.raises(rp.ReplicaFailure, match="replica"):
         step(v)
     np.testing.assert_array_equal(np.asarray(step(v)), np.full(8, 4, np.float32))  # a new job, new actors

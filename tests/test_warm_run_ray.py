@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import replicas as rp
-from replicas.runtime.driver import _launch
+from replicas.runtime.driver import _prepared, start
+from replicas.runtime.options import LaunchOptions
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.ray]
 
@@ -52,11 +53,10 @@ def sum_module(n: int, op: str = "add") -> rp.Module:
 
 def run_counted(module: rp.Module, n: int, args=(X,), **kwargs):
     """rp.run's path, keeping the job to read what its backend called."""
-    options = dict(timeout=60, address=None, infeed=None, trace=None, strict=True, backend="ray",
-                   replicas_per_actor=None, resources=None, record_every_instruction=False, trace_events=1000,
-                   progress=False)
-    options.update(kwargs)
-    job = _launch(module, list(args), n, run_to_end=True, **options)
+    infeed = kwargs.pop("infeed", None)
+    options = LaunchOptions.of(**{"timeout": 60, "trace_events": 1000, **kwargs})
+    executable, per_replica = _prepared(module, list(args), n, options, infeed)
+    job = start(executable, per_replica, options, infeed, run_to_end=True)
     job.close_host_input()
     with job:
         return job.result(), dict(job._backend.calls)  # noqa: SLF001

@@ -19,8 +19,10 @@ reader that sees a word sees the bytes written before it.
 from __future__ import annotations
 
 import os
+import pickle
 import struct
 import time
+from typing import Any
 
 from replicas.transport import futex, shm
 from replicas.transport.segment import Mapping
@@ -53,13 +55,19 @@ class Doorbell:
         self.base = self.map.address
 
     # -- the driver's side --------------------------------------------------------------------------
-    def ring(self, payload: bytes) -> int | None:
-        """Post the request `payload` to every actor; its number, or None if it does not fit."""
-        if len(payload) > REQUEST_BYTES:
+    def ring(self, request: Any) -> int | None:
+        """Post `request` (pickled straight into the segment: array bytes are copied once) to every
+        actor; its number, or None if it does not fit."""
+        mm, at = self.map.mm, self._request_at
+        mm.seek(at + _LENGTH.size)
+        try:
+            pickle.dump(request, mm, protocol=pickle.HIGHEST_PROTOCOL)
+        except ValueError:  # past the end of the request area's mapping
             return None
-        at = self._request_at
-        _LENGTH.pack_into(self.map.mm, at, len(payload))
-        self.map.mm[at + _LENGTH.size:at + _LENGTH.size + len(payload)] = payload
+        length = mm.tell() - at - _LENGTH.size
+        if length > REQUEST_BYTES:
+            return None
+        _LENGTH.pack_into(mm, at, length)
         seq = (int(self.words[0]) + 1) & 0xFFFFFFFF
         self.words[0] = seq
         futex.wake(self.base)
@@ -100,8 +108,12 @@ class Doorbell:
     def request_seq(self) -> int:
         return int(self.words[0])
 
-    def request(self) -> bytes:
-        return self._read(self._request_at)
+    def request(self) -> Any:
+        """The request just rung, unpickled from the segment in place (its arrays are copies)."""
+        at = self._request_at
+        (length,) = _LENGTH.unpack_from(self.map.mm, at)
+        with memoryview(self.map.mm) as view:
+            return pickle.loads(view[at + _LENGTH.size:at + _LENGTH.size + length])  # noqa: S301 - our driver's
 
     def reply(self, actor: int, seq: int, payload: bytes) -> bool:
         """Write actor `actor`'s reply to request `seq`; False (nothing written) if it does not fit."""

@@ -65,8 +65,7 @@ class PersistentJob:
         self._bell_seq = None
         if self._bell is not None:
             rung = {r: args[r] for i in self._bell_actors for r in self._groups[i]}
-            self._bell_seq = self._bell.ring(pickle.dumps((rung, forget, seq, count, fetch_max),
-                                                          protocol=pickle.HIGHEST_PROTOCOL))
+            self._bell_seq = self._bell.ring((rung, forget, seq, count, fetch_max))
             if self._bell_seq is not None:
                 by_call = [i for i in by_call if i not in self._bell_actors]
                 self.calls["doorbell"] += 1
