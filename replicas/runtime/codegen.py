@@ -22,8 +22,9 @@ DONATE_MIN_ELEMENTS = 1 << 16
 
 def straight_line(bound: BoundComputation, comp: Computation) -> tuple[Callable[..., Any], dict[int, Instruction]]:
     """Compile the bound steps to straight-line Python: one local per value, `del` at its last use
-    (the schedule's liveness), `_interp.current` set per kernel call. This removes the per-step
-    loop, list and slot overhead from every computation call (a While body runs it every iteration).
+    in the generated code, `_interp.current` set per kernel call, constants as globals of the code.
+    This removes the per-step loop, list and slot overhead from every computation call (a While
+    body runs it every iteration).
     Tuples and their elements are Python's own tuple display and subscript, which cannot fail.
 
     A large element-wise result is written into an operand's buffer (`out=`) when that operand is
@@ -37,10 +38,16 @@ def straight_line(bound: BoundComputation, comp: Computation) -> tuple[Callable[
     arg_names = [f"a{i}" for i in range(len(params))]
     name_of = {slot: arg_names[i] for i, slot in enumerate(params)}
     operand_vars: list[list[str]] = []
-    for k, (_, operand_slots, result_slot, _, _) in enumerate(steps):
+    env: dict[str, Any] = {"_interp": bound._interp}
+    for k, (fn, operand_slots, result_slot, _, inst) in enumerate(steps):
         operand_vars.append([name_of[s] for s in operand_slots])
-        name_of[result_slot] = f"v{k}"
+        if inst.opcode == "constant":
+            env[f"c{k}"] = fn()  # a constant's kernel returns its one frozen value
+            name_of[result_slot] = f"c{k}"
+        else:
+            name_of[result_slot] = f"v{k}"
     root_var = name_of[bound._root]
+    _numpy_broadcasting(comp, steps, operand_vars)
     readers: dict[str, int] = {}
     for names in operand_vars:
         for n in names:
@@ -55,25 +62,28 @@ def straight_line(bound: BoundComputation, comp: Computation) -> tuple[Callable[
                                                                        root_var, arg_names)
     plan = python_scalars.plan(bound._interp.module, comp, bound.scalars) if bound.scalars else None
     texts = operand_vars if plan is None else _python_operands(plan, comp, steps, operand_vars)
-    used = {n for names in texts for n in names}
-    name_of = {slot: arg_names[i] for i, slot in enumerate(params)}
-    defined = set(arg_names)
-    env: dict[str, Any] = {"_interp": bound._interp}
+    last_use: dict[str, int] = {}
+    for k, names in enumerate(texts):
+        for n in names:
+            last_use[n] = k
     lines = [f"def run({', '.join(arg_names)}):"]
     line_to_inst: dict[int, Instruction] = {}
-    for k, (fn, _, result_slot, release, inst) in enumerate(steps):
+    defined = set(arg_names)
+    for k, (fn, _, _, _, inst) in enumerate(steps):
         names = texts[k]
         var = f"v{k}"
         opcode = inst.opcode
         expression = plan.python.get(inst.name) if plan is not None else None
-        line = None  # a constant that only Python expressions read (as a literal) is never defined
-        if opcode == "get-tuple-element":
+        line = None
+        if opcode == "constant" or (opcode == "broadcast" and var not in last_use and var != root_var):
+            pass  # a global of the code; a broadcast whose readers all broadcast its operand themselves
+        elif opcode == "get-tuple-element":
             line = f"{var} = {names[0]}[{int(inst.attrs['index'])}]"
         elif opcode == "tuple":
             line = f"{var} = ({''.join(n + ', ' for n in names)})"
         elif expression is not None:
             line = f"{var} = {expression(names)}"
-        elif plan is None or inst.name not in plan.literals or var in used or var == root_var:
+        else:
             if k in in_place:
                 fn = fn.in_place
             elif k in callee_donations:
@@ -93,16 +103,41 @@ def straight_line(bound: BoundComputation, comp: Computation) -> tuple[Callable[
         if line is not None:
             lines.append("    " + line)
             defined.add(var)
-        dead = [name_of[s] for s in release if s in name_of and s != result_slot]
-        name_of[result_slot] = var
-        if result_slot in release:
+        # Each value is let go after its last reader (or at once when nothing reads it).
+        dead = [n for n in dict.fromkeys(names) if last_use.get(n) == k and n in defined and n != root_var]
+        if line is not None and var not in last_use and var != root_var:
             dead.append(var)
-        dead = [d for d in dict.fromkeys(dead) if d in defined]
         if dead:
             lines.append(f"    del {', '.join(dead)}")
-    lines.append(f"    return {name_of[bound._root]}")
+    lines.append(f"    return {root_var}")
     exec(compile("\n".join(lines) + "\n", f"<computation {bound.name}>", "exec"), env)  # noqa: S102
     return env["run"], line_to_inst
+
+
+def _numpy_broadcasting(comp: Computation, steps: list[Any], operand_vars: list[list[str]]) -> None:
+    """Let element-wise ufunc steps broadcast their operands themselves (in `operand_vars`): a
+    broadcast that only prepends dimensions (numpy's own broadcasting rule) is read through its
+    operand by each ufunc reader that keeps another operand of the full shape. numpy's broadcasting
+    of a view is the same stride-0 read as `np.broadcast_to`'s, so the values are the same bits;
+    the broadcast itself runs only if some other step still reads it."""
+    prepends: dict[str, str] = {}  # broadcast var -> its operand's var
+    for k, (_, _, _, _, inst) in enumerate(steps):
+        if inst.opcode == "broadcast" and inst.shape.is_array:
+            rank = inst.shape.rank
+            source_rank = comp.instruction(inst.operands[0]).shape.rank
+            if list(inst.attrs.get("dimensions") or []) == list(range(rank - source_rank, rank)):
+                prepends[f"v{k}"] = operand_vars[k][0]
+    if not prepends:
+        return
+    for k, (fn, _, _, _, inst) in enumerate(steps):
+        names = operand_vars[k]
+        if not (isinstance(fn, np.ufunc) and fn.nout == 1 and fn.nin == len(names) and inst.shape.is_array):
+            continue
+        dims = inst.shape.dimensions
+        kept = [j for j, n in enumerate(names) if n not in prepends]
+        if not any(comp.instruction(inst.operands[j]).shape.dimensions == dims for j in kept):
+            kept.append(next(j for j, n in enumerate(names) if n in prepends))
+        operand_vars[k] = [n if j in kept else prepends[n] for j, n in enumerate(names)]
 
 
 def _python_operands(plan: python_scalars.Plan, comp: Computation, steps: list[Any],
