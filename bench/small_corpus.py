@@ -312,7 +312,7 @@ PROGRAMS: list[tuple[str, Any, list[Any], int, Any]] = [
     ("vmap_norms", jax.vmap(lambda v: jnp.linalg.norm(v) * v), [r(16, 8)], 1, ONE),
     # SPMD steps: shard_map over 2 or 4 replicas.
     ("psum", lambda x: jax.lax.psum(x, "x"), [r(4 * 64)], 4, (P("x"), P())),
-    ("all_gather", lambda x: jax.lax.all_gather(x, "x", tiled=True), [r(4 * 16)], 4, (P("x"), P())),
+    ("all_gather", lambda x: jax.lax.all_gather(x, "x", tiled=True), [r(4 * 16)], 4, S2),
     ("psum_scatter", lambda x: jax.lax.psum_scatter(x, "x", tiled=True), [r(4 * 64)], 4, S2),
     ("all_to_all", lambda x: jax.lax.all_to_all(x, "x", 0, 0, tiled=True), [r(4 * 16, 4)], 4, S2),
     ("ppermute_ring", ring, [r(4 * 32)], 4, S2),

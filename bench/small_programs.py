@@ -26,10 +26,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from common import load_average  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
 from small_corpus import LANGEVIN, PROGRAMS  # noqa: E402
 
 import replicas as rp  # noqa: E402
@@ -92,8 +90,7 @@ def _shard_map(f: Callable[..., Any], mesh: Any, in_specs: Any, out_specs: Any) 
         from jax import shard_map
     except ImportError:
         from jax.experimental.shard_map import shard_map
-    kwargs = {"check_vma": False} if "check_vma" in shard_map.__code__.co_varnames else {}
-    return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **kwargs)
+    return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)  # as rp.jax.jit does
 
 
 def measure(entries: list[Entry], calls: int, rounds: int) -> dict[str, dict[str, float]]:
