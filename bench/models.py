@@ -14,7 +14,7 @@ per-round ratios, with their spread (min-max), and for gpt_dp the same step with
 left alone (REPLICAS_BLAS_THREADS=off) to show what sharing the cores does. Goals: median ratio
 <= 5, none over 20, gpt_dp <= 3.
 
-    python bench/models.py [--repeat 5] [--models gpt,cnn] [--ray]
+    python bench/models.py [--repeat 5] [--models gpt,cnn] [--ray] [--backend ray]
 """
 
 from __future__ import annotations
@@ -238,10 +238,11 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--models", default="")
     p.add_argument("--ray", action="store_true", help="also run gpt_dp on the Ray backend")
+    p.add_argument("--backend", default="threads", choices=("threads", "ray"), help="the backend of every model")
     ns = p.parse_args()
     models = build()
     wanted = [m for m in ns.models.split(",") if m] or list(models)
-    print(f"load average before: {load_average()}")
+    print(f"load average before: {load_average()}; backend {ns.backend}")
     print(f"{'model':8} {'replicas':>8} {'jax (ms)':>10} {'rp.run (ms)':>12} {'ratio':>7} {'spread':>13}")
     ratios = {}
     for name in wanted:
@@ -250,7 +251,7 @@ def main() -> None:
         run_args = per_replica if per_replica is not None else args
         jax_times, rp_times = interleaved(
             lambda: jax.block_until_ready(f(*args)),  # noqa: B023
-            lambda: rp.run(module, run_args, num_replicas=n, backend="threads"),  # noqa: B023
+            lambda: rp.run(module, run_args, num_replicas=n, backend=ns.backend),  # noqa: B023
             ns.repeat)
         per_round = [r / j for r, j in zip(rp_times, jax_times)]
         ratio = float(np.median(per_round))
@@ -273,7 +274,7 @@ def main() -> None:
     values = list(ratios.values())
     print(f"median ratio {np.median(values):.1f}x, worst {max(values):.1f}x ({max(ratios, key=ratios.get)}); "
           f"load average after: {load_average()}")
-    if ns.ray:
+    if ns.ray or ns.backend == "ray":
         import ray
 
         ray.shutdown()
