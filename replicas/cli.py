@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
+import time
 import warnings
 import zipfile
 from pathlib import Path
@@ -196,19 +198,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    started = time.time()
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _warning_line
             return _dispatch(ns)
     except (DeadlockError, CollectiveMismatchError) as e:
         print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        _trace_note(ns, started)
         return 3
     except ReplicasError as e:
         print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        _trace_note(ns, started)
         return 2
     except KeyboardInterrupt:
         print("interrupted: the job was cancelled", file=sys.stderr)
         return 130
+
+
+def _trace_note(ns: argparse.Namespace, started: float) -> None:
+    """A failed job still wrote its trace (up to the failure): say where, as a clean run does."""
+    path = ns.out if ns.command == "trace" else getattr(ns, "trace", None)
+    try:
+        written = path is not None and os.path.getmtime(path) >= started - 1
+    except OSError:
+        written = False
+    if written:
+        print(f"wrote {path}: the job up to its error (open it in https://ui.perfetto.dev)", file=sys.stderr)
 
 
 def _warning_line(message: Warning | str, *_: Any, **__: Any) -> None:

@@ -40,7 +40,10 @@ def _with_report(message: str, report: Any) -> str:
     if report is None:
         return message
     text = str(report)
-    return text if text.startswith(message) else f"{message}\n{text}"  # a report titled by the message
+    if text.startswith(message):  # a report titled by the message
+        return text
+    under = getattr(report, "under", None)  # a report that does not repeat the message's finding
+    return f"{message}\n{under(message) if under is not None else text}"
 
 
 class _ReportError(ReplicasError):

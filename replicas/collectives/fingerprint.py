@@ -20,7 +20,7 @@ from typing import Any
 
 from replicas.caching import Cache
 from replicas.collectives.groups import intern
-from replicas.collectives.mismatch import mismatch_report
+from replicas.collectives.mismatch import mismatch_report, value_text
 from replicas.errors import CollectiveMismatchError
 from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
 from replicas.ops.recognize import binary_reducer
@@ -178,23 +178,6 @@ def _tupled(value: Any) -> Any:
     return value
 
 
-def _value_text(field: str, value: Any) -> str:
-    if value is None:
-        return "none"
-    if field == "instruction":
-        comp, name, opcode = value
-        return f"%{name} ({opcode}) in {comp}"
-    if field == "shapes":
-        return ", ".join("[" + ",".join(map(str, dims)) + "]" for dims in value)
-    if field == "dtypes":
-        return ", ".join(value)
-    if field in ("replica_groups", "source_target_pairs"):
-        return "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in value) + "}"
-    if field == "dimensions":
-        return "{" + ",".join(map(str, value)) + "}"
-    return str(value)
-
-
 def mismatch_error(seq: int, me: int, own: Fingerprint, peer: int, theirs: tuple,
                    differences: list[tuple[str, Any, Any]]) -> CollectiveMismatchError:
     """The error a replica raises when peer's k-th collective is not its own k-th collective."""
@@ -205,7 +188,7 @@ def mismatch_error(seq: int, me: int, own: Fingerprint, peer: int, theirs: tuple
         other_text = repr(theirs)
     # The instructions are named anyway; a different kind makes the other fields noise (see the report).
     shown = [d for d in differences if d[0] == "kind"] or [d for d in differences if d[0] != "instruction"]
-    details = "; ".join(f"{field}: {_value_text(field, e)} != {_value_text(field, f)}"
+    details = "; ".join(f"{field}: {value_text(field, e)} != {value_text(field, f)}"
                         for field, e, f in shown or differences)
     message = (f"collective #{seq}: replica {me} is in {own.describe()} but replica {peer} is in "
                f"{other_text}: {details}")

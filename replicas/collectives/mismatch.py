@@ -29,27 +29,33 @@ class MismatchReport:
     found: dict[str, Any] | None = None
     sides: list[list[int]] = field(default_factory=list)  # [expected side, found side]
     deadlock: Report | None = None  # when the mismatch showed as a deadlock (a replica went elsewhere)
+    sources: dict[str, str] = field(default_factory=dict)  # instruction name -> where it came from
 
     def to_dict(self) -> dict[str, Any]:
         return {"collective": self.collective, "replicas": self.replicas, "instructions": self.instructions,
                 "fields": self.fields, "expected": self.expected, "found": self.found, "sides": self.sides,
-                "deadlock": self.deadlock.to_dict() if self.deadlock is not None else None}
+                "deadlock": self.deadlock.to_dict() if self.deadlock is not None else None,
+                "sources": self.sources}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
 
-    def _who(self, r: int) -> str:
+    def _who(self, r: int, source: bool = False) -> str:
         name = (self.instructions.get(str(r)) or {}).get("name")
-        return f"replica {r}" + (f" %{name}" if name else "")
+        return f"replica {r}" + (f" %{name}{self._from(name) if source else ''}" if name else "")
+
+    def _from(self, name: str | None) -> str:
+        text = self.sources.get(str(name)) if name else None
+        return f" from {text}" if text else ""
 
     def __str__(self) -> str:
         """`- replica 0 %ar_a: shapes = [[4]]` / `+ replica 1 %ar_b: shapes = [[2]]`, and the sides."""
         expected_by, found_by = self.replicas
-        lines = [f"collective #{self.collective}: expected ({self._who(expected_by)}) vs found "
-                 f"({self._who(found_by)})"]
+        lines = [f"collective #{self.collective}: expected ({self._who(expected_by, True)}) vs found "
+                 f"({self._who(found_by, True)})"]
         for f in self.fields:
-            lines.append(f"- {self._who(expected_by)}: {f['field']} = {f['expected']}")
-            lines.append(f"+ {self._who(found_by)}: {f['field']} = {f['found']}")
+            lines.append(f"- {self._who(expected_by)}: {f['field']} = {value_text(f['field'], f['expected'])}")
+            lines.append(f"+ {self._who(found_by)}: {f['field']} = {value_text(f['field'], f['found'])}")
         if len(self.sides) == 2 and all(self.sides):
             ran = [self._side_name(side) for side in self.sides]
             lines.append(f"- side: {replicas_text(self.sides[0])} ran {ran[0]} as collective #{self.collective}")
@@ -58,9 +64,35 @@ class MismatchReport:
 
     def _side_name(self, side: list[int]) -> str:
         for r in (*self.replicas, *side):
-            if r in side and (self.instructions.get(str(r)) or {}).get("name"):
-                return f"%{self.instructions[str(r)]['name']}"
+            name = (self.instructions.get(str(r)) or {}).get("name")
+            if r in side and name:
+                return f"%{name}{self._from(name)}"
         return "another instruction"
+
+
+def value_text(field: str, value: Any) -> str:
+    """A fingerprint field's value as HLO text writes it: `{{0,1},{2,3}}`, `[4], [2]`, `%ar (all-reduce) in main`."""
+    try:
+        return _value_text(field, value)
+    except (TypeError, ValueError):  # a peer's malformed fingerprint: shown as it came
+        return str(value)
+
+
+def _value_text(field: str, value: Any) -> str:
+    if value is None:
+        return "none"
+    if field == "instruction":
+        comp, name, opcode = value
+        return f"%{name} ({opcode}) in {comp}"
+    if field == "shapes":
+        return ", ".join("[" + ",".join(map(str, dims)) + "]" for dims in value)
+    if field == "dtypes":
+        return ", ".join(value)
+    if field in ("replica_groups", "source_target_pairs"):
+        return "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in value) + "}"
+    if field == "dimensions":
+        return "{" + ",".join(map(str, value)) + "}"
+    return str(value)
 
 
 def mismatch_report(seq: int, me: int, mine: dict[str, Any], peer: int, theirs: dict[str, Any],

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from replicas.diagnostics.report import Report
 from replicas.diagnostics.wait_for import explain
+from replicas.hlo.source import NO_SOURCES, SourceMap
 from replicas.records import HOST, ReplicaState
 
 
 class Monitor:
-    def __init__(self, num_replicas: int) -> None:
+    def __init__(self, num_replicas: int, sources: SourceMap = NO_SOURCES) -> None:
         self.num_replicas = num_replicas
+        self.sources = sources
         self._last: tuple | None = None
 
     @property
@@ -39,7 +41,7 @@ class Monitor:
         if key != self._last:
             self._last = key
             return None
-        return explain(states)
+        return explain(states, self.sources)
 
 
 def stuck_key(states: list[ReplicaState], host_may_send: bool) -> tuple | None:

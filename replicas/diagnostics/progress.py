@@ -7,16 +7,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-from replicas.diagnostics.report import where
+from replicas.diagnostics.report import where, with_source
+from replicas.hlo.source import NO_SOURCES, SourceMap
 from replicas.records import HOST, ReplicaState, replicas_text
 
 
-def host_waits(states: list[ReplicaState]) -> list[str]:
+def host_waits(states: list[ReplicaState], sources: SourceMap = NO_SOURCES) -> list[str]:
     """`replicas [1, 2, 3] wait in %in (infeed) for the host`, one line per place they wait."""
     waiting: dict[str, list[int]] = {}
     for s in states:
         if s.status == "blocked" and s.block is not None and HOST in s.block.waits_for:
-            waiting.setdefault(where(s.block), []).append(s.replica)
+            waiting.setdefault(where(s.block, sources), []).append(s.replica)
     return [f"{replicas_text(reps)} {'waits' if len(reps) == 1 else 'wait'} in {place} for the host"
             for place, reps in waiting.items()]
 
@@ -32,7 +33,8 @@ class Progress:
     failed: int
     slowest: int | None  # the replica that started the fewest collectives (lowest id on ties)
     instruction: str | None  # what the slowest replica executes or waits in: `%ar (all-reduce #7)`
-    collective: int  # the slowest replica's collective number (collectives it started)
+    # The slowest replica's collective number: the one it waits in, else the next it will start.
+    collective: int
     collectives_per_second: float  # the slowest replica's collectives over the elapsed time
     waiting_for_host: list[str] = field(default_factory=list)
 
@@ -55,7 +57,7 @@ class Progress:
         return text
 
 
-def progress_of(states: list[ReplicaState], elapsed: float) -> Progress:
+def progress_of(states: list[ReplicaState], elapsed: float, sources: SourceMap = NO_SOURCES) -> Progress:
     counts = {"running": 0, "blocked": 0, "finished": 0, "failed": 0}
     for s in states:
         if s.status in counts:
@@ -63,14 +65,19 @@ def progress_of(states: list[ReplicaState], elapsed: float) -> Progress:
     active = [s for s in states if s.status in ("running", "blocked")]
     slowest = min(active, key=lambda s: (s.collectives_started, s.replica)) if active else None
     instruction = None
-    if slowest is not None:
-        instruction = where(slowest.block) if slowest.block is not None else slowest.instruction
-    collective = slowest.collectives_started if slowest is not None else \
+    started = slowest.collectives_started if slowest is not None else \
         min((s.collectives_started for s in states), default=0)
-    rate = collective / elapsed if elapsed > 0 else 0.0
+    collective = started
+    if slowest is not None:
+        b = slowest.block
+        instruction = where(b, sources) if b is not None else \
+            with_source(slowest.instruction, sources) if slowest.instruction else None
+        if b is not None and b.kind == "collective" and b.seq is not None:
+            collective = b.seq  # the number its instruction shows
+    rate = started / elapsed if elapsed > 0 else 0.0
     return Progress(elapsed, counts["running"], counts["blocked"], counts["finished"], counts["failed"],
                     slowest.replica if slowest is not None else None, instruction, collective, rate,
-                    host_waits(states))
+                    host_waits(states, sources))
 
 
 class LiveStatus:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from replicas.hlo.source import NO_SOURCES, SourceMap
 from replicas.records import HOST, BlockInfo, ReplicaState, replica_ranges, replicas_text
 
 
@@ -14,21 +16,58 @@ def _who(r: int) -> str:
     return "the host" if r == HOST else f"replica {r}"
 
 
-def where(b: BlockInfo) -> str:
-    """`%r (all-reduce #0)`, `%got (recv-done, channel 3)`, `%in (infeed)`."""
+def where(b: BlockInfo, sources: SourceMap = NO_SOURCES, computation: bool = False) -> str:
+    """`%r (all-reduce #0)`, `%got (recv-done, channel 3)`, `%in (infeed)`; `computation`: and
+    ` in body`; then, when the module has metadata, ` from psum at train.py:42 in step (...)`."""
     text = f"%{b.instruction} ({b.opcode}"
     if b.kind == "collective" and b.seq is not None:
         text += f" #{b.seq}"
     if b.channel_id is not None:
         text += f", channel {b.channel_id}"
-    return text + ")"
+    text += ")" + (f" in {b.computation}" if computation and b.computation else "")
+    return text + source_suffix(sources, b.instruction, b.computation)
 
 
-def _where(s: ReplicaState) -> str:
+def source_suffix(sources: SourceMap, name: str | None, computation: str | None = None) -> str:
+    """` from psum at train.py:42 in step (jit(step)/shard_map/psum)`, or "" without metadata."""
+    text = sources.text(name, computation) if sources else None
+    return f" from {text}" if text else ""
+
+
+def with_derived_waits(states: list[ReplicaState]) -> list[ReplicaState]:
+    """`states` with each collective block's `waits_for` filled in (and `needs="all"`): the group's
+    members that have not joined this collective (blocked in the same collective number with the same group). O(N) per
+    distinct (collective number, group), not per waiter."""
+    joined: dict[tuple, set[int]] = {}
+    for s in states:
+        b = s.block
+        if s.status == "blocked" and b is not None and b.needs == "group":
+            joined.setdefault((b.seq, b.group), set()).add(s.replica)
+    missing = {key: tuple(t for t in key[1] or () if t not in members) for key, members in joined.items()}
+    out = []
+    for s in states:
+        b = s.block
+        if s.status == "blocked" and b is not None and b.needs == "group":
+            derived = dataclasses.replace(b, waits_for=missing[(b.seq, b.group)], needs="all")
+            s = dataclasses.replace(s, block=derived)
+        out.append(s)
+    return out
+
+
+_NAMED = re.compile(r"%([A-Za-z_][A-Za-z0-9_.\-]*)")
+
+
+def with_source(text: str, sources: SourceMap) -> str:
+    """`running %x (add)` with the source of the instruction it names first."""
+    m = _NAMED.search(text) if sources else None
+    return text + source_suffix(sources, m.group(1)) if m else text
+
+
+def _where(s: ReplicaState, sources: SourceMap = NO_SOURCES) -> str:
     b = s.block
     if b is None:
-        return s.instruction or s.status
-    return where(b) + (f" in {b.computation}" if b.computation else "")
+        return with_source(s.instruction or s.status, sources)
+    return where(b, sources, computation=True)
 
 
 _REPLICA_NUMBER = re.compile(r"(replicas? )\d+")
@@ -39,13 +78,27 @@ FINDINGS_SHOWN = 12
 TAILS_SHOWN = 3  # replicas whose event tails str(report) shows: those the diagnosis names
 
 
-def _event_text(ev: dict[str, Any]) -> str:
+def _event_text(ev: dict[str, Any], sources: SourceMap = NO_SOURCES) -> str:
     text = f"{ev.get('opcode')} %{ev.get('instruction')}"
     if ev.get("kind") == "collective" and ev.get("seq") is not None:
         text += f" #{ev['seq']}"
     elif ev.get("channel_id") is not None:
         text += f" (channel {ev['channel_id']}" + (f" #{ev['seq']}" if ev.get("seq") is not None else "") + ")"
-    return text
+    return text + source_suffix(sources, ev.get("instruction"), ev.get("computation"))
+
+
+def _tail_at_snapshot(state: ReplicaState | None, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A replica's events as of its state's snapshot: the recorders are read after the states, so
+    a replica still moving (a timeout) may have finished the collective its state is blocked in,
+    and started others; the tail then ends in that collective, not finished."""
+    b = state.block if state is not None and state.status == "blocked" else None
+    if b is None or b.kind != "collective" or b.seq is None:
+        return events
+    for i in range(len(events) - 1, -1, -1):
+        ev = events[i]
+        if ev.get("kind") == "collective" and ev.get("seq") == b.seq:
+            return events[:i] + [{**ev, "end_us": None}]
+    return events
 
 
 @dataclass
@@ -74,6 +127,13 @@ class Report:
     mismatches: list[tuple[int, int]] = field(default_factory=list)
     # Every wait-for edge (`edges` keeps those that explain the deadlock); empty: the same as `edges`.
     graph: list[Edge] = field(default_factory=list)
+    # Where the module's instructions came from (its metadata): `str()` names the source of each.
+    sources: SourceMap = field(default=NO_SOURCES, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # A collective's block names its group, not whom it waits for: derive that, or a snapshot
+        # taken while the job still runs (a timeout) says "waiting for nothing".
+        self.states = with_derived_waits(self.states)
 
     @property
     def blocked(self) -> list[int]:
@@ -88,7 +148,22 @@ class Report:
             "cycles": self.cycles,
             "findings": self.lines,
             "events": {str(k): v for k, v in self.events.items()},
+            "sources": self._sources_dict(),
         }
+
+    def _sources_dict(self) -> dict[str, Any]:
+        """instruction name -> its source, for every instruction the states and events name."""
+        if not self.sources:
+            return {}
+        names = [(s.block.instruction, s.block.computation) for s in self.states if s.block is not None]
+        names += [(ev.get("instruction"), ev.get("computation")) for evs in self.events.values() for ev in evs]
+        out = {}
+        for name, computation in names:
+            if name and name not in out:
+                source = self.sources.lookup(name, computation)
+                if source is not None:
+                    out[name] = source.to_dict()
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
@@ -119,24 +194,37 @@ class Report:
     def __str__(self) -> str:
         """Fits a terminal at any N: replicas in the same situation share a line, ranges are
         compressed, the wait-for graph is summarized, event tails only for the replicas named."""
-        out = [self.title]
-        out.extend(f"  {line}" for line in _capped(self.lines, FINDINGS_SHOWN, "findings (report.lines)"))
+        return self._text(self.title, self.lines)
+
+    def under(self, headline: str) -> str:
+        """The report as the lines under an error's `headline`: a headline that states the first
+        finding (a DeadlockError's) is not repeated below it, nor is the title's `deadlock: `."""
+        if self.lines and headline.endswith(self.lines[0]):
+            return self._text(self.title.split(": ", 1)[-1], self.lines[1:])
+        return self._text(self.title, self.lines)
+
+    def _text(self, title: str, findings: list[str]) -> str:
+        sources = self.sources
+        out = [title]
+        out.extend(f"  {line}" for line in _capped(findings, FINDINGS_SHOWN, "findings (report.lines)"))
         out.append("replicas:")
-        groups = _state_groups(self.states)
+        groups = _state_groups(self.states, sources)
         shown = [f"{replicas_text(ids)}: {text}" for ids, text in groups]
         out.extend(f"  {line}" for line in _capped(shown, GROUPS_SHOWN, "groups (report.to_dict() has every replica)"))
         if self.edges:
             out.append("wait-for graph (waiter -> needed" + (f"; {len(self.edges)} of {len(self.graph)} edges "
                        "explain it, to_dot(full=True) draws all" if len(self.graph) > len(self.edges) else "")
                        + "):")
-            out.extend(f"  {line}" for line in _capped(_edge_lines(self.edges), EDGE_LINES_SHOWN,
+            out.extend(f"  {line}" for line in _capped(_edge_lines(self.edges, sources), EDGE_LINES_SHOWN,
                                                           "edge lines (report.edges)"))
         for c in self.cycles:
             members = c + c[:1]
             text = " -> ".join(map(str, members)) if len(members) <= 13 else \
                 " -> ".join(map(str, members[:6])) + f" -> ... -> {' -> '.join(map(str, members[-6:]))}"
             out.append(f"cycle: {text}" + (f" ({len(c)} replicas)" if len(members) > 13 else ""))
-        tails = {r: self.events[r] for r in self._named_replicas() if r in self.events}
+        by_id = {s.replica: s for s in self.states}
+        tails = {r: _tail_at_snapshot(by_id.get(r), self.events[r]) for r in self._named_replicas()
+                 if r in self.events}
         starts = [ev.get("start_us", 0) for evs in tails.values() for ev in evs[-EVENTS_SHOWN:]]
         if starts:
             base = min(starts)
@@ -145,7 +233,7 @@ class Report:
             for r, evs in sorted(tails.items()):
                 for ev in evs[-EVENTS_SHOWN:]:
                     end = "not finished" if ev.get("end_us") is None else f"{(ev['end_us'] - base) / 1000:.3f}"
-                    out.append(f"  replica {r}: {_event_text(ev)}  {(ev.get('start_us', 0) - base) / 1000:.3f}"
+                    out.append(f"  replica {r}: {_event_text(ev, sources)}  {(ev.get('start_us', 0) - base) / 1000:.3f}"
                                f" .. {end}")
         return "\n".join(out)
 
@@ -183,13 +271,14 @@ def _alike_collapsed(lines: list[str]) -> list[str]:
     return out
 
 
-def _state_text(s: ReplicaState, waits: str | None, groups: dict[int, str] | None = None) -> str:
+def _state_text(s: ReplicaState, waits: str | None, groups: dict[int, str] | None = None,
+                sources: SourceMap = NO_SOURCES) -> str:
     """`groups`: id(group tuple) -> its text, kept by the caller across the states of one report (a
     group's tuple is shared by its members: at 1024 replicas, 1024 texts of a 1024-member group
     were 0.3 s of the deadlock report's 0.4 s)."""
     b = s.block
     if s.status == "blocked" and b is not None:
-        text = f"blocked in {_where(s)}"
+        text = f"blocked in {_where(s, sources)}"
         if waits is not None:
             text += f" waiting for {waits}"
         if b.group is not None:
@@ -202,7 +291,7 @@ def _state_text(s: ReplicaState, waits: str | None, groups: dict[int, str] | Non
                 text += f" (group {group_text})"
         return text
     if s.status == "running" and s.instruction:
-        return f"running {s.instruction}"
+        return f"running {with_source(s.instruction, sources)}"
     if s.status == "failed" and s.error:
         return f"failed: {s.error}"
     return s.status
@@ -210,12 +299,12 @@ def _state_text(s: ReplicaState, waits: str | None, groups: dict[int, str] | Non
 
 def _waits_text(b: BlockInfo) -> str:
     if not b.waits_for:
-        return "nothing"
+        return "its group, all joined" if b.kind == "collective" else "nothing"
     need = "all of " if b.needs == "all" and len(b.waits_for) > 1 else ""
     return need + replicas_text(b.waits_for)
 
 
-def _state_groups(states: list[ReplicaState]) -> list[tuple[list[int], str]]:
+def _state_groups(states: list[ReplicaState], sources: SourceMap = NO_SOURCES) -> list[tuple[list[int], str]]:
     """Replicas in the same situation, one group each, in order of their first replica. Replicas
     blocked in the same place but waiting for different peers (a ring of recvs) share one group
     once they would make more than 3 lines."""
@@ -223,7 +312,7 @@ def _state_groups(states: list[ReplicaState]) -> list[tuple[list[int], str]]:
     group_texts: dict[int, str] = {}  # the states hold their groups alive meanwhile: ids stay unique
     for s in states:
         waits = _waits_text(s.block) if s.status == "blocked" and s.block is not None else ""
-        by_place.setdefault(_state_text(s, None, group_texts), {}).setdefault(waits, []).append(s.replica)
+        by_place.setdefault(_state_text(s, None, group_texts, sources), {}).setdefault(waits, []).append(s.replica)
     groups: list[tuple[list[int], str]] = []
     for place, by_waits in by_place.items():
         if len(by_waits) > 3:
@@ -238,7 +327,7 @@ def _state_groups(states: list[ReplicaState]) -> list[tuple[list[int], str]]:
     return sorted(groups, key=lambda g: g[0][0])
 
 
-def _edge_lines(edges: list[Edge]) -> list[str]:
+def _edge_lines(edges: list[Edge], sources: SourceMap = NO_SOURCES) -> list[str]:
     """`replicas 0-1022 -> replica 1023  [all] in %r`: waiters with the same targets share a line."""
     targets: dict[tuple[int, str, str], list[int]] = {}
     for e in edges:
@@ -247,6 +336,7 @@ def _edge_lines(edges: list[Edge]) -> list[str]:
     for (waiter, needs, instruction), ts in targets.items():
         lines.setdefault((tuple(sorted(ts)), needs, instruction), []).append(waiter)
     return [f"{replicas_text(waiters)} -> {replicas_text(ts)}  [{needs}] in %{instruction}"
+            f"{source_suffix(sources, instruction)}"
             for (ts, needs, instruction), waiters in lines.items()]
 
 

@@ -4,42 +4,20 @@ past the collective the others wait in, the CollectiveMismatchError it really is
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from replicas.collectives.mismatch import mismatch_report
 from replicas.diagnostics.progress import host_waits
-from replicas.diagnostics.report import Edge, Report, find_cycles, where
+from replicas.diagnostics.report import Edge, Report, find_cycles, source_suffix, where, with_derived_waits
 from replicas.errors import CollectiveMismatchError, DeadlockError, ReplicasError
+from replicas.hlo.source import NO_SOURCES, SourceMap
 from replicas.records import HOST, BlockInfo, ReplicaState, replicas_text
 
-
-def with_derived_waits(states: list[ReplicaState]) -> list[ReplicaState]:
-    """`states` with each collective block's `waits_for` filled in (and `needs="all"`): the group's
-    members that have not joined this collective (blocked in the same collective number with the same group). O(N) per
-    distinct (collective number, group), not per waiter."""
-    joined: dict[tuple, set[int]] = {}
-    for s in states:
-        b = s.block
-        if s.status == "blocked" and b is not None and b.needs == "group":
-            joined.setdefault((b.seq, b.group), set()).add(s.replica)
-    missing = {key: tuple(t for t in key[1] or () if t not in members) for key, members in joined.items()}
-    out = []
-    for s in states:
-        b = s.block
-        if s.status == "blocked" and b is not None and b.needs == "group":
-            derived = dataclasses.replace(b, waits_for=missing[(b.seq, b.group)], needs="all")
-            s = dataclasses.replace(s, block=derived)
-        out.append(s)
-    return out
-
-
 _replicas = replicas_text
-_where = where
 
 
-def _coll(b: BlockInfo) -> str:
-    return f"{b.opcode} #{b.seq} (%{b.instruction})"
+def _coll(b: BlockInfo, sources: SourceMap = NO_SOURCES) -> str:
+    return f"{b.opcode} #{b.seq} (%{b.instruction}{source_suffix(sources, b.instruction, b.computation)})"
 
 
 def passed(b: BlockInfo, target: ReplicaState) -> bool:
@@ -55,7 +33,8 @@ def passed(b: BlockInfo, target: ReplicaState) -> bool:
     return started > b.seq
 
 
-def explain(states: list[ReplicaState]) -> Report:
+def explain(states: list[ReplicaState], sources: SourceMap = NO_SOURCES) -> Report:
+    """The deadlock Report of stuck `states`; `sources` names where each instruction came from."""
     states = with_derived_waits(states)
     by_id = {s.replica: s for s in states}
     edges: list[Edge] = []
@@ -73,7 +52,7 @@ def explain(states: list[ReplicaState]) -> Report:
         if b.kind == "collective":
             waiting_in.setdefault((b.seq, b.instruction), []).append(s)
         else:
-            point_to_point.extend(_point_to_point(s, b, by_id))
+            point_to_point.extend(_point_to_point(s, b, by_id, sources))
     for members in waiting_in.values():
         b = members[0].block
         assert b is not None
@@ -91,31 +70,33 @@ def explain(states: list[ReplicaState]) -> Report:
             if ts.status == "finished":
                 finished_before.setdefault(ts.collectives_started, []).append(t)
             elif ts.status == "blocked" and ts.block is not None:
-                lines.append(f"replica {t} never reached {_coll(b)}, which {_replicas(waiters)} "
+                lines.append(f"replica {t} never reached {_coll(b, sources)}, which {_replicas(waiters)} "
                              f"{'is' if len(waiters) == 1 else 'are'} waiting in: it is blocked in "
-                             f"{_where(ts.block)} waiting for {_peers(ts.block.waits_for)}")
+                             f"{where(ts.block, sources)} waiting for {_peers(ts.block.waits_for)}")
             elif ts.status == "failed":
-                lines.append(f"replica {t} failed before {_coll(b)}: {ts.error}")
+                lines.append(f"replica {t} failed before {_coll(b, sources)}: {ts.error}")
         for done, reps in sorted(finished_before.items()):
             if done == 0:
-                lines.append(f"{_replicas(reps)} finished without any collective and never reached {_coll(b)}")
+                lines.append(f"{_replicas(reps)} finished without any collective and never reached "
+                             f"{_coll(b, sources)}")
             else:
                 lines.append(f"{_replicas(reps)} finished {b.opcode} #{done - 1} but did not join #{b.seq} "
-                             f"(%{b.instruction})")
-    lines.extend(_host_findings(states))
+                             f"(%{b.instruction}{source_suffix(sources, b.instruction, b.computation)})")
+    lines.extend(_host_findings(states, sources))
     lines.extend(point_to_point)
     lines.extend(_lagging_summary(states))
     cycles = find_cycles([e for e in edges if e.target != HOST])
     return Report("deadlock: every unfinished replica is blocked and no message is in flight",
                   states, _relevant(edges, cycles, by_id), cycles, list(dict.fromkeys(lines)), mismatches=mismatches,
-                  graph=edges)
+                  graph=edges, sources=sources)
 
 
 def _peers(waits_for: tuple[int, ...]) -> str:
     return replicas_text(waits_for) if waits_for else "nothing"
 
 
-def _point_to_point(s: ReplicaState, b: BlockInfo, by_id: dict[int, ReplicaState]) -> list[str]:
+def _point_to_point(s: ReplicaState, b: BlockInfo, by_id: dict[int, ReplicaState], sources: SourceMap
+                    ) -> list[str]:
     lines = []
     what = {"recv-done": "data", "send-done": "its matching recv"}.get(b.kind, "a message")
     for t in b.waits_for:
@@ -126,19 +107,21 @@ def _point_to_point(s: ReplicaState, b: BlockInfo, by_id: dict[int, ReplicaState
             continue
         if ts.status == "finished":
             never = "posting it" if b.kind == "send-done" else "sending it"
-            lines.append(f"replica {s.replica} waits in {_where(b)} for {what} from replica {t}, "
+            lines.append(f"replica {s.replica} waits in {where(b, sources)} for {what} from replica {t}, "
                          f"which finished without {never}")
         elif ts.status == "failed":
-            lines.append(f"replica {s.replica} waits in {_where(b)} for {what} from replica {t}, which failed")
+            lines.append(f"replica {s.replica} waits in {where(b, sources)} for {what} from replica {t}, "
+                         "which failed")
         elif ts.block is not None:
-            lines.append(f"replica {s.replica} waits in {_where(b)} for {what} from replica {t}, "
-                         f"which is blocked in {_where(ts.block)}")
+            same = ts.block.instruction == b.instruction and ts.block.computation == b.computation
+            lines.append(f"replica {s.replica} waits in {where(b, sources)} for {what} from replica {t}, "
+                         f"which is blocked in {where(ts.block, NO_SOURCES if same else sources)}")
     return lines
 
 
-def _host_findings(states: list[ReplicaState]) -> list[str]:
+def _host_findings(states: list[ReplicaState], sources: SourceMap) -> list[str]:
     """`replicas [1, 2, 3] wait in %in (infeed) for the host, which has nothing more to give`."""
-    return [f"{line}, which has nothing more to give" for line in host_waits(states)]
+    return [f"{line}, which has nothing more to give" for line in host_waits(states, sources)]
 
 
 def _lagging_summary(states: list[ReplicaState]) -> list[str]:
@@ -188,14 +171,14 @@ def _mismatch_from_history(report: Report, waiter: int, target: int) -> Collecti
         error = mismatch_error(b.seq, waiter, own, target, their_wire, differences)
         error.report.deadlock = report
         status = by_id[target].status
-        moved = "finished" if status == "finished" else f"moved on to {_where(by_id[target].block)}" \
+        moved = "finished" if status == "finished" else f"moved on to {where(by_id[target].block, report.sources)}" \
             if by_id[target].block is not None else status
         headline = str(error.args[0]).split("\n", 1)[0]
         message = (f"{headline} (replica {target} completed its collective #{b.seq} without replica "
-                   f"{waiter} and {moved}; replica {waiter} waits in {_where(b)})")
+                   f"{waiter} and {moved}; replica {waiter} waits in {where(b, report.sources)})")
     else:
         their_name = f"%{theirs['instruction']} ({theirs['opcode']})" if theirs else "another collective"
-        message = (f"collective #{b.seq}: replica {waiter} is in {_where(b)} with group "
+        message = (f"collective #{b.seq}: replica {waiter} is in {where(b, report.sources)} with group "
                    f"{list(b.group or ())} but replica {target} executed its collective #{b.seq} as "
                    f"{their_name} without it")
         their_identity = {"name": theirs.get("instruction"), "opcode": theirs.get("opcode")} if theirs else {}

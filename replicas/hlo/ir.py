@@ -28,6 +28,9 @@ class Instruction:
     operands: list[str] = field(default_factory=list)
     attrs: dict[str, Any] = field(default_factory=dict)
     line: int | None = None  # source line in HLO text, for error messages
+    # The raw `metadata={...}` text (op_name, source file and line): read by `hlo.source` for
+    # reports only, never part of what the instruction computes (not compared, not printed).
+    metadata: str | None = None
 
     def called_computations(self) -> list[str]:
         names: list[str] = []
@@ -121,6 +124,9 @@ class Module:
     entry: str = ""
     # HloModule header attributes: replica_count, num_partitions, entry_computation_layout, ...
     attrs: dict[str, Any] = field(default_factory=dict)
+    # The FileNames/FunctionNames/FileLocations/StackFrames tables of newer HLO text, raw: id -> text
+    # per table; `metadata={stack_frame_id=N}` points into them (see `hlo.source`). Not compared.
+    stack_frames: dict[str, dict[int, str]] = field(default_factory=dict)
 
     def add(self, comp: Computation) -> Computation:
         if comp.name in self.computations:

@@ -129,13 +129,15 @@ class HloParser:
         """The FileNames/FunctionNames/FileLocations/StackFrames tables of newer XLA dumps."""
         s = self.s
         while s.try_name() in _STACK_FRAME_SECTIONS:
-            s.name(sigil=False)
+            table = self._module.stack_frames.setdefault(s.name(sigil=False), {})  # for hlo.source
             while s.peek().isdigit():
-                s.integer()
+                key = s.integer()
                 if s.peek() == '"':
+                    start = s.pos
                     s.string()
+                    table[key] = s.text[start:s.pos].strip()
                 elif s.peek() == "{":
-                    s.balanced()
+                    table[key] = s.balanced()
                 else:
                     raise s.error("expected a string or {...} in a stack frame table")
 
@@ -426,6 +428,8 @@ class HloParser:
                     s.pos = more.end()
                     raw += ", " + s.raw_value()
             if attributes.is_dropped(key, inst.opcode):
+                if key == "metadata":
+                    inst.metadata = raw  # where it came from, for reports (hlo.source)
                 continue
             spec = attributes.SPECS.get(key)
             if spec is None:

@@ -15,9 +15,11 @@ from replicas.collectives.mismatch import with_sides
 from replicas.diagnostics.monitor import Monitor
 from replicas.diagnostics.progress import LiveStatus, Progress, host_waits, progress_of
 from replicas.diagnostics.report import Report
+from replicas.diagnostics.sources import with_sources
 from replicas.diagnostics.wait_for import deadlock_error
 from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError
 from replicas.hlo.ir import Instruction, Module
+from replicas.hlo.source import SourceMap
 from replicas.limits import Limits, check_module, check_replicas
 from replicas.limits import current as current_limits
 from replicas.records import ReplicaState, replicas_text
@@ -103,6 +105,7 @@ class Job:
         self._host_values: dict[int, tuple[list[Any], dict[int, list[Any]]]] | None = None
         self._status = LiveStatus() if progress else None  # a live status line while result() waits
         self._last_progress: Progress | None = None
+        self._sources = SourceMap(getattr(executable, "module", None))  # for reports, errors, progress, traces
 
     # -- host side --------------------------------------------------------------------------------
     def infeed(self, replica: int, value: Any) -> None:
@@ -160,7 +163,7 @@ class Job:
 
     def _with_host_waits(self, message: str) -> str:
         """`message`, and which replicas wait for the host (what the host may have forgotten to feed)."""
-        waits = host_waits(self._backend.states())
+        waits = host_waits(self._backend.states(), self._sources)
         return f"{message}; " + "; ".join(waits) if waits else message
 
     def progress(self) -> Progress:
@@ -168,7 +171,7 @@ class Job:
         collective number, collectives per second, and who waits for the host (see `Progress`)."""
         if self._outcome is not None and self._last_progress is not None:
             return self._last_progress
-        self._last_progress = progress_of(self._backend.states(), time.monotonic() - self._started)
+        self._last_progress = progress_of(self._backend.states(), time.monotonic() - self._started, self._sources)
         return self._last_progress
 
     def _check_replica(self, replica: int) -> None:
@@ -230,7 +233,7 @@ class Job:
     def _wait(self, timeout: float | None) -> tuple[bool, Any]:
         budget = [t for t in (timeout, self.timeout) if t is not None]
         deadline = time.monotonic() + min(budget) if budget else None
-        monitor = Monitor(self.num_replicas)
+        monitor = Monitor(self.num_replicas, self._sources)
         movement = Movement()
         confirming = False
         backend = self._backend
@@ -254,12 +257,13 @@ class Job:
                 if deadline is not None and time.monotonic() >= deadline:
                     report = Report(f"still running after {timeout if timeout is not None else self.timeout} s "
                                     f"(not a deadlock: some replica is running or a message is in flight)",
-                                    states, lines=host_waits(states) + movement.lines(states, time.monotonic()))
+                                    states, lines=host_waits(states, self._sources)
+                                    + movement.lines(states, time.monotonic()), sources=self._sources)
                     report.events = backend.events()
                     _trim_events(report)
                     return self._finish(False, ExecutionTimeout(report.title, report))
                 if self._status is not None:
-                    self._last_progress = progress_of(states, time.monotonic() - self._started)
+                    self._last_progress = progress_of(states, time.monotonic() - self._started, self._sources)
                     self._status.show(self._last_progress)
                 # A snapshot that looks stuck is confirmed by the next one at once, but only once in a
                 # row: a job whose every snapshot looks stuck yet moves is still polled at the interval.
@@ -289,7 +293,8 @@ class Job:
         try:
             self._final_events = backend.events()
             if not ok:
-                self._outcome = (ok, with_sides(value, self._final_events))  # who ran which side of a mismatch
+                # who ran which side of a mismatch; where the instructions it names came from
+                self._outcome = (ok, with_sources(with_sides(value, self._final_events), self._sources))
                 backend.abort(value)
             self._host_values = backend.drain()
             if self._trace:
@@ -305,7 +310,7 @@ class Job:
         from replicas.diagnostics.trace import write_trace
 
         try:
-            note = write_trace(self._trace, self._final_events)
+            note = write_trace(self._trace, self._final_events, self._sources)
         except Exception as e:  # noqa: BLE001 - disk full, directory removed meanwhile, ...
             warnings.warn(f"trace {self._trace!r} was not written: {type(e).__name__}: {e}", RuntimeWarning,
                           stacklevel=3)
