@@ -35,6 +35,10 @@ StackFrames
 2 {file_location_id=2 parent_frame_id=1}
 """
 
+PSUM_META = 'metadata={op_name="jit(step)/shard_map/psum" stack_frame_id=1}'
+MODEL_META = 'metadata={op_name="jit(f)/psum" source_file="/src/model.py" source_line=%d}'
+BODY_META = 'metadata={op_name="jit(step)/while/body/psum" stack_frame_id=1}'
+
 ADD = """
 add {
   a = f32[] parameter(0)
@@ -54,7 +58,7 @@ on_zero {{
 
 on_others {{
   p = f32[4] parameter(0)
-  ROOT psum.7 = f32[4] all-reduce(p), replica_groups={{}}, to_apply=add, metadata={{op_name="jit(step)/shard_map/psum" stack_frame_id=1}}
+  ROOT psum.7 = f32[4] all-reduce(p), replica_groups={{}}, to_apply=add, {PSUM_META}
 }}
 
 ENTRY main {{
@@ -71,12 +75,12 @@ MISMATCH = f"""HloModule mismatch, replica_count=2
 {ADD}
 on_zero {{
   p = f32[4] parameter(0)
-  ROOT ar_a = f32[4] all-reduce(p), replica_groups={{}}, to_apply=add, metadata={{op_name="jit(f)/psum" source_file="/src/model.py" source_line=7}}
+  ROOT ar_a = f32[4] all-reduce(p), replica_groups={{}}, to_apply=add, {MODEL_META % 7}
 }}
 
 on_others {{
   p = f32[2] slice(f32[4] parameter(0)), slice={{[0:2]}}
-  ar_b = f32[2] all-reduce(p), replica_groups={{}}, to_apply=add, metadata={{op_name="jit(f)/psum" source_file="/src/model.py" source_line=9}}
+  ar_b = f32[2] all-reduce(p), replica_groups={{}}, to_apply=add, {MODEL_META % 9}
   ROOT twice = f32[4] concatenate(ar_b, ar_b), dimensions={{0}}
 }}
 
@@ -107,7 +111,7 @@ cond {{
 
 body {{
   p = f32[4] parameter(0)
-  ROOT ar = f32[4] all-reduce(p), replica_groups={{}}, to_apply=add, metadata={{op_name="jit(step)/while/body/psum" stack_frame_id=1}}
+  ROOT ar = f32[4] all-reduce(p), replica_groups={{}}, to_apply=add, {BODY_META}
 }}
 
 ENTRY main {{

@@ -15,6 +15,7 @@ import numpy as np
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
 from replicas.jax.arguments import host_value, physical_dtype, physical_shape
+from replicas.jax.callbacks import bind_jax_callbacks
 
 DEVICE_COUNT_HINT = ("set XLA_FLAGS=--xla_force_host_platform_device_count=N (N >= the number of replicas) "
                      "before JAX is imported")
@@ -145,6 +146,7 @@ def compile_jax(f: Callable[..., Any], *args: Any, num_replicas: int | None = No
                                "with in_specs and out_specs (its shardings then come from them)") from None
         text = _optimized_text(lowered, e)
     module = parse_hlo(text)
+    bind_jax_callbacks(module, lowered)  # jax.debug.print, pure_callback, io_callback
     partitions = module.num_partitions
     if num_replicas is None:
         num_replicas = partitions if partitions > 1 else (mesh.devices.size if mesh is not None else 1)

@@ -37,6 +37,10 @@ PASS_THROUGH_TARGETS = frozenset({
     "MoveToHost", "MoveToDevice", "LayoutConstraint",
 })
 
+# JAX's host callbacks (jax.debug.print, pure_callback, io_callback): the function lives in the JAX
+# program that compiled the module; rp.jax binds it (replicas/jax/callbacks.py).
+JAX_CALLBACK_TARGETS = frozenset({"xla_ffi_python_cpu_callback", "xla_python_cpu_callback"})
+
 
 # `@builtin_target("lapack_sgetrf_ffi")` registers a kernel factory for custom calls naming that
 # target (built in, not user code).
@@ -44,7 +48,8 @@ builtin_target = registrar(_BUILTIN_TARGETS, "built-in custom-call target")
 
 
 def register_custom_call(name: str, fn: CustomCallFunction) -> None:
-    """Make `custom_call_target=name` call `fn(*operand_values) -> result`. Re-registering replaces."""
+    """Make `custom_call_target=name` call `fn(*operand_values) -> result`. Re-registering replaces.
+    A function with a true `takes_replica` attribute is called `fn(replica_id, *operand_values)`."""
     if not isinstance(name, str) or not name:
         raise ProgramError(f"custom-call target name must be a non-empty string, got {name!r}")
     if not callable(fn):
@@ -87,18 +92,24 @@ def make_custom_call(inst: Instruction, ctx: KernelContext) -> Callable[..., Any
         raise inst.error(f"custom-call {target!r} is a marker of JAX's lowered SPMD modules: rp.run, rp.launch "
                          "and rp.check partition such modules (replicas.jax.partition_spmd_markers), and "
                          "rp.jax.run runs JAX functions directly")
+    if fn is None and target in JAX_CALLBACK_TARGETS:
+        raise inst.error(f"custom-call {target!r} calls a Python function of the JAX program that compiled it "
+                         "(jax.debug.print, jax.debug.callback, pure_callback, io_callback), which HLO text "
+                         "does not hold: run the JAX function with rp.jax.run (or rp.jax.replicated) instead")
     if fn is None:
-        known = ", ".join(sorted(_CUSTOM_CALLS)) or "none registered"
+        known = ", ".join(sorted(n for n in _CUSTOM_CALLS if not n.startswith("rp.jax."))) or "none registered"
         raise inst.error(f"unknown custom-call target {target!r} (known: {known}); register it with "
                          "replicas.register_custom_call(name, fn)")
     result_shape = inst.shape
+    replica = ctx.replica_id
 
     def custom_call(*args: Any) -> Any:
         # Looked up on every call: a pooled interpreter must call what is registered now.
         current = _CUSTOM_CALLS.get(target)
         if current is None:
             raise inst.error(f"custom-call target {target!r} is no longer registered")
-        return _check_result(inst, target, result_shape, current(*args))
+        value = current(replica, *args) if getattr(current, "takes_replica", False) else current(*args)
+        return _check_result(inst, target, result_shape, value)
 
     return custom_call
 
