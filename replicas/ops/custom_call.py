@@ -92,14 +92,14 @@ def make_custom_call(inst: Instruction, ctx: KernelContext) -> Callable[..., Any
         raise inst.error(f"custom-call {target!r} is a marker of JAX's lowered SPMD modules: rp.run, rp.launch "
                          "and rp.check partition such modules (replicas.jax.partition_spmd_markers), and "
                          "rp.jax.run runs JAX functions directly")
-    if fn is None and target in JAX_CALLBACK_TARGETS:
-        raise inst.error(f"custom-call {target!r} calls a Python function of the JAX program that compiled it "
-                         "(jax.debug.print, jax.debug.callback, pure_callback, io_callback), which HLO text "
-                         "does not hold: run the JAX function with rp.jax.run (or rp.jax.replicated) instead")
     if fn is None:
         known = ", ".join(sorted(n for n in _CUSTOM_CALLS if not n.startswith("rp.jax."))) or "none registered"
-        raise inst.error(f"unknown custom-call target {target!r} (known: {known}); register it with "
-                         "replicas.register_custom_call(name, fn)")
+        raise inst.error(
+            f"custom-call {target!r} calls a Python function of the JAX program that compiled it (jax.debug.print, "
+            "jax.debug.callback, pure_callback, io_callback), which HLO text does not hold: run the JAX function "
+            "with rp.jax.run (or rp.jax.replicated) instead" if target in JAX_CALLBACK_TARGETS else
+            f"unknown custom-call target {target!r} (known: {known}); register it with "
+            "replicas.register_custom_call(name, fn)")
     result_shape = inst.shape
     replica = ctx.replica_id
 
