@@ -90,14 +90,16 @@ def _event_text(ev: dict[str, Any], sources: SourceMap = NO_SOURCES) -> str:
 def _tail_at_snapshot(state: ReplicaState | None, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A replica's events as of its state's snapshot: the recorders are read after the states, so
     a replica still moving (a timeout) may have finished the collective its state is blocked in,
-    and started others; the tail then ends in that collective, not finished."""
+    and started others; the tail then ends in that collective, not finished (or, when the ring
+    moved past it, before the first collective it had not started)."""
     b = state.block if state is not None and state.status == "blocked" else None
     if b is None or b.kind != "collective" or b.seq is None:
         return events
-    for i in range(len(events) - 1, -1, -1):
-        ev = events[i]
-        if ev.get("kind") == "collective" and ev.get("seq") == b.seq:
-            return events[:i] + [{**ev, "end_us": None}]
+    for i, ev in enumerate(events):
+        if ev.get("kind") == "collective" and isinstance(ev.get("seq"), int) and ev["seq"] >= b.seq:
+            if ev["seq"] == b.seq:
+                return events[:i] + [{**ev, "end_us": None}]
+            return events[:i]
     return events
 
 
