@@ -17,6 +17,7 @@ from replicas.errors import (
     DeadlockError,
     ExecutionTimeout,
     ProgramError,
+    ReplicaDivergenceError,
     ReplicaFailure,
     ReplicasError,
 )
@@ -67,6 +68,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CollectiveMismatchError", "Computation", "DeadlockError", "ExecutionTimeout", "Instruction", "Layout",
-    "Module", "PrimitiveType", "ProgramError", "ReplicaFailure", "ReplicasError", "Shape", "TOKEN", "shapes",
+    "Module", "PrimitiveType", "ProgramError", "ReplicaDivergenceError", "ReplicaFailure", "ReplicasError", "Shape",
+    "TOKEN", "shapes",
     *_LAZY,
 ]

@@ -27,11 +27,14 @@ from replicas.transport import keys
 def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int | None = None, *,
           timeout: float = DEFAULT_TIMEOUT, infeed: Sequence[Sequence[Any]] | None = None, strict: bool = True,
           trace: str | None = None, record_every_instruction: bool = False,
-          trace_events: int = DEFAULT_CAPACITY) -> None:
+          trace_events: int = DEFAULT_CAPACITY, replicated: Sequence[int] = (), tolerance: float = 0.0) -> None:
     """`rp.check`: run `module` on threads and raise what goes wrong, as `rp.verify` raises for a bad
     module: DeadlockError, CollectiveMismatchError, ReplicaFailure, ExecutionTimeout, or a
     ProgramError for messages nobody received. Without `args` every parameter is zeros. Returns
-    None when clean. The trace options are `rp.launch`'s."""
+    None when clean. The trace options are `rp.launch`'s. `replicated`: the outputs (indices into
+    the entry's result tuple; 0 for a result that is not a tuple) meant to be the same on every
+    replica: one that differs (bitwise, or beyond `tolerance`) is a ReplicaDivergenceError naming
+    the first instruction whose value diverged though everything it depends on agreed."""
     program = as_program(module)
     if num_replicas is None:
         num_replicas = declared_replicas(program)
@@ -39,14 +42,16 @@ def check(module: Program, args: Sequence[Any] | None = None, num_replicas: int 
     check_timeout(timeout)
     problem = find_problem(program.module if isinstance(program, Executable) else program, as_arguments(args),
                            num_replicas, timeout=timeout, infeed=infeed, strict=strict, trace=trace,
-                           record_every_instruction=record_every_instruction, trace_events=trace_events)
+                           record_every_instruction=record_every_instruction, trace_events=trace_events,
+                           replicated=replicated, tolerance=tolerance)
     if problem is not None:
         raise problem
 
 
 def find_problem(module: Module, args: Sequence[Any] | None = None, num_replicas: int = 2, *,
           timeout: float = DEFAULT_TIMEOUT, infeed: Sequence[Sequence[Any]] | None = None,
-          strict: bool = True, **options: Any) -> ReplicasError | None:
+          strict: bool = True, replicated: Sequence[int] = (), tolerance: float = 0.0,
+          **options: Any) -> ReplicasError | None:
     """Run `module` on `num_replicas` threads; None if it completes cleanly, else the error it raised
     (DeadlockError, CollectiveMismatchError, ProgramError, ReplicaFailure, ExecutionTimeout),
     with the same report `rp.run` gives, or a ProgramError naming the messages nobody received.
@@ -58,13 +63,35 @@ def find_problem(module: Module, args: Sequence[Any] | None = None, num_replicas
                      **options)  # trace, record_every_instruction, progress: as rp.run takes them
         job.close_host_input()  # as in rp.run: nothing is fed beyond `infeed`
         with job:
-            job.result()
+            results = job.result()
     except ReplicasError as e:
         return e
     left = job.leftovers()  # the finished job's leftovers are the evidence
     findings = [line for r, messages in left.items() for line in leftovers(r, messages)]
     if findings:
         return ProgramError("messages nobody received after every replica finished:\n  " + "\n  ".join(findings))
+    if replicated:
+        return _divergence(module, args, num_replicas, results, replicated, tolerance)
+    return None
+
+
+def _divergence(module: Module, args: Sequence[Any], num_replicas: int, results: list[Any],
+                replicated: Sequence[int], tolerance: float) -> ReplicasError | None:
+    from replicas.jax.divergence import check_outputs, checked_tolerance
+    from replicas.runtime.job import per_replica_args
+
+    tolerance = checked_tolerance(tolerance) or 0.0
+    is_tuple = module.entry_computation.result_shape.is_tuple
+    count = len(module.entry_computation.result_shape.tuple_shapes) if is_tuple else 1
+    bad = [i for i in replicated if not isinstance(i, int) or not 0 <= i < count]
+    if bad:
+        return ProgramError(f"replicated= names output(s) {bad}; the program has {count} output(s)")
+    flat = [list(r) if is_tuple else [r] for r in results]
+    per_replica = per_replica_args(args, num_replicas, len(module.entry_computation.parameters))
+    try:
+        check_outputs(module, per_replica, flat, list(replicated), tolerance=tolerance)
+    except ReplicasError as e:
+        return e
     return None
 
 

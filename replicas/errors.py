@@ -79,5 +79,21 @@ class ExecutionTimeout(ReplicasError):
         self.report = report
 
 
+class ReplicaDivergenceError(ReplicasError):
+    """An output meant to be the same on every replica (replicated) differs across them: a forgotten
+    pmean, per-replica randomness, statistics not synchronized. Names the output (`.output`), the
+    replicas on each side (`.sides`) and the first instruction whose value diverged although
+    everything it depends on agreed (`.instruction`, `.source`); `.report` is a JSON-able dict."""
+
+    def __init__(self, message: str, *, output: str, sides: list[list[int]], instruction: str | None = None,
+                 source: str | None = None, report: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.output = output
+        self.sides = sides
+        self.instruction = instruction
+        self.source = source
+        self.report = report or {}
+
+
 __all__ = ["ReplicasError", "ProgramError", "DeadlockError", "CollectiveMismatchError",
-           "ReplicaFailure", "ExecutionTimeout"]
+           "ReplicaFailure", "ExecutionTimeout", "ReplicaDivergenceError"]

@@ -4,6 +4,7 @@ with a `{"kind": "truncated", "dropped": n, "capacity": c}` record."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import deque
 from time import perf_counter_ns
@@ -38,10 +39,17 @@ _anchor: tuple[int, float] | None = None
 
 
 class FlightRecorder:
-    """Records events with start/end times. `every_instruction` also records local ops."""
+    """Records events with start/end times. `every_instruction` also records local ops; "values"
+    (a divergence hunt: `replicas.jax.divergence`) also each op's value, as `event["value"]`: a
+    digest of its bytes, or the value itself when compared within a tolerance ("values~")."""
 
-    def __init__(self, replica: int, capacity: int = DEFAULT_CAPACITY, every_instruction: bool = False) -> None:
+    observe: Any = None  # (event, value) -> None after each local op, when values are recorded
+
+    def __init__(self, replica: int, capacity: int = DEFAULT_CAPACITY, every_instruction: bool | str = False
+                 ) -> None:
         self.replica = replica
+        if every_instruction in ("values", "values~"):
+            self.observe = self._digest if every_instruction == "values" else self._keep
         self.capacity = capacity
         self.every_instruction = every_instruction
         # Times are microseconds on the wall clock (so replicas in different processes line up),
@@ -93,6 +101,14 @@ class FlightRecorder:
         if info:
             event.update(info)
 
+    @staticmethod
+    def _digest(event: dict[str, Any], value: Any) -> None:
+        event["value"] = value_digest(value)
+
+    @staticmethod
+    def _keep(event: dict[str, Any], value: Any) -> None:
+        event["value"] = _copied(value)
+
     def _now_us(self) -> float:
         return self._epoch_us + (time.perf_counter_ns() - self._t0) / 1000
 
@@ -117,3 +133,24 @@ class FlightRecorder:
 def truncated(replica: int, dropped: int, capacity: int) -> dict[str, Any]:
     return {"kind": "truncated", "replica": replica, "dropped": dropped, "capacity": capacity,
             "instruction": None, "opcode": None, "start_us": None, "end_us": None}
+
+
+def value_digest(value: Any) -> Any:
+    """What two bitwise-equal values share and different ones do not (16 bytes of BLAKE2b of the
+    bytes, with the dtype and shape); tuples element by element."""
+    if isinstance(value, (tuple, list)):
+        return tuple(value_digest(v) for v in value)
+    array = getattr(value, "__array_interface__", None) is not None or hasattr(value, "dtype")
+    if not array:
+        return repr(value)
+    import numpy as np
+
+    a = np.ascontiguousarray(value)
+    return (a.dtype.str, a.shape, hashlib.blake2b(a.view(np.uint8).reshape(-1) if a.size else b"",
+                                                  digest_size=16).hexdigest())
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return tuple(_copied(v) for v in value)
+    return value.copy() if hasattr(value, "copy") and hasattr(value, "dtype") else value

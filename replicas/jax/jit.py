@@ -23,6 +23,7 @@ import numpy as np
 
 from replicas.errors import ProgramError
 from replicas.jax.arguments import host_value, physical_dtype, physical_shape, signature_dtype
+from replicas.jax.divergence import check_jax_outputs, checked_tolerance
 from replicas.jax.program import JaxProgram, _indices, _jax, _output_leaves, compile_jax
 from replicas.runtime.job import checked_executable
 from replicas.runtime.options import LaunchOptions
@@ -30,7 +31,8 @@ from replicas.runtime.resident import Array, Kept, same_index
 from replicas.runtime.session import Session
 
 # Options of a jitted function's job (those of `rp.run` that a job run again and again can take).
-JOB_OPTIONS = tuple(name for name in LaunchOptions.__dataclass_fields__ if name not in ("trace", "progress"))
+JOB_OPTIONS = (*(name for name in LaunchOptions.__dataclass_fields__ if name not in ("trace", "progress")),
+               "replicated_tolerance")
 CACHE_SIZE = 32  # compiled signatures kept per jitted function (least recently used dropped)
 
 
@@ -61,6 +63,8 @@ class JitFunction:
         self.donate_argnums = tuple(sorted(_positions(donate_argnums, "donate_argnums")))
         if set(self.static_argnums) & set(self.donate_argnums):
             raise ProgramError("an argument cannot be both static and donated")
+        # Replicated outputs must agree (replicas/jax/divergence.py): bitwise, within this, or None: unchecked.
+        self._tolerance = checked_tolerance(options.pop("replicated_tolerance", 0.0))
         self._options = LaunchOptions.of(**options)
         self._cache: OrderedDict[Hashable, Compiled] = OrderedDict()
         self._lock = threading.Lock()
@@ -81,6 +85,9 @@ class JitFunction:
             compiled = self._compile(args, statics, dynamic, leaves, key)
         per_replica = self._shards(compiled, leaves)
         seq, results = compiled.session.call(per_replica, len(compiled.program.out_avals))
+        session = compiled.session
+        check_jax_outputs(compiled.program, per_replica, results, self._tolerance,
+                          lambda i: session.fetch((session.job, seq, i), list(range(compiled.program.num_replicas))))
         for i in compiled.donated:
             if isinstance(leaves[i], Array):
                 leaves[i].delete()
@@ -328,6 +335,7 @@ def run(f: Callable[..., Any], *args: Any, num_replicas: int | None = None, mesh
 
     program = compile_jax(f, *args, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs,
                           out_specs=out_specs, axis_name=axis_name)
+    options.pop("replicated_tolerance", None)  # checked by rp.jax.jit's calls only
     results = run_module(program.module, program.split(args), program.num_replicas, **options)
     return program.join(results)
 

@@ -149,6 +149,7 @@ class BoundComputation:
         """The same loop, recording every instruction (`record_every_instruction=True`): kept apart so
         the usual path pays nothing for it."""
         interp = self._interp
+        observe = getattr(recorder, "observe", None)  # each value too (a divergence hunt)
         for fn, operand_slots, result_slot, release, inst in self._steps:
             interp.current = inst
             event = recorder.begin("op", inst.name, inst.opcode, computation=self.name)
@@ -163,6 +164,8 @@ class BoundComputation:
                     raise
                 raise kernel_failure(interp.replica_id, inst, e) from e
             recorder.end(event)
+            if observe is not None:
+                observe(event, slots[result_slot])
             for s in release:
                 slots[s] = None
         return slots[self._root]
