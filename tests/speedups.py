@@ -1,4 +1,4 @@
-"""An opt-in speed-up of a fresh clone's start (`REPLICAS_TEST_BYTECODE=1`; .ci/run sets it), on top
+"""An opt-in speed-up of a fresh clone's start (`REPLICAS_TEST_BYTECODE=1`), on top
 of the pycache prefix `conftest.keep_bytecode` sets up: the prefix seeded with hard links to the
 libraries' own bytecode (else the first run compiles the standard library, JAX and Ray into it),
 and the test modules' asserts rewritten once by the controller through pytest's private rewriter
