@@ -30,14 +30,18 @@ _MISSING = object()
 class Cache(Generic[V]):
     """A bounded LRU map from keys (by value, or `by_identity`) to values."""
 
-    __slots__ = ("name", "size", "by_identity", "_data", "_lock", "__weakref__")
+    __slots__ = ("name", "size", "by_identity", "on_evict", "_data", "_lock", "__weakref__")
 
-    def __init__(self, name: str, size: int, *, by_identity: bool = False) -> None:
+    def __init__(self, name: str, size: int, *, by_identity: bool = False,
+                 on_evict: Callable[[V], None] | None = None) -> None:
+        """`on_evict(value)` releases what an entry holds when it leaves (evicted or cleared),
+        called outside the lock."""
         if size < 1:
             raise ValueError(f"cache {name}: size must be at least 1, got {size}")
         self.name = name
         self.size = size
         self.by_identity = by_identity
+        self.on_evict = on_evict
         self._data: OrderedDict[Hashable, tuple[Any, V]] = OrderedDict()
         self._lock = threading.Lock()
         _ALL.add(self)
@@ -57,11 +61,13 @@ class Cache(Generic[V]):
     def put(self, key: Any, value: V) -> V:
         """Store `value` for `key` and return it, evicting the least recently used beyond the bound."""
         k = id(key) if self.by_identity else key
+        evicted = []
         with self._lock:
             self._data[k] = (key, value)
             self._data.move_to_end(k)
             while len(self._data) > self.size:
-                self._data.popitem(last=False)
+                evicted.append(self._data.popitem(last=False)[1][1])
+        self._evicted(evicted)
         return value
 
     def get_or_make(self, key: Any, make: Callable[[], V]) -> V:
@@ -72,9 +78,20 @@ class Cache(Generic[V]):
             value = self.put(key, make())
         return value
 
+    def values(self) -> list[V]:
+        with self._lock:
+            return [value for _, value in self._data.values()]
+
     def clear(self) -> None:
         with self._lock:
+            evicted = [value for _, value in self._data.values()] if self.on_evict else []
             self._data.clear()
+        self._evicted(evicted)
+
+    def _evicted(self, values: list[V]) -> None:
+        if self.on_evict is not None:
+            for value in values:
+                self.on_evict(value)
 
     def __len__(self) -> int:
         return len(self._data)

@@ -32,3 +32,13 @@ def test_clear_all_empties_every_cache_of_the_process():
     assert cache in caches()
     clear_all()
     assert len(cache) == 0 and cache.get(1) is None
+
+
+def test_an_entry_that_leaves_is_released_once():
+    released: list[str] = []
+    cache: Cache[str] = Cache("test evict", 2, on_evict=released.append)  # rp.jax.jit: its job ends
+    for k in "abc":
+        cache.put(k, k.upper())
+    assert released == ["A"] and cache.values() == ["B", "C"]
+    cache.clear()
+    assert released == ["A", "B", "C"] and len(cache) == 0

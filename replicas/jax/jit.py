@@ -13,14 +13,13 @@ weak type and sharding, and the static arguments' values.
 from __future__ import annotations
 
 import functools
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from replicas.caching import Cache
 from replicas.errors import ProgramError
 from replicas.jax.arguments import host_value, physical_dtype, physical_shape, signature_dtype
 from replicas.jax.divergence import check_jax_outputs, checked_tolerance
@@ -66,8 +65,8 @@ class JitFunction:
         # Replicated outputs must agree (replicas/jax/divergence.py): bitwise, within this, or None: unchecked.
         self._tolerance = checked_tolerance(options.pop("replicated_tolerance", 0.0))
         self._options = LaunchOptions.of(**options)
-        self._cache: OrderedDict[Hashable, Compiled] = OrderedDict()
-        self._lock = threading.Lock()
+        self._cache: Cache[Compiled] = Cache(f"rp.jax.jit {getattr(f, '__qualname__', f)}", CACHE_SIZE,
+                                             on_evict=lambda old: old.session.close())
         functools.update_wrapper(self, f)
 
     # -- calling ----------------------------------------------------------------------------------
@@ -77,10 +76,7 @@ class JitFunction:
         leaves, tree = jax.tree_util.tree_flatten(list(dynamic))
         by_specs = self._in_specs is not None  # shard_map's in_specs decide the shardings
         key = (tree, statics, tuple(_signature(leaf, by_specs) for leaf in leaves))
-        with self._lock:
-            compiled = self._cache.get(key)
-            if compiled is not None:
-                self._cache.move_to_end(key)
+        compiled = self._cache.get(key)
         if compiled is None:
             compiled = self._compile(args, statics, dynamic, leaves, key)
         per_replica = self._shards(compiled, leaves)
@@ -131,11 +127,7 @@ class JitFunction:
         owners = [j for j, a in enumerate(dynamic) for _ in jax.tree_util.tree_leaves(a)]
         donated = frozenset(i for i, j in enumerate(owners) if j in donate)
         compiled = Compiled(program, session, in_index, out_index, donated)
-        with self._lock:
-            self._cache[key] = compiled
-            while len(self._cache) > CACHE_SIZE:
-                _, old = self._cache.popitem(last=False)
-                old.session.close()
+        self._cache.put(key, compiled)
         return compiled
 
     def _shards(self, compiled: Compiled, leaves: list[Any]) -> list[list[Any]]:
@@ -189,17 +181,12 @@ class JitFunction:
 
     def end_jobs(self) -> None:
         """End the jobs of the compiled signatures, keeping the compiles (the next call starts a job)."""
-        with self._lock:
-            compiled = list(self._cache.values())
-        for c in compiled:
+        for c in self._cache.values():
             c.session.close()
 
     def close(self) -> None:
         """End every compiled signature's job and forget the compiles."""
-        with self._lock:
-            compiled, self._cache = list(self._cache.values()), OrderedDict()
-        for c in compiled:
-            c.session.close()
+        self._cache.clear()
 
 
 def jit(f: Callable[..., Any] | None = None, *, num_replicas: int | None = None, mesh: Any = None,
@@ -226,8 +213,7 @@ def jit(f: Callable[..., Any] | None = None, *, num_replicas: int | None = None,
 
 
 # `rp.jax.run`'s jitted functions, by function and options (least recently used dropped).
-_RUN_CACHE: OrderedDict[Hashable, JitFunction] = OrderedDict()
-_RUN_CACHE_LOCK = threading.Lock()
+_RUN_CACHE: Cache[JitFunction] = Cache("rp.jax.run functions", CACHE_SIZE, on_evict=lambda old: old.close())
 
 
 def cached_jit(f: Callable[..., Any], *, num_replicas: int | None, mesh: Any, in_specs: Any, out_specs: Any,
@@ -238,16 +224,9 @@ def cached_jit(f: Callable[..., Any], *, num_replicas: int | None, mesh: Any, in
         hash(key)
     except TypeError:
         return None
-    with _RUN_CACHE_LOCK:
-        jitted = _RUN_CACHE.get(key)
-        if jitted is None:
-            jitted = _RUN_CACHE[key] = JitFunction(f, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs,
-                                                   out_specs=out_specs, axis_name=axis_name, static_argnums=(),
-                                                   donate_argnums=(), options=dict(options))
-            while len(_RUN_CACHE) > CACHE_SIZE:
-                _RUN_CACHE.popitem(last=False)[1].close()
-        _RUN_CACHE.move_to_end(key)
-    return jitted
+    return _RUN_CACHE.get_or_make(key, lambda: JitFunction(
+        f, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_name=axis_name,
+        static_argnums=(), donate_argnums=(), options=dict(options)))
 
 
 def _positions(numbers: Sequence[int] | int, what: str) -> set[int]:
