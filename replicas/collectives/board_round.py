@@ -66,8 +66,9 @@ def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | No
     first = parts[0]
     # Results the pools lease from the arenas (every actor on the node has one or none), and a few at a
     # time (`Thresholds.shared_results`): the same decision on every leader, the shapes agree.
-    outbox = fabric.outbox
-    if (outbox is None or fabric.inbox is None
+    shared = fabric.shared
+    outbox = shared.outbox if shared is not None else None
+    if (outbox is None or shared.inbox is None
             or any(x.nbytes * n < POOLED_BYTES or x.dtype.hasobject for x in first)
             or sum(x.nbytes for x in first) * n > outbox.capacity // THRESHOLDS.shared_results
             or not ex.leaders_share_board()):
@@ -106,7 +107,7 @@ def board_all_gather(ex: Exchange, parts: list[Values], dim: int) -> Values | No
     else:
         their_runs, segment, items = ex.read_board(0)
         if segment is not None:  # the first process's result: this process's parts go there
-            out = tuple(fabric.inbox.lent(segment, where[pos], shape, dtype, writable=True)
+            out = tuple(shared.inbox.lent(segment, where[pos], shape, dtype, writable=True)
                         for where, (shape, dtype) in zip(items, shapes))
             write_own(out)
             ex.publish_on_board((runs, None, None))

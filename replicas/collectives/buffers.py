@@ -24,9 +24,12 @@ import math
 import os
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from replicas.transport.fabric import Fabric
 
 # Below this, malloc reuses freed memory by itself and a pool's bookkeeping costs more than it saves.
 MIN_BYTES = 256 * 1024
@@ -150,21 +153,23 @@ class BufferPool:
         return reusable
 
 
-def pool_of(fabric: Any) -> BufferPool:
+def pool_of(fabric: Fabric) -> BufferPool:
     """The pool of `fabric`'s replica for its current job. Under an actor's shared-memory arena
     (transport/shm.py; the actor has peers on its node), the pool keeps its buffers across the
     actor's jobs: the arena retires it when it closes at the end of the job."""
     pool = fabric.kernel_state.get(_KEY)
     if pool is None:
-        outbox = fabric.outbox
+        shared = fabric.shared
+        outbox = shared.outbox if shared is not None else None
         pool = fabric.kernel_state[_KEY] = BufferPool(keeps=outbox is not None, outbox=outbox)
         if outbox is not None:
             outbox.on_close(pool.retire)
     return pool
 
 
-def sendable_in_place(fabric: Any, values: Any) -> bool:
+def sendable_in_place(fabric: Fabric, values: Any) -> bool:
     """Whether every array of `values` lies in a leased buffer of `fabric`'s shared-memory arena
     (sent to a peer of the node as a descriptor of where it is, without a copy)."""
-    outbox = fabric.outbox
+    shared = fabric.shared
+    outbox = shared.outbox if shared is not None else None
     return outbox is not None and all(outbox.leases(v) for v in values)

@@ -138,11 +138,11 @@ class Exchange:
     def leaders_share_board(self) -> bool:
         """Whether the leaders' rounds go through the same-node board: every leader is an actor of
         this node, and they are at most `Thresholds.board_readers`."""
-        fabric = self.fabric
+        shared = self.fabric.shared
         leaders = self.topo.layout.leaders
-        if fabric.board is None or len(leaders) > THRESHOLDS.board_readers:
+        if shared is None or shared.board is None or len(leaders) > THRESHOLDS.board_readers:
             return False
-        same_node = fabric.same_node
+        same_node = shared.same_node
         for q in self.topo.other_positions:
             if leaders[q] not in same_node:
                 return False
@@ -153,12 +153,13 @@ class Exchange:
         one too large for a slot is announced there and sent as messages (`payload[q]` to the leader
         of process q, `per_destination`)."""
         topo = self.topo
-        board, leaders, others = self.fabric.board, topo.layout.leaders, topo.other_positions
+        shared = self.fabric.shared
+        board, leaders, others = shared.board, topo.layout.leaders, topo.other_positions
         writer = topo.leader  # as the process's first member, whoever leads (its slot is where the peers read)
         if board.publish(writer, shared_board.tag_of(self.seq, round_),
                          board.fingerprint_bytes(self.fingerprint.wire), payload, others, self._wait_released):
             for q in others:  # what went through shared memory, by destination (for tests)
-                self.fabric.count_shm(writer, leaders[q])
+                shared.count(writer, leaders[q])
             return
         if writer != self.me:  # `kernels.Collective` lets a member act only where payloads fit
             raise RuntimeError(f"replica {self.me}: a payload acting for replica {writer} did not fit the board")
@@ -168,7 +169,7 @@ class Exchange:
     def read_board(self, q: int, round_: int = LEADER_ROUND, per_destination: bool = False) -> Any:
         """What the leader of process `q` published in `round_` (`publish_on_board`; its part for this
         process, `per_destination`), its fingerprint checked first: views of the board until `release`."""
-        board, leader, pos = self.fabric.board, self.topo.layout.leaders[q], self.topo.position
+        board, leader, pos = self.fabric.shared.board, self.topo.layout.leaders[q], self.topo.position
         value = self._read(board, leader, round_, shared_board.tag_of(self.seq, round_), pos,
                            board.fingerprint_bytes(self.fingerprint.wire))
         if value is _VIA_FABRIC:
@@ -191,8 +192,8 @@ class Exchange:
         leaders, pos, others = topo.layout.leaders, topo.position, topo.other_positions
         if not self.leaders_share_board():
             return None
-        fabric = self.fabric
-        board = fabric.board
+        shared = self.fabric.shared
+        board = shared.board
         if layout is None:
             assert first is not None
             for a in first:
@@ -208,7 +209,7 @@ class Exchange:
         fill(views)
         board.commit(writer, tag)
         for q in others:
-            fabric.count_shm(writer, leaders[q])
+            shared.count(writer, leaders[q])
         if meanwhile is not None:
             meanwhile()
         out: list[Any] = [None] * len(leaders)
@@ -233,8 +234,11 @@ class Exchange:
         """The board, if `peer` is a replica of another actor on this node (in-process peers get
         messages by reference)."""
         fabric = self.fabric
-        board = fabric.board
-        if board is not None and peer in fabric.same_node and fabric.placement[peer] != fabric.placement[self.me]:
+        shared = fabric.shared
+        if shared is None:
+            return None
+        board = shared.board
+        if board is not None and peer in shared.same_node and fabric.placement[peer] != fabric.placement[self.me]:
             return board
         return None
 
@@ -259,7 +263,7 @@ class Exchange:
             if type(arrays) is tuple and _raw(arrays):
                 # `publish` announces what does not fit a slot: the bytes then follow as a message.
                 if board.publish(self.me, tag, fingerprint, arrays, (0,), self._wait_released):
-                    self.fabric.count_shm(self.me, t)
+                    self.fabric.shared.count(self.me, t)
                 else:
                     self.send(t, 0, value)
                 continue
@@ -269,7 +273,7 @@ class Exchange:
                 board.publish(self.me, tag, fingerprint, value, (0,), self._wait_released, announce_only=True)
                 self.send(t, 0, value)
             elif board.publish(self.me, tag, fingerprint, value, (0,), self._wait_released):
-                self.fabric.count_shm(self.me, t)
+                self.fabric.shared.count(self.me, t)
             else:
                 self.send(t, 0, value)
 
@@ -307,7 +311,7 @@ class Exchange:
         def ready() -> bool:
             return board.find(writer, tag) is not None
 
-        spinner = self.fabric.spinner
+        spinner = self.fabric.shared.spinner  # a board wait: the link is there
         if spinner is not None and spinner.watch(mapping, word, ready):
             found = board.find(writer, tag)
             if found is not None:

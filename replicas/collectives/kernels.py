@@ -24,6 +24,7 @@ from replicas.ops.recognize import binary_reducer
 from replicas.ops.registry import KernelContext, kernel
 from replicas.records import BlockInfo
 from replicas.shapes import Shape
+from replicas.transport.fabric import Fabric, FabricSlot
 
 _UFUNCS: dict[str, np.ufunc] = {
     "add": np.add, "multiply": np.multiply, "maximum": np.maximum, "minimum": np.minimum,
@@ -60,7 +61,7 @@ class Collective:
         self.inst = inst
         self.fabric = ctx.fabric
         # The interpreter's `FabricSlot` forwards every attribute read: a call unwraps it once.
-        self._unwrap = getattr(type(self.fabric), "_fabric", None)
+        self._slot = self.fabric if type(self.fabric) is FabricSlot else None
         self.group = group
         self.index = index  # position in `group`; None for collective-permute (point to point)
         self.fingerprint = fingerprint
@@ -86,7 +87,7 @@ class Collective:
             self._placement = placement
         return self._topology
 
-    def _job_of(self, fabric: Any) -> tuple[Any, Exchange, dict[str, Any] | None]:
+    def _job_of(self, fabric: Fabric) -> tuple[Any, Exchange, dict[str, Any] | None]:
         """What a call needs of its job, decided at its first call and kept with the job's fabric (a
         pooled kernel holds nothing of a job): (the placement it was decided for, an `Exchange` over
         the group's topology under it and the meeting (see `_meeting_of`), which each call numbers
@@ -102,7 +103,7 @@ class Collective:
         job = fabric.kernel_state[self] = (fabric.placement, ex, template)
         return job
 
-    def _meeting_of(self, fabric: Any, topo: Topology | None) -> Any:
+    def _meeting_of(self, fabric: Fabric, topo: Topology | None) -> Any:
         """The mailbox this process's members of the group meet on, so that the last to arrive leads
         (collectives/topology.py), or None: the first local member leads. The last may lead when the
         group has more than one member here, the transport gives the first member's mailbox, and the
@@ -117,9 +118,10 @@ class Collective:
         leaders = topo.layout.leaders
         if len(leaders) == 1:
             return box
-        board = fabric.board
+        shared = fabric.shared
+        board = shared.board if shared is not None else None
         if (not self._leaders_on_board or board is None or len(leaders) > THRESHOLDS.board_readers
-                or not all(r in fabric.same_node for r in leaders)):
+                or not all(r in shared.same_node for r in leaders)):
             return None
         arrays = self._operand_arrays * len(topo.local) * len(topo.group)
         bound = (self._operand_bytes * len(topo.local) + len(board.fingerprint_bytes(self.fingerprint.wire))
@@ -129,8 +131,8 @@ class Collective:
     def run(self, algorithm: Callable[..., Any], *args: Any) -> Any:
         """Number the collective, record it and run `algorithm(exchange, *args)`. (`exchange` inlined: a
         While loop of a 1 KiB all-reduce at N=256 runs this once per replica per iteration.)"""
-        unwrap = self._unwrap
-        fabric = self.fabric if unwrap is None else unwrap.__get__(self.fabric)
+        slot = self._slot
+        fabric = self.fabric if slot is None else slot.current
         seq = fabric.next_collective()
         block = _new(BlockInfo)
         block.__dict__ = self._block.copy()

@@ -23,12 +23,13 @@ from replicas.runtime.bound import BoundComputation, kernel_failure
 from replicas.runtime.compile import Executable, compile_module
 from replicas.runtime.ownership import Donation
 from replicas.shapes import Shape
+from replicas.transport.fabric import Fabric, FabricSlot, LocalFabric
 
 
 class Interpreter:
     """Executes the entry computation of `executable` as replica `replica_id` over `fabric`."""
 
-    def __init__(self, executable: Executable | Module, replica_id: int = 0, fabric: Any = None,
+    def __init__(self, executable: Executable | Module, replica_id: int = 0, fabric: Fabric | None = None,
                  num_replicas: int | None = None) -> None:
         if isinstance(executable, Module):
             executable = compile_module(executable)
@@ -36,12 +37,11 @@ class Interpreter:
         self.module: Module = executable.module
         self.replica_id = replica_id
         if fabric is None:
-            from replicas.transport.fabric import LocalFabric
-
             fabric = LocalFabric()
         # Kernels keep this slot, not the fabric: a pooled interpreter runs its next job by
         # pointing the slot at that job's fabric (`attach`), without binding its kernels again.
-        self.fabric: Any = FabricSlot(fabric)
+        self.slot = FabricSlot(fabric)
+        self.fabric: Fabric = self.slot.as_fabric()
         self.num_replicas = num_replicas if num_replicas is not None else fabric.num_replicas
         self.current: Instruction | None = None
         self.attach(fabric)
@@ -49,9 +49,9 @@ class Interpreter:
         self._bound: dict[tuple[str, Donation, frozenset[int]], BoundComputation] = {}
         self._entry = self.computation(self.module.entry)
 
-    def attach(self, fabric: Any) -> None:
+    def attach(self, fabric: Fabric) -> None:
         """Run the next executions over `fabric` (a new job's: its mailbox, recorder, peers)."""
-        self.fabric.attach(fabric)
+        self.slot.attach(fabric)
         self.mailbox = fabric.mailbox
         recorder = fabric.recorder
         every = recorder is not None and recorder.every_instruction
@@ -96,26 +96,7 @@ class Interpreter:
             return self._entry(*values)
 
 
-class FabricSlot:
-    """Forwards every attribute to the fabric of the job an interpreter currently runs in. It takes
-    no weak references, so nothing can key per-job state on the slot instead of the fabric."""
-
-    __slots__ = ("_fabric",)
-
-    def __init__(self, fabric: Any) -> None:
-        object.__setattr__(self, "_fabric", fabric)
-
-    def attach(self, fabric: Any) -> None:
-        object.__setattr__(self, "_fabric", fabric)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(object.__getattribute__(self, "_fabric"), name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(object.__getattribute__(self, "_fabric"), name, value)
-
-
-def evaluate(module: Module, args: Sequence[Any] = (), replica_id: int = 0, fabric: Any = None) -> Any:
+def evaluate(module: Module, args: Sequence[Any] = (), replica_id: int = 0, fabric: Fabric | None = None) -> Any:
     """Run `module` on one replica in this process (no Ray): the quickest way to test a program."""
     return Interpreter(module, replica_id, fabric).run(args)
 

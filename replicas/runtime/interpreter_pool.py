@@ -39,7 +39,7 @@ def checkin(interp: Interpreter) -> None:
     fingerprint = interp.executable.fingerprint
     if not fingerprint:
         return
-    interp.fabric.attach(None)
+    interp.slot.attach(None)
     interp.mailbox = interp.every_instruction_recorder = interp.current = None
     key = (fingerprint, interp.replica_id, interp.num_replicas)
     with _POOL_LOCK:

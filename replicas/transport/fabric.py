@@ -8,12 +8,20 @@ process) and `RayFabric` (replicas in actors). Message keys come from `replicas.
 
 `placement[r]` is the process hosting replica r (0 for every thread of the threads backend,
 the actor's index under Ray): collectives meet in-process first and cross processes once.
+`shared` is the replica's link to the job's other processes on its node through shared memory
+(`SharedMemoryLink`: the board, the arenas, the spinner of its waits), or None where there is
+none (threads, one replica, an actor without peers on its node); collectives take the faster
+same-node paths through it and fall back to messages without it.
+
+`FabricSlot` is what an interpreter's kernels hold: it forwards to the fabric of the job the
+interpreter currently runs in, so a pooled interpreter runs its next job without binding again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from replicas.records import HOST, BlockInfo
 from replicas.transport import keys
@@ -24,6 +32,25 @@ if TYPE_CHECKING:
     from replicas.transport.board import Board
     from replicas.transport.shm import Inbox, Outbox
     from replicas.transport.spin import Spinner
+
+
+def _uncounted(writer: int, dst: int) -> None:
+    pass
+
+
+@dataclass(eq=False)
+class SharedMemoryLink:
+    """One replica's shared memory with the job's other actors on its node (`RayFabric` makes it when
+    the job starts; a part that could not be opened is None, and its paths fall back to messages)."""
+
+    board: Board | None = None  # the same-node board its actor shares with the node's other actors
+    outbox: Outbox | None = None  # its actor's arena: results leased from it go to peers in place
+    inbox: Inbox | None = None  # its actor's mappings of the peers' arenas (leased results read in place)
+    same_node: frozenset[int] = frozenset()  # the replicas whose actors run on this node
+    spinner: Spinner | None = None  # how its waits on shared memory spin before they sleep
+    # Counts a message `writer` (a replica of this actor: a collective's acting leader may write for
+    # another member) sent `dst` through shared memory (tests and reports read the counts).
+    count: Callable[[int, int], None] = _uncounted
 
 
 class Fabric(Protocol):
@@ -39,6 +66,7 @@ class Fabric(Protocol):
     # outlive one kernel call and belong to the replica, not to a module-level table.
     kernel_state: dict[str, Any]
     placement: Sequence[int]  # replica -> the process hosting it
+    shared: SharedMemoryLink | None  # the same-node shared memory, where the transport has it
 
     def next_seq(self, counter: Hashable) -> int: ...
     def next_collective(self) -> int: ...
@@ -58,16 +86,7 @@ class Fabric(Protocol):
 class MailboxFabric:
     """`Fabric` over the replica's mailbox. Subclasses implement `_post(dst, key, value)`."""
 
-    # The same-node board its actor shares with the job's other actors on this node, and the
-    # replicas hosted on this node (`RayFabric` sets them; elsewhere collectives use messages).
-    board: Board | None = None
-    same_node: frozenset[int] = frozenset()
-    # The actor's shared-memory arena (results leased from it go to peers of the node in place) and
-    # the spinner of its shared-memory waits; `RayFabric` sets them when the actor has such peers.
-    outbox: Outbox | None = None
-    spinner: Spinner | None = None
-    # The actor's mappings of its peers' arenas (a leader reads a peer's leased result in place).
-    inbox: Inbox | None = None
+    shared: SharedMemoryLink | None = None  # `RayFabric` sets it for a job's actors
 
     def __init__(self, replica_id: int, num_replicas: int, mailbox: Mailbox | None = None, *,
                  strict: bool = True, recorder: FlightRecorder | None = None,
@@ -162,3 +181,33 @@ class LocalFabric(MailboxFabric):
 
     def _post(self, dst: int, key: Hashable, value: Any) -> None:
         raise RuntimeError(f"replica {self.replica_id} has no peer {dst} in a one-replica run")
+
+
+class FabricSlot:
+    """Forwards every attribute to the fabric of the job an interpreter currently runs in
+    (`current`; a kernel that reads many attributes per call reads `current` once). It takes no weak
+    references, so nothing can key per-job state on the slot instead of the fabric."""
+
+    __slots__ = ("current",)
+
+    def __init__(self, fabric: Fabric | None) -> None:
+        object.__setattr__(self, "current", fabric)
+
+    def attach(self, fabric: Fabric | None) -> None:
+        object.__setattr__(self, "current", fabric)
+
+    def as_fabric(self) -> Fabric:
+        """This slot, typed as the fabric it forwards to."""
+        return cast("Fabric", self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "current"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(object.__getattribute__(self, "current"), name, value)
+
+
+def current_fabric(fabric: Fabric) -> Fabric:
+    """The fabric itself when `fabric` is an interpreter's `FabricSlot` (whose every attribute read
+    is a forwarding call), else `fabric`."""
+    return fabric.current if type(fabric) is FabricSlot else fabric  # type: ignore[attr-defined]

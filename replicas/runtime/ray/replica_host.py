@@ -27,7 +27,7 @@ from replicas.runtime.ray.faults import is_memory_error
 from replicas.runtime.ray.persistent_host import PersistentCalls
 from replicas.transport import board as shared_board
 from replicas.transport import channel_ring, futex, spin
-from replicas.transport.fabric import MailboxFabric
+from replicas.transport.fabric import MailboxFabric, SharedMemoryLink
 from replicas.transport.mailbox import Mailbox
 from replicas.transport.message_bounds import MessageBounds
 from replicas.transport.shm import Inbox, Outbox, Shared, remove_job_segments
@@ -47,13 +47,11 @@ class RayFabric(MailboxFabric):
         self.wire: Wire | None = None
         self.wire_routes: dict[int, dict[str, Any]] = {}  # replica -> its actor's wire address
         self.token = ""
-        self.outbox: Outbox | None = None  # this actor's shared-memory arena (peers on its node)
-        self.same_node: frozenset[int] = frozenset()  # replicas whose actors share this node
         self.shm_sent: dict[int, int] = {}  # dst -> messages sent through shared memory
         self.rings: channel_ring.ChannelRings | None = None  # channel messages to this node's other actors
         self.ring_declined: dict[int, int] = {}  # dst -> channel messages a ring could not take
-        # Spins before its waits on shared memory sleep (transport/spin.py): set per job by `connect`.
-        self.spinner: spin.Spinner = spin.NEVER
+        # The board, arenas, same-node replicas and spinner: set per job by `setup` and `connect`.
+        self.shared: SharedMemoryLink | None = None
         self.here: dict[int, RayFabric] = {}  # the fabrics of this actor's replicas (set by `setup`)
 
     def local_mailbox(self, replica: int) -> Mailbox | None:
@@ -74,27 +72,34 @@ class RayFabric(MailboxFabric):
     def recv_all(self, wanted: list[tuple[int, Hashable]], block: Any) -> list[Any]:
         rings = self.rings
         if rings is not None and any(src in rings.peers and channel_ring.is_channel_key(key) for src, key in wanted):
-            rings.wait(self.replica_id, self.mailbox, wanted, block, self.spinner)  # on the doorbell, reading the rings
+            # On the doorbell, reading the rings.
+            rings.wait(self.replica_id, self.mailbox, wanted, block, self._spinner())
         return self.mailbox.take_all(wanted, block)
+
+    def _spinner(self) -> spin.Spinner:
+        shared = self.shared
+        return shared.spinner if shared is not None and shared.spinner is not None else spin.NEVER
 
     def _post(self, dst: int, key: Hashable, value: Any) -> None:
         box = self._local.get(dst)
         rings = self.rings
+        shared = self.shared
+        outbox = shared.outbox if shared is not None else None
         if box is not None:
             box.deliver(self.replica_id, key, value)
             if rings is not None and channel_ring.is_channel_key(key):
                 rings.ring_doorbell(dst)  # it may wait on its doorbell for a peer's ring too
             return
         if rings is not None and dst in rings.peers and channel_ring.is_channel_key(key):
-            if rings.send(dst, self.replica_id, key, value, self.outbox):
+            if rings.send(dst, self.replica_id, key, value, outbox):
                 self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
                 return
             self.ring_declined[dst] = self.ring_declined.get(dst, 0) + 1
-        if self.outbox is not None and dst in self.same_node:
-            shared = self.outbox.encode(value, key)
-            if shared is not None:  # a descriptor over the socket; the bytes wait in the arena
+        if outbox is not None and dst in shared.same_node:
+            descriptor = outbox.encode(value, key)
+            if descriptor is not None:  # a descriptor over the socket; the bytes wait in the arena
                 self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
-                self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, shared))
+                self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, descriptor))
                 return
         if self.wire is not None and payload_bytes(value) <= WIRE_MAX_BYTES:
             self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, value))
@@ -239,8 +244,9 @@ class ReplicaHost(PersistentCalls):
             recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
             fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
                                recorder=recorder)
-            fabric.wire, fabric.token, fabric.outbox, fabric.board = self._wire, token, self._outbox, self._board
-            fabric.inbox = self._inbox
+            fabric.wire, fabric.token = self._wire, token
+            fabric.shared = SharedMemoryLink(self._board, self._outbox, self._inbox, spinner=spin.NEVER,
+                                             count=fabric.count_shm)
             self._fabrics.append(fabric)
             self._runners[r] = ReplicaRunner(executable, fabric, recorder)
             self._runners[r].persistent = persistent
@@ -263,7 +269,7 @@ class ReplicaHost(PersistentCalls):
         self._shm_report = self.shm_sent()
         self._ring_report = self.ring_declined()
         for fabric in self._fabrics:
-            fabric.outbox = fabric.board = fabric.rings = fabric.inbox = None  # closed below, whoever holds it
+            fabric.shared = fabric.rings = None  # closed below, whoever holds them
         token = self._token
         self._kept = {}
         self.close_doorbell()
@@ -323,10 +329,11 @@ class ReplicaHost(PersistentCalls):
         processes = len({placement[r] for r in same_node}) if placement is not None else 0
         budget = spin.budget_for(processes) if processes > 1 else 0.0
         for fabric in self._fabrics:
-            fabric.spinner = spin.Spinner(budget) if budget else spin.NEVER
+            if fabric.shared is not None:
+                fabric.shared.spinner = spin.Spinner(budget) if budget else spin.NEVER
+                fabric.shared.same_node = same_node
             fabric.routes = routes
             fabric.wire_routes = wire_routes
-            fabric.same_node = same_node
             if placement is not None:
                 fabric.placement = placement
         if self._board is not None and placement is not None:
