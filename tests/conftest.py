@@ -192,8 +192,8 @@ def ray_session():
     ray.shutdown()
 
 
-CLUSTER_SCRIPT = Path(__file__).resolve().parent.parent / "cluster" / "local_cluster.sh"
-CLUSTER_PORT_SPAN = 300  # local_cluster.sh uses PORT .. PORT + 299
+CLUSTER_COMMAND = [str(Path(sys.executable).parent / "replicas"), "cluster"]  # the installed command
+CLUSTER_PORT_SPAN = 300  # `replicas cluster start --local` uses PORT .. PORT + 299
 
 
 def free_port_block() -> int:
@@ -213,7 +213,7 @@ def free_port_block() -> int:
 @dataclass(frozen=True)
 class TwoNodeCluster:
     address: str
-    settings: dict[str, str]  # what `cluster/local_cluster.sh start` was run with
+    settings: dict[str, str]  # what `replicas cluster start --local` was run with
 
     def env(self) -> dict[str, str]:
         """This process's environment for a driver that joins the cluster (not this run's own Ray)."""
@@ -223,7 +223,7 @@ class TwoNodeCluster:
 
 
 class ClusterRun:
-    """The README's `bash cluster/local_cluster.sh start`, run once for every test that needs two
+    """The README's `replicas cluster start --local`, run once for every test that needs two
     nodes, and its `stop`. Both mostly wait for Ray's processes to come up or go (~15 s and ~8 s
     of wall time, under 2 s of CPU). `start` runs when the first test that needs the cluster sets
     up, after the README's tests (one local Ray starting at a time in their group: five at once on
@@ -243,9 +243,8 @@ class ClusterRun:
             return
         # Ray's unix socket paths must stay under 108 bytes: a short directory, not pytest's tmp_path.
         base = tempfile.mkdtemp(prefix="rpc-", dir="/tmp")
-        self.settings = {"REPLICAS_CLUSTER_DIR": base, "REPLICAS_CLUSTER_PORT": str(free_port_block()),
-                         "PYTHON": sys.executable}
-        self.starting = subprocess.Popen(["bash", str(CLUSTER_SCRIPT), "start"], env=self._env(),
+        self.settings = {"REPLICAS_CLUSTER_DIR": base, "REPLICAS_CLUSTER_PORT": str(free_port_block())}
+        self.starting = subprocess.Popen([*CLUSTER_COMMAND, "start", "--local"], env=self._env(),
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def get(self) -> TwoNodeCluster:
@@ -265,7 +264,7 @@ class ClusterRun:
             return
         self.close_driver()
         self.starting.communicate(timeout=180)
-        stopping = subprocess.Popen(["bash", str(CLUSTER_SCRIPT), "stop"], env=self._env(),
+        stopping = subprocess.Popen([*CLUSTER_COMMAND, "stop", "--local"], env=self._env(),
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.stopping.append((stopping, self.settings["REPLICAS_CLUSTER_DIR"]))
         self.starting = self.cluster = None

@@ -1,4 +1,4 @@
-"""A real two-node Ray cluster on this machine (cluster/local_cluster.sh): replicas placed on both
+"""A real two-node Ray cluster on this machine (`replicas cluster start --local`): replicas placed on both
 nodes through custom resources, collectives across them. The driver joining the cluster runs in a
 subprocess (the run's `cluster_driver`), since this test run's own process is attached to the shared
 local Ray session."""

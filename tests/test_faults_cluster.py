@@ -1,5 +1,5 @@
 """A node lost before a job starts, on a real two-node Ray cluster of this machine
-(cluster/local_cluster.sh, loopback only): replicas placed on it end the job within its timeout,
+(`replicas cluster start --local`, loopback only): replicas placed on it end the job within its timeout,
 naming the resource no live node has, and the next job on the surviving node works. The driver
 joining the cluster runs in a subprocess (this run's own process is attached to the shared
 local Ray session)."""
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.ray]
 
 
 def _stop_second_node(port: int) -> None:
-    """End the second node's raylet (local_cluster.sh gives it node-manager port PORT + 3)."""
+    """End the second node's raylet (`replicas cluster start --local` gives it node-manager port PORT + 3)."""
     found = subprocess.run(["pgrep", "-f", f"raylet.*--node_manager_port={port + 3}"], capture_output=True,
                            text=True)
     pids = [int(p) for p in found.stdout.split()]

@@ -1,8 +1,8 @@
 """What the project starts on one machine listens on loopback only: the private local Ray that
 `rp.run` starts (its GCS, raylet, agents, workers and the replicas' actors), and the two-node
-cluster of cluster/local_cluster.sh with replicas on both nodes (whose actors open TCP sockets to
+cluster of `replicas cluster start --local` with replicas on both nodes (whose actors open TCP sockets to
 each other). Ray alone would listen on every interface: see `runtime/ray/backend._loopback_node` and
-cluster/ray_loopback.py."""
+replicas/cluster/ray_loopback.py."""
 
 from __future__ import annotations
 

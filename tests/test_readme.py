@@ -20,8 +20,8 @@ BLOCKS = [(m.group(1), m.group(2)) for m in re.finditer(r"```(\w+)\n(.*?)```", R
 PYTHON_BLOCKS = [code for lang, code in BLOCKS if lang == "python"]
 SHELL_BLOCKS = [code for lang, code in BLOCKS if lang == "bash"]
 DEMO, TESTS = SHELL_BLOCKS[0].strip(), SHELL_BLOCKS[1].strip()
-COMMANDS = [block for block in SHELL_BLOCKS[2:] if "local_cluster.sh" not in block]
-CLUSTER = [block for block in SHELL_BLOCKS[2:] if "local_cluster.sh" in block]
+COMMANDS = [block for block in SHELL_BLOCKS[2:] if "cluster start --local" not in block]
+CLUSTER = [block for block in SHELL_BLOCKS[2:] if "cluster start --local" in block]
 BIN = Path(sys.executable).parent
 
 
@@ -128,6 +128,6 @@ def test_the_cluster_commands_run(workdir: Path, two_node_cluster) -> None:
     """The session's two-node cluster is the README's `start` line, run with these settings; its
     `stop` line ends it after the last test that uses it."""
     start, *commands, stop = (line.strip() for line in CLUSTER[0].strip().splitlines())
-    assert (start, stop) == ("bash cluster/local_cluster.sh start", "bash cluster/local_cluster.sh stop")
+    assert (start, stop) == ("replicas cluster start --local", "replicas cluster stop --local")
     out = run_lines("\n".join(commands), workdir, user_env(**two_node_cluster.settings))
     assert "replica 3: float32[8]" in out

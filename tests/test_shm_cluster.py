@@ -1,4 +1,4 @@
-"""Two Ray nodes on one machine (cluster/local_cluster.sh): replicas on the same node exchange
+"""Two Ray nodes on one machine (`replicas cluster start --local`): replicas on the same node exchange
 large pieces through shared memory, pairs across nodes never do (even though both nodes see the
 same /dev/shm here), and the results are right. The driver joining the cluster runs in a
 subprocess (the run's `cluster_driver`), since this test run's own process is attached to the shared

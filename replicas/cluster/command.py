@@ -1,4 +1,5 @@
-"""`replicas cluster start|stop|status|run`: simulated hosts on this machine (replicas/cluster/hosts.py)."""
+"""`replicas cluster start|stop|status|run`: simulated hosts on this machine (replicas/cluster/hosts.py),
+or with `--local` two Ray nodes on its loopback (replicas/cluster/local.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 HELP = """Simulated hosts on this Linux machine (root): each its own network, mount and UTS namespace
 (an address 10.213.0.<k+2> on a private bridge, its own /dev/shm and hostname) and its own Ray node
 with the custom resource host<k>, joined to the head on host 0, with Ray's token authentication.
-A driver runs inside a host: `replicas cluster run -- replicas run program.hlo --address auto`."""
+A driver runs inside a host: `replicas cluster run -- replicas run program.hlo --address auto`.
+With --local (any machine, no root): two Ray nodes on 127.0.0.1 (custom resources node1, node2),
+which `--address auto` finds from this machine's own network."""
 
 
 def add_cluster_parser(sub: Any, **kw: Any) -> None:
@@ -32,11 +35,29 @@ def add_cluster_parser(sub: Any, **kw: Any) -> None:
     run.add_argument("argv", nargs=argparse.REMAINDER, help="the command (after --)")
     for q in actions.choices.values():
         q.add_argument("--name", default="rp", help="the cluster's name (1-8 letters or digits)")
+    for name in ("start", "stop", "status"):
+        q = actions.choices[name]
+        q.add_argument("--local", action="store_true",
+                       help="two Ray nodes on this machine's loopback instead of simulated hosts (no root)")
+        q.add_argument("--dir", default=None, help="--local: the cluster's directory "
+                       "($REPLICAS_CLUSTER_DIR, default /tmp/replicas-cluster)")
+    run.set_defaults(local=False)
+    start.add_argument("--port", type=int, default=None, help="--local: the head's port; the cluster uses "
+                       "PORT..PORT+299 ($REPLICAS_CLUSTER_PORT, default 6390)")
 
 
 def cluster_command(ns: argparse.Namespace) -> int:
-    from replicas.cluster import hosts
+    from replicas.cluster import hosts, local
 
+    if ns.local:
+        if ns.action == "start":
+            print(local.start(ns.port, ns.dir, cpus=ns.cpus))
+        elif ns.action == "stop":
+            local.stop(ns.dir)
+        else:
+            for row in local.status(ns.dir):
+                print("  ".join(f"{k}={v}" for k, v in row.items()))
+        return 0
     if ns.action == "start":
         cluster = hosts.start(ns.name, ns.hosts, cpus=ns.cpus, rate=ns.rate, delay=ns.delay, loss=ns.loss)
         print(cluster.address)

@@ -70,7 +70,7 @@ def ensure_ray(address: str | None = None, timeout: float | None = None) -> None
 @contextlib.contextmanager
 def _loopback_node() -> Any:
     """Ray's addresses kept on loopback while `ray.init` starts a private local instance or joins
-    a cluster on 127.0.0.1 (cluster/local_cluster.sh): the instance's GCS, raylet, agents and
+    a cluster on 127.0.0.1 (`replicas cluster start --local`): the instance's GCS, raylet, agents and
     workers then listen on loopback only, and this driver finds its node by 127.0.0.1.
 
     Why: on Linux Ray replaces 127.0.0.1 by the machine's routable address, both for a node it
