@@ -70,6 +70,16 @@ class Cache(Generic[V]):
         self._evicted(evicted)
         return value
 
+    def pop(self, key: Any, default: Any = None) -> Any:
+        """Take the value stored for `key` out of the cache (one taker wins), else `default`."""
+        k = id(key) if self.by_identity else key
+        with self._lock:
+            found = self._data.get(k)
+            if found is None or (self.by_identity and found[0] is not key):
+                return default
+            del self._data[k]
+        return found[1]
+
     def get_or_make(self, key: Any, make: Callable[[], V]) -> V:
         """The value for `key`, made by `make()` and stored when absent (two threads may both make it;
         the last one stored wins, so `make` must give equal answers)."""

@@ -42,3 +42,36 @@ def test_an_entry_that_leaves_is_released_once():
     assert released == ["A"] and cache.values() == ["B", "C"]
     cache.clear()
     assert released == ["A", "B", "C"] and len(cache) == 0
+
+
+def test_pop_takes_an_entry_out_once():
+    cache: Cache[str] = Cache("test pop", 4)  # the interpreter pool: one job takes a pooled interpreter
+    cache.put("a", "A")
+    assert cache.pop("a") == "A" and cache.pop("a") is None and len(cache) == 0
+    keyed: Cache[str] = Cache("test pop identity", 4, by_identity=True)
+    key = [1]
+    keyed.put(key, "mine")
+    assert keyed.pop([1]) is None and keyed.pop(key) == "mine"
+
+
+def test_the_process_wide_caches_are_caching_caches():
+    """No module keeps a hand-rolled bounded map (an OrderedDict evicted by hand, a dict cleared when
+    full, functools' caches): they are `Cache`s, so `clear_all` reaches them and each has a bound."""
+    import re
+    from pathlib import Path
+
+    import replicas
+
+    root = Path(replicas.__file__).parent
+    hand_rolled = re.compile(r"OrderedDict|popitem\(|lru_cache|functools\.cache\b|@cache\b|"
+                             r"if len\(_[A-Z_]+\) [>=]+ .*\n\s*_[A-Z_]+\.clear\(\)")
+    found = [f"{path.relative_to(root)}: {m.group(0).splitlines()[0]}"
+             for path in sorted(root.rglob("*.py")) if path.name != "caching.py"
+             for m in hand_rolled.finditer(path.read_text())]
+    assert not found, found
+    import replicas.runtime.driver  # noqa: F401  (the caches of the run path)
+    import replicas.runtime.interpreter_pool  # noqa: F401
+
+    names = {c.name for c in caches()}
+    assert {"compiled programs", "serialized programs", "prepared programs", "static argument shapes",
+            "pooled interpreters", "programs without SPMD markers"} <= names

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from replicas.caching import Cache
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
 from replicas.ops.custom_call import JAX_CALLBACK_TARGETS, register_custom_call, unregister_custom_call
@@ -35,7 +36,15 @@ from replicas.shapes import TOKEN, Shape
 _INDEX = re.compile(r"index\s*=\s*(\d+)")
 _programs = itertools.count()
 KEPT_PROGRAMS = 16  # programs whose callbacks stay registered (each Ray launch ships the registry)
-_bound: list[list[str]] = []  # the targets of the last programs bound, oldest first
+
+
+def _unregister(targets: list[str]) -> None:
+    for target in targets:
+        unregister_custom_call(target)
+
+
+# program number -> the targets of its callbacks; a program evicted unregisters them.
+_bound: Cache[list[str]] = Cache("jax host-callback programs", KEPT_PROGRAMS, on_evict=_unregister)
 
 
 class HostCallback:
@@ -83,11 +92,7 @@ def bind_callbacks(module: Module, host_callbacks: Sequence[Callable[..., Any]] 
         register_custom_call(target, HostCallback(callbacks[index], target))
         inst.attrs["custom_call_target"] = target
         targets.append(target)
-    with _lock:
-        _bound.append(targets)
-        while len(_bound) > KEPT_PROGRAMS:
-            for old in _bound.pop(0):
-                unregister_custom_call(old)
+    _bound.put(program, targets)
     return len(calls)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from replicas.caching import Cache
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction
 from replicas.limits import check_replicas, is_integer, short_text
@@ -128,18 +129,16 @@ def check_arguments(entry: Computation, args: Sequence[Any], params: list[Instru
 
 # id(shape) -> (shape, dtype, dimensions) of a static array shape: the check of an argument that
 # is already a numpy array of exactly that type and shape (the usual case) is two comparisons.
-_STATIC: dict[int, tuple[Shape, np.dtype, tuple[int, ...]]] = {}
+_STATIC: Cache[tuple[np.dtype, tuple[int, ...]]] = Cache("static argument shapes", 4096, by_identity=True)
 
 
 def _check_value(shape: Shape, value: Any, what: str) -> Any:
     if type(value) is np.ndarray:
-        static = _STATIC.get(id(shape))
-        if static is not None and static[0] is shape and value.shape == static[2] and value.dtype == static[1]:
+        static = _STATIC.get(shape)
+        if static is not None and value.shape == static[1] and value.dtype == static[0]:
             return value
         if not (shape.is_tuple or shape.is_token or any(shape.dynamic)):
-            if len(_STATIC) > 4096:
-                _STATIC.clear()
-            _STATIC[id(shape)] = (shape, shape.dtype, tuple(shape.dimensions))
+            _STATIC.put(shape, (shape.dtype, tuple(shape.dimensions)))
     if shape.is_tuple:
         if not isinstance(value, (tuple, list)) or len(value) != len(shape.tuple_shapes):
             raise ProgramError(f"{what}: expected a tuple {shape}, got {_describe(value)}")

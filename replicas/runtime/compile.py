@@ -15,13 +15,12 @@ executable are pooled per process the same way (`replicas.runtime.interpreter_po
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from replicas.caching import Cache
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.hlo.opcodes import SIDE_EFFECT_OPCODES
@@ -72,34 +71,22 @@ class Executable:
 
     def bytes(self) -> bytes:
         """`to_bytes()`, serialized once per executable (it travels to every actor on every run)."""
-        data = _SERIALIZED.get(self.fingerprint) if self.fingerprint else None
-        if data is None:
-            data = self.to_bytes()
-            if self.fingerprint:
-                with _COMPILED_LOCK:
-                    _SERIALIZED[self.fingerprint] = data
-                    while len(_SERIALIZED) > _COMPILED_SIZE:
-                        _SERIALIZED.popitem(last=False)
-        return data
+        if not self.fingerprint:
+            return self.to_bytes()
+        return _SERIALIZED.get_or_make(self.fingerprint, self.to_bytes)
 
 
-_SERIALIZED: OrderedDict[bytes, bytes] = OrderedDict()
-
-
-# fingerprint -> (executable, the replica counts it was verified for): the last few programs.
-_COMPILED: OrderedDict[bytes, tuple[Executable, set[int | None]]] = OrderedDict()
 _COMPILED_SIZE = 16
-_COMPILED_LOCK = threading.Lock()
+_SERIALIZED: Cache[bytes] = Cache("serialized programs", _COMPILED_SIZE)
+# fingerprint -> (executable, the replica counts it was verified for): the last few programs.
+_COMPILED: Cache[tuple[Executable, set[int | None]]] = Cache("compiled programs", _COMPILED_SIZE)
 
 
 def compile_module(module: Module, *, num_replicas: int | None = None) -> Executable:
     """The module verified and scheduled, once per module content: nothing reaches a kernel
     unverified, so kernels trust the IR (they check only what depends on runtime values)."""
     key = module_fingerprint(module)
-    with _COMPILED_LOCK:
-        entry = _COMPILED.get(key)
-        if entry is not None:
-            _COMPILED.move_to_end(key)
+    entry = _COMPILED.get(key)
     if entry is not None and (entry[0].module is module or module_fingerprint(entry[0].module) == key):
         executable, verified_for = entry
         if num_replicas not in verified_for:
@@ -112,15 +99,12 @@ def compile_module(module: Module, *, num_replicas: int | None = None) -> Execut
     schedules = {name: schedule_computation(comp) for name, comp in module.computations.items()}
     executable = Executable(module, schedules, key)
     check_peak(executable, num_replicas)  # memory known before running (runtime/memory.py)
-    with _COMPILED_LOCK:
-        _COMPILED[key] = (executable, verified_for)
-        while len(_COMPILED) > _COMPILED_SIZE:
-            _COMPILED.popitem(last=False)
+    _COMPILED.put(key, (executable, verified_for))
     return executable
 
 
 # (fingerprint, question) -> answer, for questions asked of a program on every run.
-_ANSWERS: dict[tuple[bytes, str], bool] = {}
+_ANSWERS: Cache[bool] = Cache("program answers", 2048)
 
 
 def _any_opcode(executable: Executable, question: str, test: Any) -> bool:
@@ -129,9 +113,7 @@ def _any_opcode(executable: Executable, question: str, test: Any) -> bool:
     if found is None:
         found = any(test(inst.opcode) for _, inst in executable.module.instructions())
         if executable.fingerprint:
-            if len(_ANSWERS) > 2048:
-                _ANSWERS.clear()
-            _ANSWERS[key] = found
+            _ANSWERS.put(key, found)
     return found
 
 
@@ -150,7 +132,7 @@ def uses_blas(executable: Executable) -> bool:
     return _any_opcode(executable, "blas", _BLAS_OPCODES.__contains__)
 
 
-_LIGHT: dict[bytes, bool] = {}  # program fingerprint -> light(program)
+_LIGHT: Cache[bool] = Cache("light programs", 1024)  # program fingerprint -> light(program)
 
 
 def light(executable: Executable) -> bool:
@@ -166,9 +148,7 @@ def light(executable: Executable) -> bool:
                     largest = max(largest, leaf.numel * leaf.element_type.bit_width // 8)
         found = largest <= affinity.LIGHT_BYTES and not uses_blas(executable)
         if key:
-            if len(_LIGHT) > 1024:
-                _LIGHT.clear()
-            _LIGHT[key] = found
+            _LIGHT.put(key, found)
     return found
 
 
@@ -206,19 +186,15 @@ def module_fingerprint(module: Module) -> bytes:
     return digest.digest()
 
 
-_SHAPE_TEXT: dict[int, tuple[Any, str]] = {}
+_SHAPE_TEXT: Cache[str] = Cache("shape texts", 100_000, by_identity=True)
 
 
 def _shape_text(shape: Any) -> str:
     """`repr(shape)`, remembered per shape object (parsed modules share their shape objects; shapes
-    are frozen, and the entry keeps its shape alive so its id is not reused)."""
-    found = _SHAPE_TEXT.get(id(shape))
-    if found is not None and found[0] is shape:
-        return found[1]
-    text = repr(shape)
-    if len(_SHAPE_TEXT) > 100_000:
-        _SHAPE_TEXT.clear()
-    _SHAPE_TEXT[id(shape)] = (shape, text)
+    are frozen)."""
+    text = _SHAPE_TEXT.get(shape)
+    if text is None:
+        text = _SHAPE_TEXT.put(shape, repr(shape))
     return text
 
 

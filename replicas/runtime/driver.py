@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from replicas.caching import Cache
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
@@ -56,7 +57,7 @@ def as_program(program: Program) -> Module | Executable:
 
 
 # Fingerprints of modules found to have no SPMD markers (`as_program` returns them as they are).
-_UNMARKED: set[bytes] = set()
+_UNMARKED: Cache[bool] = Cache("programs without SPMD markers", 1024)
 
 
 def _fingerprinted_program(module: Program) -> tuple[Module | Executable, bytes | None]:
@@ -65,14 +66,12 @@ def _fingerprinted_program(module: Program) -> tuple[Module | Executable, bytes 
     if type(module) is not Module:
         return as_program(module), None
     fingerprint = module_fingerprint(module)
-    if fingerprint in _UNMARKED:
+    if _UNMARKED.get(fingerprint):
         return module, fingerprint
     program = as_program(module)
     if program is not module:
         return program, None
-    if len(_UNMARKED) > 1024:
-        _UNMARKED.clear()
-    _UNMARKED.add(fingerprint)
+    _UNMARKED.put(fingerprint, True)
     return module, fingerprint
 
 

@@ -3,30 +3,23 @@ program binds no kernels and generates no code."""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Any
 
+from replicas.caching import Cache
 from replicas.runtime.compile import Executable
 from replicas.runtime.interpreter import Interpreter
 
 # Interpreters whose job ended, by (program fingerprint, replica id, number of replicas): the next
-# job of the same program binds no kernels and generates no code. Bounded (least recent dropped).
-_POOL: OrderedDict[tuple[bytes, int, int], list[Interpreter]] = OrderedDict()
-_POOL_LIMIT = 512
-_POOL_LOCK = threading.Lock()
-_pooled = [0]  # interpreters in _POOL
+# job of the same program binds no kernels and generates no code. Bounded: the least recently used
+# go first. One per key: of two jobs of one program that ran at once (threads), the second to end
+# replaces the first's interpreter.
+_POOL: Cache[Interpreter] = Cache("pooled interpreters", 512)
 
 
 def checkout(executable: Executable, replica_id: int, fabric: Any, num_replicas: int) -> Interpreter:
     """An interpreter of `executable` for `replica_id` over `fabric`: a pooled one when there is one."""
-    key = (executable.fingerprint, replica_id, num_replicas)
     if executable.fingerprint:
-        with _POOL_LOCK:
-            free = _POOL.get(key)
-            interp = free.pop() if free else None
-            if interp is not None:
-                _pooled[0] -= 1
+        interp = _POOL.pop((executable.fingerprint, replica_id, num_replicas))
         if interp is not None:
             interp.attach(fabric)
             return interp
@@ -41,10 +34,4 @@ def checkin(interp: Interpreter) -> None:
         return
     interp.slot.attach(None)
     interp.mailbox = interp.every_instruction_recorder = interp.current = None
-    key = (fingerprint, interp.replica_id, interp.num_replicas)
-    with _POOL_LOCK:
-        _POOL.setdefault(key, []).append(interp)
-        _POOL.move_to_end(key)
-        _pooled[0] += 1
-        while _pooled[0] > _POOL_LIMIT:
-            _pooled[0] -= len(_POOL.popitem(last=False)[1])
+    _POOL.put((fingerprint, interp.replica_id, interp.num_replicas), interp)

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from replicas.caching import Cache
 from replicas.collectives.mismatch import with_sides
 from replicas.diagnostics.monitor import Monitor
 from replicas.diagnostics.progress import LiveStatus, Progress, host_waits, progress_of
@@ -20,7 +21,7 @@ from replicas.diagnostics.wait_for import deadlock_error
 from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError
 from replicas.hlo.ir import Instruction, Module
 from replicas.hlo.source import SourceMap
-from replicas.limits import Limits, check_module, check_replicas
+from replicas.limits import check_module, check_replicas
 from replicas.limits import current as current_limits
 from replicas.records import ReplicaState, replicas_text
 from replicas.runtime.arguments import check_args_container, check_arguments, check_module_argument
@@ -408,8 +409,7 @@ def per_replica_args(args: Sequence[Any] | None, num_replicas: int, num_params: 
 # every run: a module edited in place is new content). An executable serves another module of its
 # content only while its own module still has that content (interpreters bound from it are pooled
 # under the fingerprint).
-_PREPARED: dict[tuple[bytes, int, Limits], tuple[Executable, list[Instruction]]] = {}
-_PREPARED_SIZE = 64
+_PREPARED: Cache[tuple[Executable, list[Instruction]]] = Cache("prepared programs", 64)
 
 
 def checked_executable(module: Module | Executable, num_replicas: int, *,
@@ -446,10 +446,7 @@ def _executable_and_parameters(module: Module | Executable, num_replicas: int,
             prepared = None  # the module it was compiled from has been edited in place since
         if prepared is None:
             executable = _checked(module, num_replicas)
-            prepared = (executable, executable.module.entry_computation.parameters)
-            if len(_PREPARED) >= _PREPARED_SIZE:
-                _PREPARED.clear()
-            _PREPARED[key] = prepared
+            prepared = _PREPARED.put(key, (executable, executable.module.entry_computation.parameters))
         executable, params = prepared
     else:
         executable = _checked(module, num_replicas)
