@@ -123,6 +123,35 @@ def test_reduce_window_fast_paths_match_jax(kind, shape, seed, data):
     check(got, expected, dtype)
 
 
+@pytest.mark.parametrize("reducer,dtype,shape,size,stride,pad,base,win", [
+    ("add", "float32", (64, 16), (32, 16), (32, 16), ((0, 0), (0, 0)), (1, 1), (1, 1)),  # a sharded mean
+    ("add", "float32", (64, 16), (32, 1), (32, 1), ((0, 0), (0, 0)), (1, 1), (1, 1)),
+    ("add", "float32", (10, 12), (3, 3), (1, 2), ((1, 2), (0, 1)), (1, 1), (1, 1)),
+    ("maximum", "float32", (10, 12), (3, 3), (2, 1), ((1, 2), (-1, 1)), (2, 1), (1, 2)),
+    ("multiply", "int32", (7, 9), (2, 3), (1, 1), ((0, 0), (2, 2)), (1, 1), (1, 1)),
+    ("add", "float32", (33,), (33,), (1,), ((32, 0),), (1,), (1,)),  # a cumulative sum
+    ("add", "uint8", (16, 16), (4, 4), (4, 4), ((0, 0), (0, 0)), (1, 1), (1, 1)),
+    ("or", "bool", (16, 16), (4, 4), (2, 2), ((0, 0), (0, 0)), (1, 1), (1, 1)),
+])
+def test_reduce_window_many_elements_fold_left_to_right(reducer, dtype, shape, size, stride, pad, base, win):
+    """Windows of many elements are folded by one `accumulate`: the bits of XLA's left-to-right fold
+    `acc = f(acc, x_k)` from the init, element by element, and XLA's values."""
+    x = random_values(np.random.default_rng(7), shape, dtype)
+    init = identity(reducer, dtype)
+    got, expected = run_reduce_window(x, init, reducer, size, stride, pad, base, win)
+    check(got, expected, dtype)
+    ufunc = {"add": np.add, "maximum": np.maximum, "multiply": np.multiply, "or": np.logical_or}[reducer]
+    full = np.full(tuple((n - 1) * b + 1 + max(lo, 0) + max(hi, 0) for n, b, (lo, hi) in zip(shape, base, pad)),
+                   init, x.dtype)
+    full[tuple(slice(max(lo, 0), max(lo, 0) + (n - 1) * b + 1, b) for n, b, (lo, _) in zip(shape, base, pad))] = x
+    full = full[tuple(slice(-min(lo, 0), full.shape[i] + min(hi, 0)) for i, (lo, hi) in enumerate(pad))]
+    acc = np.full(got.shape, init, x.dtype)
+    for ks in itertools.product(*(range(s) for s in size)):
+        acc = ufunc(acc, full[tuple(slice(k * w, k * w + (n - 1) * st + 1, st)
+                                    for k, w, n, st in zip(ks, win, got.shape, stride))]).astype(x.dtype)
+    assert got.tobytes() == acc.tobytes()
+
+
 def test_reduce_window_document_examples():
     # A 4x6 max with a 2x3 window and stride: one maximum per non-overlapping block.
     x = (np.arange(24).reshape(4, 6) * np.where(np.arange(24) % 5, 1, -1).reshape(4, 6)).astype(np.float32)

@@ -32,6 +32,9 @@ from replicas.ops.reduce import as_tuple, reducer_ufunc
 from replicas.ops.registry import KernelContext, kernel
 from replicas.shapes import Shape
 
+# Window copies of up to this many elements are folded in one call (see `_accumulate_windows`).
+ACCUMULATE_ELEMENTS = 1 << 20
+
 
 @dataclass(frozen=True)
 class WindowGeometry:
@@ -60,6 +63,12 @@ class WindowGeometry:
             extent = (s - 1) * rd + 1 if s else 0
             out.append(0 if p < extent or s == 0 else (p - extent) // st + 1)
         return tuple(out)
+
+    @property
+    def tiles(self) -> bool:
+        """The windows cover the padded base side by side, each element in exactly one window."""
+        return (self.size == self.stride and all(d == 1 for d in self.rhs_dilate)
+                and self.padded_dims == tuple(o * s for o, s in zip(self.output_dims, self.size)))
 
     @property
     def trivial_padding(self) -> bool:
@@ -131,12 +140,21 @@ def make_reduce_window(inst: Instruction, ctx: KernelContext) -> Callable[..., A
     if fast is not None and fast[0] is not None:
         ufunc = fast[0]
         dtype = dtypes[0]
+        window_numel = len(offsets)
+        out_numel = math.prod(out_dims)
+        # Many window elements: one `accumulate` over all of them (a strictly left-to-right fold, the
+        # same operations in the same order as the loop below) instead of one call per element,
+        # while the windows' copy stays small beside the operand.
+        accumulate = (window_numel > 4 and dtype.kind in "biuf" and dtype.type.__module__ == "numpy"
+                      and (window_numel + 1) * out_numel <= max(4 * math.prod(base_dims), ACCUMULATE_ELEMENTS))
 
         def reduce_window_fast(x: np.ndarray, init: np.ndarray) -> np.ndarray:
             with np.errstate(all="ignore"):
                 base = geometry.pad_base(x, init)
                 if not slices:
                     return np.full(out_dims, init, dtype=dtype)
+                if accumulate:
+                    return _accumulate_windows(ufunc, geometry, base, init, dtype)
                 acc = np.empty(out_dims, dtype=dtype)
                 ufunc(np.asarray(init, dtype), base[slices[0]], out=acc)
                 for sl in slices[1:]:
@@ -158,6 +176,31 @@ def make_reduce_window(inst: Instruction, ctx: KernelContext) -> Callable[..., A
         return acc[0] if n == 1 and not inst.shape.is_tuple else tuple(acc)
 
     return reduce_window
+
+
+def _accumulate_windows(ufunc: np.ufunc, geometry: WindowGeometry, base: np.ndarray, init: Any,
+                        dtype: np.dtype) -> np.ndarray:
+    """`acc = ufunc(acc, x_k)` over the window elements in XLA's order, from `init`: the windows as one
+    (elements + 1, positions) array, the init its first row, folded by `ufunc.accumulate` along the
+    elements (accumulate never reorders, unlike a reduction's pairwise sums)."""
+    out_dims = geometry.output_dims
+    size = tuple(geometry.size)
+    rank = len(size)
+    if geometry.tiles:  # windows side by side: a reshape and a transpose, no strided view to build
+        tiled = base.reshape(tuple(d for pair in zip(out_dims, size) for d in pair))
+        windows = tiled.transpose(tuple(range(1, 2 * rank, 2)) + tuple(range(0, 2 * rank, 2)))
+    else:
+        strides = base.strides
+        windows = np.lib.stride_tricks.as_strided(
+            base, shape=size + tuple(out_dims),
+            strides=tuple(s * d for s, d in zip(strides, geometry.rhs_dilate))
+            + tuple(s * st for s, st in zip(strides, geometry.stride)), writeable=False)
+    count = math.prod(geometry.size)
+    rows = np.empty((count + 1,) + tuple(out_dims), dtype=dtype)
+    rows[0] = init
+    rows[1:].reshape(size + tuple(out_dims))[...] = windows
+    ufunc.accumulate(rows, axis=0, dtype=dtype, out=rows)
+    return rows[count].copy()
 
 
 _COMPARE_UFUNCS = {
