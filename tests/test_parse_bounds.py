@@ -1,7 +1,7 @@
-"""Parsing is bounded by its input: HLO text of up to 100 MiB is read within 10 times its size of
-memory (plus a fixed allowance), a hostile .msgpack module is refused once its decoded objects
-pass their budget (16 times its size plus 64 MiB), in a subprocess under an address-space cap;
-a program over REPLICAS_MAX_PROGRAM_BYTES is refused before it is read."""
+"""Parsing is bounded by its input: HLO text of up to 100 MiB, or a dense program of many small instructions, is
+read within 10 times its size of memory (plus a fixed allowance), a hostile .msgpack module is refused once
+its decoded objects pass their budget (16 times its size plus 64 MiB), in a subprocess under an address-space
+cap; a program over REPLICAS_MAX_PROGRAM_BYTES is refused before it is read."""
 
 from __future__ import annotations
 
@@ -44,6 +44,14 @@ def hlo(n, kind):
     if kind == "operands":
         k = n // 3
         return ENTRY + "  ROOT t = f32[] custom-call(%s), custom_call_target=\"t\"\n}\n" % ", ".join(["p"] * k)
+    if kind == "dense":  # many small instructions, named and written as XLA prints them
+        lines = [ENTRY, "  add.0 = f32[] negate(p)\n", "  add.1 = f32[] negate(p)\n"]
+        i, size = 2, sum(map(len, lines))
+        while size < n:
+            lines.append(f"  add.{i} = f32[] add(add.{i - 1}, add.{i - 2})\n")
+            size += len(lines[-1])
+            i += 1
+        return "".join(lines) + f"  ROOT r = f32[] negate(add.{i - 1})\n}}\n"
     raise ValueError(kind)
 
 def packed(n, kind):
@@ -92,7 +100,7 @@ MIB = 1 << 20
 ALLOWANCE = 48 * MIB  # pages of the interpreter and of imported modules touched for the first time
 BUDGET_PER_BYTE, BUDGET_FLOOR = _ModuleReader.BUDGET_PER_BYTE, _ModuleReader.BUDGET_FLOOR
 CASES = [("comment", 100 * MIB), ("string", 100 * MIB), ("braces", 16 * MIB), ("stars", 4 * MIB),
-         ("escapes", 2 * MIB), ("constant", MIB), ("operands", MIB),
+         ("escapes", 2 * MIB), ("constant", MIB), ("operands", MIB), ("dense", 8 * MIB),
          ("msgpack-operands", 16 * MIB), ("msgpack-nested-operands", 8 * MIB),
          ("msgpack-attribute", 4 * MIB), ("msgpack-many-small", 4 * MIB)]
 
@@ -112,7 +120,7 @@ def test_parsing_takes_at_most_ten_times_its_input():
         assert growth <= bound, (kind, size, growth, outcome)
     outcomes = {kind: outcome for kind, _, _, outcome, _ in results}
     # Comments, strings and constants are legal; the msgpack cases are hostile and refused.
-    assert outcomes["comment"] == outcomes["string"] == outcomes["constant"] == "ok", outcomes
+    assert outcomes["comment"] == outcomes["string"] == outcomes["constant"] == outcomes["dense"] == "ok", outcomes
     assert all(outcomes[k] == "ProgramError" for k in outcomes if k.startswith("msgpack")), outcomes
 
 

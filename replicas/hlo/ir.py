@@ -20,7 +20,9 @@ from replicas.shapes import Shape
 COMPUTATION_ATTRS = ("to_apply", "condition", "body", "calls", "true_computation", "false_computation",
                      "select", "scatter", "branch_computations", "called_computations")
 
-@dataclass(eq=False)
+# Slots: a dense program holds one Instruction per ~40 bytes of its text, and an instance dict
+# would cost more than the text it came from (parsing is bounded at 10x its input).
+@dataclass(eq=False, slots=True)
 class Instruction:
     name: str
     opcode: str

@@ -38,6 +38,7 @@ class Scanner:
         self.text = text
         self.pos = 0
         self._newlines: list[int] | None = None
+        self._last_line = (0, 1)  # (a position, its line): where `line_of` counts on from
 
     # -- positions and errors --------------------------------------------------------------------
     def line_col(self, pos: int) -> tuple[int, int]:
@@ -48,7 +49,14 @@ class Scanner:
         return line + 1, pos - start + 1
 
     def line_of(self, pos: int) -> int:
-        return self.line_col(pos)[0]
+        # The parser asks in text order: count the newlines since the last answer rather than index
+        # them all (a list of every newline's offset costs ~40 bytes a line, more than a dense line).
+        last_pos, last_line = self._last_line
+        if pos < last_pos:
+            return self.line_col(pos)[0]
+        line = last_line + self.text.count("\n", last_pos, pos)
+        self._last_line = (pos, line)
+        return line
 
     def error(self, message: str, pos: int | None = None) -> ProgramError:
         pos = self.pos if pos is None else min(pos, len(self.text))

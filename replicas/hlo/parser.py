@@ -30,6 +30,8 @@ from replicas.hlo.window import make_window
 from replicas.limits import MAX_NESTING, check_program_size, check_replicas, check_shape
 from replicas.shapes import Shape, _ShapeParser
 
+_OPCODE_NAMES = {opcode: opcode for opcode in KNOWN_OPCODES}
+
 _ARRAY_SHAPE_PATTERN = r"[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^{}\n]*\})?"
 _ARRAY_SHAPE = re.compile(_ARRAY_SHAPE_PATTERN)
 _NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_.\-]*"
@@ -167,6 +169,7 @@ class HloParser:
         if not comp.instructions:
             raise s.error(f"computation {comp.name} has no instructions", pos)
         comp.root = root if root is not None else comp.instructions[-1].name
+        comp._by_name = self._defined  # the index is built: one dict per computation, not two
         while s.accept(","):  # e.g. execution_thread="host": no effect on what is computed
             s.name("a computation attribute name", sigil=False)
             s.expect("=")
@@ -200,7 +203,7 @@ class HloParser:
             name = head.group(2)
             shape = self._array_shape(head.group(3), head.start(3))
             opcode_pos = head.start(4)
-            opcode = head.group(4)
+            opcode = _OPCODE_NAMES.get(head.group(4)) or head.group(4)  # one string per opcode, not per use
             s.pos = head.end(4)
         else:
             is_root, name_pos, name, shape, opcode_pos, opcode = self._head()
@@ -366,7 +369,7 @@ class HloParser:
                     raise s.error(f"undefined instruction %{m.group(1)} in computation {comp.name}", m.start())
                 names.append(operand.name)
             s.pos = simple.end()
-            return names
+            return names[:]  # exactly sized: an instruction keeps its list
         s.expect("(")
         names = []
         if s.accept(")"):

@@ -279,9 +279,9 @@ class Job:
 
     def _failure(self, states: list[ReplicaState]) -> ReplicasError:
         errors = self._backend.errors()
-        # The first replica that failed on its own (not woken by an abort) names the cause.
-        for r in sorted(errors):
-            return replica_error(r, errors[r])
+        if errors:  # the first replica that failed on its own (not woken by an abort) names the cause
+            first = min(errors)
+            return replica_error(first, errors[first])
         failed = [s for s in states if s.status == "failed"]
         s = failed[0]
         return ReplicaFailure(f"replica {s.replica} failed: {s.error}", s.replica, s.error)
