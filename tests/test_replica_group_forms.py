@@ -9,6 +9,7 @@ import pytest
 
 import replicas as rp
 from replicas.errors import ProgramError
+from replicas.runtime.compile import compile_module
 
 PROGRAM = """
 HloModule forms, replica_count=1, num_partitions=8
@@ -90,3 +91,17 @@ def test_bad_mesh_forms_are_program_errors(groups: str, message: str) -> None:
     with pytest.raises(ProgramError, match=message) as info:
         rp.parse_hlo(PROGRAM.format(groups=groups, size=4))
     assert "replica_groups" in str(info.value)
+
+
+def test_groups_the_job_does_not_have_are_refused_before_any_kernel_runs() -> None:
+    """The verifier checks replica groups against the job's replicas (kernels trust it): groups that
+    leave a replica out or name one the job lacks, and, in an SPMD job, cross-replica groups (no
+    channel_id) naming a replica other than 0, are errors naming the instruction."""
+    two = PROGRAM.format(groups="{{0,1,2,3},{4,5,6,7}}", size=4)
+    executable = compile_module(rp.parse_hlo(two.replace(", replica_count=1, num_partitions=8", "")))
+    with pytest.raises(ProgramError, match="ag.*replica_groups"):
+        rp.run(executable, [], num_replicas=6, backend="threads", timeout=60)
+    spmd = PROGRAM.format(groups="{{0,1}}", size=2).replace(", channel_id=1", "").replace(
+        ", use_global_device_ids=true", "")
+    with pytest.raises(ProgramError, match="ag.*replica_groups.*out of range for 1 replicas"):
+        rp.run(spmd, [], backend="threads", timeout=60)

@@ -1,9 +1,9 @@
 """Replica groups: who takes part in a collective with whom, and in which order.
 
-`replica_groups=[]` is one group of every replica; explicit groups must cover each replica exactly
-once. The order inside a group is meaningful: it decides the concatenation order of all-gather and
-all-to-all, which member receives which shard of reduce-scatter, and the reduction order of
-all-reduce.
+`replica_groups=[]` is one group of every replica; explicit groups cover each replica exactly
+once (the verifier checks it for the job's replicas). The order inside a group is meaningful: it
+decides the concatenation order of all-gather and all-to-all, which member receives which shard of
+reduce-scatter, and the reduction order of all-reduce.
 
 SPMD programs (`num_partitions` P > 1, `replica_count` 1) run each partition as one replica, so
 the runtime id of a replica is its partition id. A collective with a channel id (cross-partition,
@@ -19,7 +19,6 @@ from typing import Any
 
 from replicas.caching import Cache
 from replicas.hlo.ir import Instruction
-from replicas.limits import missing_ids, short_text
 
 Group = tuple[int, ...]
 
@@ -56,7 +55,7 @@ def intern(value: Any) -> Any:
 # Per instruction and per list of groups, what every replica of a process would compute alike:
 # binding N replicas stays O(N) instead of each re-reading all N ids (O(N^2) at 1024: ~10 s).
 _normalized: Cache[tuple[Group, ...]] = Cache("normalized groups", 4096, by_identity=True)
-_membership: Cache[tuple[int, dict[int, int]]] = Cache("group membership", 4096, by_identity=True)
+_membership: Cache[dict[int, int]] = Cache("group membership", 4096, by_identity=True)
 
 
 def normalized_groups(inst: Instruction) -> tuple[Group, ...]:
@@ -65,50 +64,33 @@ def normalized_groups(inst: Instruction) -> tuple[Group, ...]:
 
 
 def plan_groups(inst: Instruction, module: Any, replica_id: int, num_replicas: int) -> GroupPlan:
-    """This replica's group for `inst`; ProgramError unless the groups partition the replicas."""
+    """This replica's group for `inst`. The verifier, run for this job's `num_replicas`, made sure the
+    groups partition the replicas (in an SPMD job, that groups without a channel id name replica 0
+    only): nothing is checked again here."""
     groups = normalized_groups(inst)
     if is_spmd(module) and inst.attrs.get("channel_id") is None:
         # Cross-replica mode with a single replica: each partition reduces with itself alone.
-        for g in groups:
-            if any(r != 0 for r in g):
-                raise inst.error(f"replica_groups {_text(groups)} name replicas other than 0, but the SPMD "
-                                 f"module has one replica (a collective without channel_id is cross-replica)")
         return GroupPlan(intern(tuple((r,) for r in range(num_replicas))), (replica_id,), 0)
     if not groups:
         everyone = intern(tuple(range(num_replicas)))
         return GroupPlan(intern((everyone,)), everyone, replica_id)
-    seen = _group_of_replica(inst, groups, num_replicas)
-    group = groups[seen[replica_id]]
+    group = groups[_group_of_replica(groups)[replica_id]]
     return GroupPlan(groups, group, group.index(replica_id))
 
 
-def _group_of_replica(inst: Instruction, groups: tuple[Group, ...], num_replicas: int) -> dict[int, int]:
-    """replica -> the index of its group; ProgramError unless the groups partition this job's replicas
-    (the verifier checked that no group is empty or names a replica twice)."""
-    found = _membership.get(groups)
-    if found is not None and found[0] == num_replicas:
-        return found[1]
-    seen: dict[int, int] = {}
-    for gi, g in enumerate(groups):
-        for r in g:
-            if not 0 <= r < num_replicas:
-                raise inst.error(f"replica_groups {short_text(_text(groups))} name replica {r}, but the job has "
-                                 f"{num_replicas} replicas")
-            seen[r] = gi
-    if len(seen) != num_replicas:
-        raise inst.error(f"replica_groups {short_text(_text(groups))} leave out replicas "
-                         f"{missing_ids(seen, num_replicas)}: groups must cover every replica exactly once")
-    _membership.put(groups, (num_replicas, seen))
-    return seen
+def _group_of_replica(groups: tuple[Group, ...]) -> dict[int, int]:
+    """replica -> the index of its group, computed once per list of groups in the process."""
+    return _membership.get_or_make(groups, lambda: {r: gi for gi, g in enumerate(groups) for r in g})
 
 
-def _text(groups: tuple[Group, ...]) -> str:
-    return "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups) + "}"
+def verified_pairs(inst: Instruction) -> tuple[tuple[int, int], ...]:
+    """A collective-permute's `source_target_pairs` as ints (the verifier checked them for the job)."""
+    return tuple((int(s), int(t)) for s, t in inst.attrs.get("source_target_pairs") or [])
 
 
-def parse_pairs(inst: Instruction, raw: Any, num_replicas: int, what: str = "source_target_pairs"
-                ) -> tuple[tuple[int, int], ...]:
-    """Validated (source, target) pairs: ids in range, no source or target twice."""
+def parse_pairs(inst: Instruction, raw: Any, num_replicas: int, what: str) -> tuple[tuple[int, int], ...]:
+    """Validated (source, target) pairs: ids in range, no source or target twice (pairs the verifier
+    does not see: Send/Recv's routing, a frontend attribute)."""
     try:
         pairs = tuple((int(s), int(t)) for s, t in raw)
     except (TypeError, ValueError):

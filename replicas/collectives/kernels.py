@@ -16,7 +16,7 @@ import numpy as np
 from replicas.collectives import algorithms as alg
 from replicas.collectives.exchange import Exchange
 from replicas.collectives.fingerprint import Fingerprint, make_fingerprint
-from replicas.collectives.groups import GroupPlan, intern, is_spmd, parse_pairs, plan_groups
+from replicas.collectives.groups import GroupPlan, intern, is_spmd, plan_groups, verified_pairs
 from replicas.collectives.selector import THRESHOLDS
 from replicas.collectives.topology import Topology, topology
 from replicas.hlo.ir import Instruction
@@ -276,12 +276,7 @@ def make_all_gather(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]
 def make_reduce_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     shapes = ctx.operand_shapes(inst)
     dim = _dimension(inst)
-    plan, coll = _bind(inst, ctx)
-    assert plan is not None
-    for s in shapes:
-        if s.dimensions[dim] % plan.size:
-            raise inst.error(f"reduce-scatter: dimension {dim} of {s} is not divisible by the group size "
-                             f"{plan.size}")
+    _, coll = _bind(inst, ctx)  # the verifier checked the dimension divides by the group size
     combine = make_combine(inst, ctx, [s.dtype for s in shapes])
     as_tuple = inst.shape.is_tuple
 
@@ -294,15 +289,11 @@ def make_reduce_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., 
 
 @kernel("all-to-all")
 def make_all_to_all(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
-    shapes = ctx.operand_shapes(inst)
-    plan, coll = _bind(inst, ctx)
-    assert plan is not None
+    # The verifier checked the split dimension divides by the group size (or, without dimensions,
+    # one operand per member).
+    _, coll = _bind(inst, ctx)
     if inst.attrs.get("dimensions"):
         dim = _dimension(inst)
-        for s in shapes:
-            if s.dimensions[dim] % plan.size:
-                raise inst.error(f"all-to-all: dimension {dim} of {s} is not divisible by the group size "
-                                 f"{plan.size}")
         as_tuple = inst.shape.is_tuple
 
         def all_to_all(*operands: np.ndarray) -> Any:
@@ -310,9 +301,6 @@ def make_all_to_all(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]
             return tuple(out) if as_tuple else out[0]
 
         return all_to_all
-    if len(shapes) != plan.size:
-        raise inst.error(f"all-to-all without dimensions sends operand j to member j: it needs one operand "
-                         f"per group member ({plan.size}), got {len(shapes)}")
 
     def all_to_all_tuple(*operands: np.ndarray) -> Any:
         return coll.run(alg.all_to_all_tuple, operands)
@@ -335,7 +323,7 @@ def zeros_of(shape: Shape) -> Any:
 @kernel("collective-permute", "collective-permute-start")
 def make_collective_permute(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     shapes = ctx.operand_shapes(inst)
-    pairs = parse_pairs(inst, inst.attrs.get("source_target_pairs") or [], ctx.num_replicas)
+    pairs = verified_pairs(inst)
     _, coll = _bind(inst, ctx, pairs=pairs)
     me = ctx.replica_id
     targets = [t for s, t in pairs if s == me]

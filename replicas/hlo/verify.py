@@ -26,13 +26,17 @@ def verify(module: Module, num_replicas: int | None = None) -> None:
         raise ProgramError(f"module {module.name} has no entry computation")
     if module.entry not in module.computations:
         raise ProgramError(f"module {module.name}: entry computation {module.entry!r} does not exist")
-    replicas = num_replicas if num_replicas is not None else _int_attr(module, "replica_count")
+    declared = _int_attr(module, "replica_count")
+    replicas = num_replicas if num_replicas is not None else declared
     partitions = _int_attr(module, "num_partitions") or 1
+    # SPMD (partitions run as the job's replicas, one replica each): a collective without a channel id
+    # is cross-replica, every partition alone in its group of the one replica, as in XLA.
+    spmd = num_replicas is not None and partitions > 1 and (declared or 1) == 1
     for comp in module.computations.values():
         _verify_structure(module, comp)
     _check_no_recursion(module)
     for comp in module.computations.values():
-        _verify_shapes(module, comp, replicas, partitions, num_replicas is not None)
+        _verify_shapes(module, comp, replicas, partitions, num_replicas is not None, spmd)
         _verify_async_pairs(comp)
 
 
@@ -117,14 +121,18 @@ def _check_no_recursion(module: Module) -> None:
             pending.append(iter(callees.get(callee, ())))
 
 
-def _participants(inst: Instruction, replicas: int | None, partitions: int, explicit: bool) -> int | None:
+def _participants(inst: Instruction, replicas: int | None, partitions: int, explicit: bool,
+                  spmd: bool = False) -> int | None:
     """How many device ids the instruction's replica groups (or pairs) range over.
 
-    An explicit `num_replicas` is the number of devices the runtime runs, so every id lies below it.
+    An explicit `num_replicas` is the number of devices the runtime runs, so every id lies below it,
+    except in an SPMD job (`spmd`), where groups without a channel id name the one replica (0).
     Otherwise follow XLA's group modes: flattened ids (use_global_device_ids) span replicas x
     partitions; a channel_id on all-to-all / collective-permute / collective-broadcast means
     cross-partition ids; everything else counts replicas.
     """
+    if spmd and inst.attrs.get("channel_id") is None and inst.opcode in GROUPED_OPCODES:
+        return 1
     if replicas is None or explicit:
         return replicas
     if inst.attrs.get("use_global_device_ids"):
@@ -135,14 +143,14 @@ def _participants(inst: Instruction, replicas: int | None, partitions: int, expl
 
 
 def _verify_shapes(module: Module, comp: Computation, replicas: int | None, partitions: int,
-                   explicit: bool) -> None:
+                   explicit: bool, spmd: bool = False) -> None:
     by_name = comp.by_name
     for inst in comp.instructions:
         spec = OPCODES.get(inst.opcode)
         if spec is not None and not spec.supported:
             raise inst.error(f"{inst.opcode} is not supported: it parses, but no kernel runs it")
         operand_shapes = [by_name[op].shape for op in inst.operands]
-        n = _participants(inst, replicas, partitions, explicit) if inst.opcode in _COMMUNICATING else None
+        n = _participants(inst, replicas, partitions, explicit, spmd) if inst.opcode in _COMMUNICATING else None
         try:
             inferred = infer_shape(inst.opcode, operand_shapes, inst.attrs, module.computation,
                                    result=inst.shape, num_replicas=n)

@@ -103,6 +103,23 @@ def compile_module(module: Module, *, num_replicas: int | None = None) -> Execut
     return executable
 
 
+def verify_for(executable: Executable, num_replicas: int) -> Executable:
+    """`executable`, its module verified for a job of `num_replicas` (once per program content and
+    count): an executable compiled without the job's count (`compile_module(m)`) reaches no kernel
+    before its replica groups and pairs were checked against the job's replicas."""
+    key = executable.fingerprint
+    entry = _COMPILED.get(key) if key else None
+    if entry is not None and num_replicas in entry[1]:
+        return executable
+    verify(executable.module, num_replicas=num_replicas)
+    check_peak(executable, num_replicas)
+    if entry is not None:
+        entry[1].add(num_replicas)
+    elif key:
+        _COMPILED.put(key, (executable, {num_replicas}))
+    return executable
+
+
 # (fingerprint, question) -> answer, for questions asked of a program on every run.
 _ANSWERS: Cache[bool] = Cache("program answers", 2048)
 

@@ -25,7 +25,7 @@ from replicas.limits import check_module, check_replicas
 from replicas.limits import current as current_limits
 from replicas.records import ReplicaState, replicas_text
 from replicas.runtime.arguments import check_args_container, check_arguments, check_module_argument
-from replicas.runtime.compile import Executable, compile_module, module_fingerprint
+from replicas.runtime.compile import Executable, compile_module, module_fingerprint, verify_for
 from replicas.runtime.values import as_value
 from replicas.transport import keys
 
@@ -459,7 +459,9 @@ def _checked(module: Module | Executable, num_replicas: int) -> Executable:
     ir = module.module if isinstance(module, Executable) else module
     _check_replica_count(ir, num_replicas)
     check_module(ir, num_replicas)
-    return module if isinstance(module, Executable) else compile_module(module, num_replicas=num_replicas)
+    if isinstance(module, Executable):
+        return verify_for(module, num_replicas)
+    return compile_module(module, num_replicas=num_replicas)
 
 
 def _check_replica_count(module: Module, num_replicas: int) -> None:
