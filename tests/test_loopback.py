@@ -1,7 +1,7 @@
 """What the project starts on one machine listens on loopback only: the private local Ray that
 `rp.run` starts (its GCS, raylet, agents, workers and the replicas' actors), and the two-node
 cluster of `replicas cluster start --local` with replicas on both nodes (whose actors open TCP sockets to
-each other). Ray alone would listen on every interface: see `runtime/ray/backend._loopback_node` and
+each other). Ray alone would listen on every interface: see `runtime/ray/startup._loopback_node` and
 replicas/cluster/ray_loopback.py."""
 
 from __future__ import annotations

@@ -44,6 +44,9 @@ class Compiled:
     in_index: list[list[tuple]]  # per flattened argument: each replica's shard index
     out_index: list[list[tuple]]  # per flattened output
     donated: frozenset[int]  # flattened argument positions donated to the call
+    # Per flattened output, what its `Array` is made of (computed once: a call only adds the shards).
+    out_meta: list[tuple[tuple[int, ...], np.dtype, list[tuple], Any]]
+    checked: bool  # some output is declared replicated: the replicas' copies are compared each call
 
 
 class JitFunction:
@@ -80,8 +83,9 @@ class JitFunction:
         if compiled is None:
             compiled = self._compile(args, statics, dynamic, leaves, key)
         per_replica = self._shards(compiled, leaves)
-        seq, results = compiled.session.call(per_replica, len(compiled.program.out_avals))
-        check_jax_outputs(compiled.program, per_replica, results, self._tolerance)
+        seq, results = compiled.session.call(per_replica, len(compiled.out_meta))
+        if compiled.checked:
+            check_jax_outputs(compiled.program, per_replica, results, self._tolerance)
         for i in compiled.donated:
             if isinstance(leaves[i], Array):
                 leaves[i].delete()
@@ -117,16 +121,23 @@ class JitFunction:
                               in_specs=self._in_specs, out_specs=self._out_specs, axis_name=self._axis_name,
                               donate_argnums=donate)
         n = program.num_replicas
-        in_index = [_indices(s, tuple(np.shape(leaf)), n) for s, leaf in zip(program.in_shardings, leaves)]
+        in_index: list[list[tuple]] = []
+        for s, leaf in zip(program.in_shardings, leaves):  # equal placements are one list: `is` says they fit
+            index = _indices(s, tuple(np.shape(leaf)), n)
+            in_index.append(next((i for i in in_index if same_index(i, index)), index))
         out_index = [_indices(s, tuple(a.shape), n) for s, a in zip(program.out_shardings, program.out_avals)]
         # An output placed as some argument is the same list: passed back, one `is` says it fits.
         out_index = [next((i for i in in_index if same_index(i, o)), o) for o in out_index]
+        out_meta = [(physical_shape(a.shape, a.dtype), np.dtype(physical_dtype(a.dtype)), index, sharding)
+                    for a, index, sharding in zip(program.out_avals, out_index, program.out_shardings)]
+        checked = self._tolerance is not None and n > 1 and any(
+            s is None or getattr(s, "is_fully_replicated", False) for s in program.out_shardings)
         options = self._options
         options.checked(n)
         session = Session(checked_executable(program.module, n), n, options)
         owners = [j for j, a in enumerate(dynamic) for _ in jax.tree_util.tree_leaves(a)]
         donated = frozenset(i for i, j in enumerate(owners) if j in donate)
-        compiled = Compiled(program, session, in_index, out_index, donated)
+        compiled = Compiled(program, session, in_index, out_index, donated, out_meta, checked)
         self._cache.put(key, compiled)
         return compiled
 
@@ -160,19 +171,17 @@ class JitFunction:
         return per_replica
 
     def _outputs(self, compiled: Compiled, seq: int, results: list[Any]) -> Any:
-        jax = _jax()
         program, session = compiled.program, compiled.session
-        count = len(program.out_avals)
-        per_replica = results if session.resident else [_output_leaves(r, count) for r in results]
+        meta = compiled.out_meta
+        resident = session.resident
+        per_replica = results if resident else [_output_leaves(r, len(meta)) for r in results]
         outputs = []
-        for i, (aval, index, sharding) in enumerate(zip(program.out_avals, compiled.out_index,
-                                                        program.out_shardings)):
-            shards = [per_replica[p][i] for p in range(program.num_replicas)]
-            here = shards if all(s is not None for s in shards) else None  # came back with the reply
-            key = (session.job, seq, i) if session.resident else None
-            shape, dtype = physical_shape(aval.shape, aval.dtype), physical_dtype(aval.dtype)
+        for i, (shape, dtype, index, sharding) in enumerate(meta):
+            shards = [part[i] for part in per_replica]
+            here = None if any(s is None for s in shards) else shards  # came back with the reply (or here)
+            key = (session.job, seq, i) if resident else None
             outputs.append(Array(shape, dtype, index, shards=here, home=session, key=key, sharding=sharding))
-        return jax.tree_util.tree_unflatten(program.out_tree, outputs)
+        return program.out_tree.unflatten(outputs)
 
     # -- introspection ----------------------------------------------------------------------------
     def cache_size(self) -> int:

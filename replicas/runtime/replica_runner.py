@@ -14,9 +14,6 @@ from replicas.transport.fabric import MailboxFabric
 from replicas.tuning import gil_slice, workers
 from replicas.tuning.affinity import Pin
 
-_RETURNED = threading.Event()  # the `_done` of every run that returned in the caller's thread
-_RETURNED.set()
-
 
 class _Flag:
     """Set once, when one run of a parked replica returned: an Event with a lock's cost (a
@@ -87,9 +84,15 @@ class ReplicaRunner:
             go.release()
 
     def run_here(self, args: Sequence[Any]) -> None:
-        """Run in the calling thread (a program that cannot wait: see `runs_bounded_alone`)."""
+        """Run in the calling thread: a program that cannot wait (see `runs_bounded_alone`), or the
+        replica a Ray actor's call thread runs itself instead of handing it over. `join` from other
+        threads (the monitor's polls) waits for it. Ctrl-C in the caller's thread propagates, after
+        the replica is recorded as failed (the job ends as any interrupted job)."""
+        done = self._done = _Flag()
         self._run(list(args))
-        self._done = _RETURNED
+        done.set()
+        if type(self.error) is KeyboardInterrupt:
+            raise self.error
 
     def _run(self, args: list[Any]) -> None:
         pin = self.pin

@@ -25,6 +25,11 @@ class Kept:
     call: int
     output: int
 
+    def __reduce__(self) -> tuple[type, tuple[int, int]]:
+        # Rebuilt by its constructor: a frozen dataclass's own pickle state goes through Python-level
+        # setstate, several microseconds of every doorbell request.
+        return Kept, (self.call, self.output)
+
 
 class Home(Protocol):
     """Where the shards of resident arrays live (a persistent job: runtime/session.py)."""

@@ -1,147 +1,36 @@
 """Replicas as Ray actors, the driver's side: `RayBackend` places pooled actors
 (`ReplicaHost`, runtime/ray/replica_host.py, which also holds the data paths between them), launches
 a job on them, polls their states for the monitor and collects results. The driver is never in a
-data path."""
+data path. Joining or starting Ray is `startup.py`, what the driver keeps across jobs (the actor
+pool, its key) `driver_process.py`, where replicas go `placement.py`, a persistent job's calls
+`persistent.py`."""
 
 from __future__ import annotations
 
-import atexit
-import collections
 import contextlib
 import hashlib
-import ipaddress
-import logging
-import os
 import secrets
-import threading
 import time
 from collections import Counter
 from typing import Any
 
-from replicas.cluster.address import prepare_to_join
-from replicas.cluster.liveness import host_lost, quiet_ray_messages, silent, silent_failure
+from replicas.cluster.liveness import host_lost, silent, silent_failure
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable
 from replicas.runtime.job import Backend
-from replicas.runtime.ray.actor_pool import ActorPool
+from replicas.runtime.ray.driver_process import AUTHKEY, POOL, job_ended
 from replicas.runtime.ray.faults import actor_failure, not_started, unplaceable
 from replicas.runtime.ray.persistent import PersistentJob
-from replicas.runtime.ray.replica_host import STOP_SECONDS, ReplicaHost
-from replicas.transport.shm import remove_orphaned_segments, remove_segments_of
+from replicas.runtime.ray.placement import actor_options, cluster_resources, default_packing, reachable, wanted
+from replicas.runtime.ray.replica_host import STOP_SECONDS
+from replicas.runtime.ray.startup import ensure_ray
 
-_init_lock = threading.Lock()
-# The key this driver's actors authenticate direct connections with (see wire.py).
-_AUTHKEY = secrets.token_bytes(32)
-
-
-def ensure_ray(address: str | None = None, timeout: float | None = None) -> None:
-    """Join `address` ("auto", "ray://host:port") or start a quiet local Ray once per process. A
-    cluster that does not answer within `timeout` s is an error naming it; this driver takes the
-    cluster's authentication mode (replicas/cluster/address.py)."""
-    import ray
-
-    with _init_lock:
-        if ray.is_initialized():
-            return
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-        # Messages up to 2 MiB travel inline with their task instead of through the object store:
-        # measured 127 -> 65 ms for a 1 MiB all-reduce on 4 replicas (bench/README.md).
-        os.environ.setdefault("RAY_max_direct_call_object_size", str(2 << 20))
-        kwargs: dict[str, Any] = dict(logging_level=logging.ERROR, log_to_driver=False,
-                                      configure_logging=True, ignore_reinit_error=True)
-        if address is None:
-            # "local" always starts a private instance: a cluster left behind by `ray start`
-            # on this machine must not capture a laptop run.
-            address = "local"
-            kwargs["include_dashboard"] = False
-        else:
-            prepare_to_join(address, timeout)
-        try:
-            with _loopback_node() if _on_loopback(address) else contextlib.nullcontext():
-                ray.init(address=address, **kwargs)
-            quiet_ray_messages()
-        except Exception as e:  # noqa: BLE001 - Ray raises many kinds; the user needs one
-            raise ReplicaFailure(f"cannot start or join Ray (address={address!r}): {type(e).__name__}: {e}") from e
-
-
-@contextlib.contextmanager
-def _loopback_node() -> Any:
-    """Ray's addresses kept on loopback while `ray.init` starts a private local instance or joins
-    a cluster on 127.0.0.1 (`replicas cluster start --local`): the instance's GCS, raylet, agents and
-    workers then listen on loopback only, and this driver finds its node by 127.0.0.1.
-
-    Why: on Linux Ray replaces 127.0.0.1 by the machine's routable address, both for a node it
-    starts (even with `_node_ip_address="127.0.0.1"`) and for the address it joins, and a node
-    with a routable address listens on every interface. Ray keeps loopback where it takes the
-    machine for one that cannot form a cluster (macOS, Windows: `ray_constants.ENABLE_RAY_CLUSTER`).
-    That switch is read when an address is chosen, so it is off only during this `ray.init`: a
-    later one of this process that joins a real cluster gets the routable address again.
-    tests/test_loopback.py checks the listeners, so a Ray that moves the switch shows up there."""
-    from ray._private import ray_constants
-
-    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
-        yield
-        return
-    before = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = before
-
-
-def _on_loopback(address: str) -> bool:
-    """Whether `address` is a private local instance ("local") or ("auto", host:port; not "ray://")
-    a cluster on 127.0.0.1."""
-    if address == "local":
-        return True
-    if address.startswith("ray://"):
-        return False
-    from ray._private import services
-
-    try:
-        found = services.get_ray_address_from_environment(address, None) if address == "auto" else address
-        host = found.rpartition(":")[0].strip("[]") if found else ""
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except Exception:  # noqa: BLE001 - not an address this can read: Ray chooses, as without this check
-        return False
-
-
-_actor_class = None
-# Tokens of this driver's jobs that ended (the last ENDED_KEPT). A job's launch may still reach an
-# actor after the job ended (it failed or timed out while the call was on its way): the actor then
-# creates the job's segments after the driver removed them. Each job's end removes what such jobs
-# left, and so does the driver's exit.
-ENDED_KEPT = 256
-_ended: collections.deque[str] = collections.deque(maxlen=ENDED_KEPT)
-_ended_lock = threading.Lock()
-
-
-def _job_ended(*tokens: str) -> None:
-    """Remove the segments of `tokens` and of the earlier ended jobs on this node."""
-    with _ended_lock:
-        _ended.extend(tokens)
-        ended = list(_ended)
-    remove_segments_of(ended)
-
-
-atexit.register(_job_ended)
-
-
-def _remote_host_class() -> Any:
-    global _actor_class
-    if _actor_class is None:
-        import ray
-
-        remove_orphaned_segments()  # once per driver: what a killed driver's jobs left on this node
-        _actor_class = ray.remote(ReplicaHost)
-    return _actor_class
-
-
-POOL = ActorPool(_remote_host_class)
+# Names other modules, tests and benchmarks import from here (their homes are the modules above).
+_AUTHKEY = AUTHKEY
+_default_packing = default_packing
+__all__ = ["POOL", "RayBackend", "_AUTHKEY", "_default_packing", "ensure_ray"]
 
 
 class RayBackend(PersistentJob, Backend):
@@ -166,35 +55,21 @@ class RayBackend(PersistentJob, Backend):
         deadline = None if timeout is None else time.monotonic() + timeout
         n = len(args)
         self.num_replicas = n
-        per = int(replicas_per_actor) if replicas_per_actor else _default_packing(n, resources)
+        per = int(replicas_per_actor) if replicas_per_actor else default_packing(n, resources)
         groups = [list(range(i, min(i + per, n))) for i in range(0, n, per)]
         self._groups = groups
         self._actors = []
-        self._options: list[dict[str, Any]] = []
         self._actor_of: dict[int, Any] = {}
         self._stopped = False
         self._dead: set[int] = set()  # indexes of actors that died or never started: never pooled
         self._last: dict[int, ReplicaState] = {}  # each replica's last reported state
-        for ids in groups:
-            options: dict[str, Any] = {"num_cpus": num_cpus, "max_concurrency": 64}
-            if resources is not None:
-                merged: dict[str, float] = {}
-                for r in ids:
-                    for k, v in (resources[r] or {}).items():
-                        merged[k] = merged.get(k, 0) + v
-                # Ray takes CPUs and GPUs as options of their own, other resources by name.
-                for name, option in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
-                    if name in merged:
-                        options[option] = merged.pop(name)
-                if merged:
-                    options["resources"] = merged
-            self._options.append(options)
+        self._options = [actor_options(ids, resources, num_cpus) for ids in groups]
         # Every actor from the pool: they were placed already, so the cluster is not asked (a GCS round trip).
         warm = POOL.can_serve(self._options)
         nodes = None
         if not warm:
             nodes = ray.nodes()
-            why = unplaceable([(ids, _wanted(o)) for ids, o in zip(groups, self._options)], nodes)
+            why = unplaceable([(ids, wanted(o)) for ids, o in zip(groups, self._options)], nodes)
             if why is not None:
                 raise ReplicaFailure(why, groups[0][0])
         pooled = []
@@ -226,7 +101,7 @@ class RayBackend(PersistentJob, Backend):
         self._token = secrets.token_hex(8)
         try:
             addresses = [POOL.note(a).get("address") for a in self._actors]
-            if all(pooled) and _reachable(addresses):
+            if all(pooled) and reachable(addresses):
                 self._launch(addresses, run_to_end)  # not waited for: `completed` (or the first other call) checks it
             else:
                 self._start_cold(pooled, nodes)
@@ -333,7 +208,7 @@ class RayBackend(PersistentJob, Backend):
             self._actors[i] = POOL.fresh(self._options[i])
             for r in self._groups[i]:
                 self._actor_of[r] = self._actors[i]
-        _job_ended(self._token)  # the launch that found an actor dead is abandoned
+        job_ended(self._token)  # the launch that found an actor dead is abandoned
         self._token = secrets.token_hex(8)
         self._finish_refs, self._finished = None, {}
         self._start_cold([i not in died for i in range(len(self._actors))], None)
@@ -375,7 +250,7 @@ class RayBackend(PersistentJob, Backend):
         memory) is replaced by a fresh one; a fresh actor that dies is the job's failure (`_started`)."""
         from ray.exceptions import RayActorError
 
-        refs = [a.wire_address.remote(_AUTHKEY, across_nodes) for a in self._actors]
+        refs = [a.wire_address.remote(AUTHKEY, across_nodes) for a in self._actors]
         if not any(pooled):
             return refs
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -391,7 +266,7 @@ class RayBackend(PersistentJob, Backend):
                 self._actors[i] = POOL.fresh(self._options[i])
                 for r in self._groups[i]:
                     self._actor_of[r] = self._actors[i]
-                refs[i] = self._actors[i].wire_address.remote(_AUTHKEY, across_nodes)
+                refs[i] = self._actors[i].wire_address.remote(AUTHKEY, across_nodes)
         return refs
 
     def _started(self, refs: list[Any], deadline: float | None, timeout: float | None) -> list[Any]:
@@ -402,7 +277,7 @@ class RayBackend(PersistentJob, Backend):
             waiting = [i for i, ref in enumerate(refs) if ref in set(pending)]
             self._dead.update(waiting)  # still unplaced or stuck: killed, never pooled
             ids = [r for i in waiting for r in self._groups[i]]
-            raise ExecutionTimeout(not_started(ids, _wanted(self._options[waiting[0]]), *_resources(self._ray),
+            raise ExecutionTimeout(not_started(ids, wanted(self._options[waiting[0]]), *cluster_resources(self._ray),
                                                timeout))
         return self._get(refs)
 
@@ -496,7 +371,7 @@ class RayBackend(PersistentJob, Backend):
             self.calls["reset"] += len(live)
             POOL.release([(self._actors[i], self._options[i]) for i in live])
         POOL.discard([self._actors[i] for i in self._dead])
-        _job_ended(self._token)  # what killed actors of this node left behind, and late launches
+        job_ended(self._token)  # what killed actors of this node left behind, and late launches
 
     def deliver_from_host(self, replica: int, key: tuple, value: Any) -> None:
         self._touch("deliver")
@@ -552,14 +427,6 @@ class RayBackend(PersistentJob, Backend):
         return merged
 
 
-def _reachable(addresses: list[dict[str, Any] | None]) -> bool:
-    """Every address known, and the actors can reach each other with what they opened (one
-    node: Unix sockets; several: TCP listeners)."""
-    if not all(addresses):
-        return False
-    return len({a["node"] for a in addresses}) == 1 or all(a.get("tcp") for a in addresses)
-
-
 def _died(ray: Any, ref: Any) -> bool:
     from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -572,23 +439,6 @@ def _died(ray: Any, ref: Any) -> bool:
     return False
 
 
-def _default_packing(num_replicas: int, resources: list[dict[str, float]] | None) -> int:
-    """One replica per actor up to the cluster's CPUs, then two (about one process per CPU: on 2
-    cores, 4 replicas in 2 actors were faster than in 4 in all 20 rows of bench/collectives.py,
-    1.3-5.5x, bench/README.md "Copies per collective"); beyond twice the CPUs, enough per actor for
-    at most twice as many actors as CPUs."""
-    import math
-
-    import ray
-
-    if resources is not None or num_replicas <= 2:
-        return 1  # placement was chosen replica by replica; or one actor each on any cluster
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    if num_replicas <= cpus:
-        return 1
-    return max(2, math.ceil(num_replicas / (2 * cpus)))
-
-
 def _unwrap(e: BaseException) -> BaseException:
     """Turn Ray's wrappers into the error the replica raised, or a ReplicaFailure naming the actor."""
     cause = getattr(e, "cause", None)
@@ -599,25 +449,3 @@ def _unwrap(e: BaseException) -> BaseException:
     return ReplicaFailure(f"a replica actor failed: {type(e).__name__}: {e}", None, repr(e))
 
 
-def _resources(ray: Any) -> tuple[dict[str, float], dict[str, float], int]:
-    """Free and total resources of the cluster's alive nodes, and how many nodes died (for a message)."""
-    try:
-        nodes = ray.nodes()
-        free = dict(ray.available_resources())
-    except Exception:  # noqa: BLE001 - only for the message
-        return {}, {}, 0
-    total: dict[str, float] = {}
-    for node in nodes:
-        if node.get("Alive"):
-            for k, v in node.get("Resources", {}).items():
-                total[k] = total.get(k, 0) + v
-    return free, total, sum(1 for node in nodes if not node.get("Alive"))
-
-
-def _wanted(options: dict[str, Any]) -> dict[str, float]:
-    """The resources an actor's options ask for, by Ray's names."""
-    wanted = dict(options.get("resources", {}))
-    for name, option in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
-        if options.get(option):
-            wanted[name] = options[option]
-    return wanted

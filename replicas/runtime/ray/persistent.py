@@ -64,7 +64,10 @@ class PersistentJob:
         by_call = range(len(self._actors))
         self._bell_seq = None
         if self._bell is not None:
-            rung = {r: args[r] for i in self._bell_actors for r in self._groups[i]}
+            rung: Any = {r: args[r] for i in self._bell_actors for r in self._groups[i]}
+            first = args[0]
+            if all(a is first or (len(a) == len(first) and all(x is y for x, y in zip(a, first))) for a in args):
+                rung = first  # every replica takes the same values (resident names, a replicated array): once
             self._bell_seq = self._bell.ring((rung, forget, seq, count, fetch_max))
             if self._bell_seq is not None:
                 by_call = [i for i in by_call if i not in self._bell_actors]

@@ -28,11 +28,20 @@ class PersistentCalls:
 
     _kept: dict[tuple[int, int], dict[int, Any]]  # (call, output) -> replica -> its shard
     _doorbell: Doorbell | None = None  # the driver's doorbell, when it is on this node
+    _inline_all = False  # the program cannot wait (`runs_bounded_alone`): a call runs every replica itself
 
     def call(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]]) -> None:
         """Run the program again on each hosted replica's `args` (`Kept` names resolved here), after
         dropping the outputs named in `forget`. Returns nothing: `settle` collects the outcome."""
+        self._run_inline(self._start_call(token, args, forget))
+
+    def _start_call(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]]) -> list[Any]:
+        """`call`'s start: the replicas handed to their parked threads; those the calling thread
+        runs itself, with their arguments, returned (each hand-off is a thread's wake-up, tens of
+        microseconds on a busy machine: the caller takes the first replica, and every replica of a
+        program that cannot wait, `_inline_all`, one after the other)."""
         store = self._kept
+        inline: list[Any] = []
         with self._job_turn:
             if self._token != token:
                 raise ReplicaFailure(f"actor of replica {min(args)} is not set up for this job", min(args))
@@ -40,15 +49,24 @@ class PersistentCalls:
                 store.pop(key, None)
             for r, values in args.items():
                 resolved = [store[(a.call, a.output)][r] if type(a) is Kept else a for a in values]
-                self._runners[r].rerun(resolved)
+                if not inline or self._inline_all:
+                    inline.append((self._runners[r], resolved))
+                else:
+                    self._runners[r].rerun(resolved)
             self._launched = token
+        return inline
+
+    @staticmethod
+    def _run_inline(inline: list[Any]) -> None:
+        for runner, values in inline:
+            runner.rerun(values, here=True)
 
     def call_and_settle(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]],
                         finish_within: float, seq: int, count: int, fetch_max: int) -> dict[int, list[Any]] | None:
         """`call`, then `settle` once every hosted replica finished within `finish_within` s; None
         when one failed or still runs (the driver's monitor takes over)."""
-        self.call(token, args, forget)
         deadline = time.monotonic() + finish_within
+        self.call(token, args, forget)
         for runner in self._runners.values():
             if not runner.join(max(0.0, deadline - time.monotonic())) or runner.error is not None:
                 return None
@@ -108,7 +126,9 @@ class PersistentCalls:
         how long the call runs (None as soon as a replica failed: the driver's monitor names it)."""
         try:
             args, forget, seq, count, fetch_max = bell.request()
-            self.call(token, {r: args[r] for r in self._runners}, forget)
+            # (a list: the values of every replica; a dict: each replica's own)
+            mine = {r: args for r in self._runners} if type(args) is list else {r: args[r] for r in self._runners}
+            self.call(token, mine, forget)  # the first replica runs here
             runners = list(self._runners.values())
             for runner in runners:
                 while not runner.join(0.05):

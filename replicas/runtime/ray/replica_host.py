@@ -22,7 +22,7 @@ from typing import Any
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
-from replicas.runtime.compile import Executable
+from replicas.runtime.compile import Executable, runs_bounded_alone
 from replicas.runtime.ray.faults import is_memory_error
 from replicas.runtime.ray.persistent_host import PersistentCalls
 from replicas.transport import board as shared_board
@@ -250,6 +250,7 @@ class ReplicaHost(PersistentCalls):
             self._fabrics.append(fabric)
             self._runners[r] = ReplicaRunner(executable, fabric, recorder)
             self._runners[r].persistent = persistent
+        self._inline_all = persistent and runs_bounded_alone(executable)  # persistent_host.py
         here = {f.replica_id: f for f in self._fabrics}
         for fabric in self._fabrics:
             fabric.here = here

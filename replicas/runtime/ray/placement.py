@@ -1,0 +1,72 @@
+"""Where a job's replicas go on Ray: how many share an actor, what each actor asks of the
+cluster, and whether placed actors can reach each other."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def reachable(addresses: list[dict[str, Any] | None]) -> bool:
+    """Every address known, and the actors can reach each other with what they opened (one
+    node: Unix sockets; several: TCP listeners)."""
+    if not all(addresses):
+        return False
+    return len({a["node"] for a in addresses}) == 1 or all(a.get("tcp") for a in addresses)
+
+
+def default_packing(num_replicas: int, resources: list[dict[str, float]] | None) -> int:
+    """One replica per actor up to the cluster's CPUs, then two (about one process per CPU: on 2
+    cores, 4 replicas in 2 actors were faster than in 4 in all 20 rows of bench/collectives.py,
+    1.3-5.5x, bench/README.md "Copies per collective"); beyond twice the CPUs, enough per actor for
+    at most twice as many actors as CPUs."""
+    import math
+
+    import ray
+
+    if resources is not None or num_replicas <= 2:
+        return 1  # placement was chosen replica by replica; or one actor each on any cluster
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    if num_replicas <= cpus:
+        return 1
+    return max(2, math.ceil(num_replicas / (2 * cpus)))
+
+
+def cluster_resources(ray: Any) -> tuple[dict[str, float], dict[str, float], int]:
+    """Free and total resources of the cluster's alive nodes, and how many nodes died (for a message)."""
+    try:
+        nodes = ray.nodes()
+        free = dict(ray.available_resources())
+    except Exception:  # noqa: BLE001 - only for the message
+        return {}, {}, 0
+    total: dict[str, float] = {}
+    for node in nodes:
+        if node.get("Alive"):
+            for k, v in node.get("Resources", {}).items():
+                total[k] = total.get(k, 0) + v
+    return free, total, sum(1 for node in nodes if not node.get("Alive"))
+
+
+def wanted(options: dict[str, Any]) -> dict[str, float]:
+    """The resources an actor's options ask for, by Ray's names."""
+    wanted = dict(options.get("resources", {}))
+    for name, option in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
+        if options.get(option):
+            wanted[name] = options[option]
+    return wanted
+
+
+def actor_options(replica_ids: list[int], resources: list[dict[str, float]] | None, num_cpus: float) -> dict[str, Any]:
+    """The Ray options of the actor hosting `replica_ids`: their `resources` summed (CPUs and GPUs
+    as Ray's options of their own, others by name)."""
+    options: dict[str, Any] = {"num_cpus": num_cpus, "max_concurrency": 64}
+    if resources is not None:
+        merged: dict[str, float] = {}
+        for r in replica_ids:
+            for k, v in (resources[r] or {}).items():
+                merged[k] = merged.get(k, 0) + v
+        for name, option in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
+            if name in merged:
+                options[option] = merged.pop(name)
+        if merged:
+            options["resources"] = merged
+    return options
