@@ -1,6 +1,7 @@
 """Every replica-group form XLA's parser takes (explicit lists, `{}`, iota, the mesh form with named
-axes, device order and sub-axes) parses to the same groups, prints back, and runs: an all-gather of
-each device's id returns exactly its group, in the group's order."""
+axes, device order and sub-axes) parses to the same groups, prints back in the form it was given
+(text -> module -> text -> module, equal), and runs: an all-gather of each device's id returns
+exactly its group, in the group's order."""
 
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ def test_each_form_parses_prints_back_and_runs(name: str) -> None:
     module = rp.parse_hlo(PROGRAM.format(groups=text, size=size))
     gather = module.computations[module.entry].by_name["ag"]
     assert gather.attrs["replica_groups"] == groups
-    assert rp.parse_hlo(module.to_hlo_text()) == module
+    text_once = module.to_hlo_text()
+    assert f"replica_groups={' '.join(text.split())}," in text_once  # printed back in the form it was given
+    again = rp.parse_hlo(text_once)
+    assert again == module and again.to_hlo_text() == text_once
     results = rp.run(module, [], backend="threads", timeout=60)
     for device, got in enumerate(results):
         mine = next((g for g in groups if device in g), list(range(8)))
@@ -105,3 +109,13 @@ def test_groups_the_job_does_not_have_are_refused_before_any_kernel_runs() -> No
         ", use_global_device_ids=true", "")
     with pytest.raises(ProgramError, match="ag.*replica_groups.*out of range for 1 replicas"):
         rp.run(spmd, [], backend="threads", timeout=60)
+
+
+def test_a_large_compact_form_stays_one_short_line_and_groups_changed_in_place_print_as_lists() -> None:
+    module = rp.parse_hlo(PROGRAM.format(groups="[512,8]<=[8,512]T(1,0)", size=8).replace(
+        "num_partitions=8", "num_partitions=4096"))
+    line = next(x for x in module.to_hlo_text().splitlines() if "all-gather" in x)
+    assert "replica_groups=[512,8]<=[8,512]T(1,0)," in line and len(line) < 300
+    groups = module.computations[module.entry].by_name["ag"].attrs["replica_groups"]
+    groups[0][0], groups[0][1] = groups[0][1], groups[0][0]
+    assert "replica_groups={{512,0,1024," in module.to_hlo_text()

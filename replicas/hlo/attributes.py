@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from replicas.hlo.lexer import Scanner, quote
+from replicas.hlo.replica_groups import format_replica_groups, parse_int_groups, parse_replica_groups
 from replicas.hlo.replica_groups import ints as _ints
-from replicas.hlo.replica_groups import parse_int_groups, parse_replica_groups
 from replicas.hlo.window import make_window
 from replicas.shapes import Shape
 
@@ -365,7 +365,7 @@ def _build_specs() -> dict[str, AttrSpec]:
     add("infeed_config", "infeed_config", _parse_config_string, _fmt_config)
     add("outfeed_config", "outfeed_config", _parse_config_string, _fmt_config)
     add("outfeed_shape", "outfeed_shape", Shape.parse, str)
-    add("replica_groups", "replica_groups", parse_replica_groups, _fmt_groups)
+    add("replica_groups", "replica_groups", parse_replica_groups, format_replica_groups)
     add("source_target_pairs", "source_target_pairs", _parse_pairs, _fmt_groups)
     add("slice", "slice", _parse_slice, _fmt_slice)
     add("padding", "padding", _parse_padding, _fmt_padding)

@@ -7,7 +7,10 @@
   part of axis `a` whose major factor has size 1). A group is every device that differs only in
   the named axes, ordered by them in the order named; groups are ordered by the other axes.
 
-All three are stored as `list[list[int]]` (`[]` for `{}`) and print back as explicit lists.
+All three are stored as `list[list[int]]` (`[]` for `{}`), what every pass and kernel reads. The
+compact forms are a `ReplicaGroups`, a list that also remembers the text it was read from, and
+print back in it: a module's text keeps a 4096-device group in one short line, as XLA wrote it.
+Groups changed in place since they were read print as explicit lists.
 """
 
 from __future__ import annotations
@@ -34,6 +37,27 @@ _AXIS_REF = re.compile(rf"\s*({_AXIS_NAME})\s*(?::\s*\(\s*([0-9]+)\s*\)\s*([0-9]
 MESH_DEVICE_IDS = re.compile(r"[ \t]*,[ \t]*(?=device_ids\s*=)")
 
 
+class ReplicaGroups(list):
+    """The explicit groups of an iota or mesh form, which print back as that form (`compact_form`)."""
+
+    def __init__(self, groups: list[list[int]], form: str) -> None:
+        super().__init__(groups)
+        self.form = " ".join(form.split())
+        self._as_read = tuple(map(tuple, groups))
+
+    def compact_form(self) -> str | None:
+        """The form the groups were read from, or None when they were changed since."""
+        return self.form if tuple(map(tuple, self)) == self._as_read else None
+
+
+def format_replica_groups(groups: list[list[int]]) -> str:
+    """HLO text of `groups`: the compact form they were read from, else explicit lists."""
+    form = groups.compact_form() if isinstance(groups, ReplicaGroups) else None
+    if form is not None:
+        return form
+    return "{" + ",".join("{" + ",".join(str(int(r)) for r in g) + "}" for g in groups) + "}"
+
+
 def ints(body: str) -> list[int]:
     body = body.strip()
     if not body:
@@ -55,12 +79,13 @@ def parse_replica_groups(raw: str) -> list[list[int]]:
     """Any of the three forms -> the explicit groups."""
     raw = raw.strip()
     if raw.startswith("mesh"):
-        return _mesh_groups(raw)
+        return ReplicaGroups(_mesh_groups(raw), raw)
     if raw.startswith("["):
         m = _IOTA.fullmatch(raw)
         if m is None:
             raise ValueError("expected iota replica groups [groups,group_size]<=[dims]T(perm)")
-        return _iota_ids(ints(m.group(2)), m.group(3)).reshape(_group_dims(ints(m.group(1)))).tolist()
+        groups = _iota_ids(ints(m.group(2)), m.group(3)).reshape(_group_dims(ints(m.group(1)))).tolist()
+        return ReplicaGroups(groups, raw)
     return parse_int_groups(raw)
 
 
