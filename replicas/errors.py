@@ -71,6 +71,17 @@ class ReplicaFailure(ReplicasError):
         self.instruction = instruction  # what the replica was running, e.g. "%y (custom-call)"
 
 
+class ResourceExhausted(ReplicaFailure):
+    """The machine refused a job a resource it needs (`resource`: "threads", "file descriptors",
+    "processes", "shared memory", "memory"); everything the job had started is stopped. A replica
+    that ran out names itself (`replica`) and its instruction."""
+
+    def __init__(self, message: str, resource: str, replica: int | None = None,
+                 instruction: str | None = None, cause: BaseException | str | None = None) -> None:
+        super().__init__(message, replica, cause, instruction)
+        self.resource = resource
+
+
 class ExecutionTimeout(ReplicasError):
     """The job was still running (not deadlocked) when its timeout expired."""
 

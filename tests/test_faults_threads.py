@@ -23,6 +23,7 @@ from test_faults_ray import (
 
 import replicas as rp
 from replicas.ops.custom_call import unregister_custom_call
+from replicas.runtime import threads as thread_backend
 
 
 def launch(text: str, args: list, **kwargs) -> rp.Job:
@@ -62,13 +63,15 @@ def test_ctrl_c_while_waiting_cancels_the_job_and_propagates():
     assert_next_job_works()
 
 
-def test_ctrl_c_during_a_one_replica_run_in_the_callers_thread_propagates():
-    """`rp.run` of one replica of a program without loops runs in the caller's thread
-    (threads.run_alone); Ctrl-C there is a KeyboardInterrupt too, not a replica's failure."""
+def test_ctrl_c_during_a_one_replica_run_propagates():
+    """`rp.run` of one replica of a program without loops that is not quick runs on a replica
+    thread (only a quick one runs in the caller's thread, where no deadline could stop it): Ctrl-C
+    while the caller waits is a KeyboardInterrupt, not a replica's failure."""
 
-    with interrupted_in("run_alone", "threads.py"):
-        # ~4 s of BLAS on an idle machine, which the interrupt cuts short within ~0.1 s.
-        rp.run(*_dot_chain(512, 1000), backend="threads")
+    with interrupted_in("_wait", "job.py"):
+        # ~0.4 s of BLAS on an idle machine: the caller waits for it in the job's monitor loop.
+        rp.run(*_dot_chain(512, 100), backend="threads")
+    thread_backend._wait_for_unwinding()  # the stopped replica ends with its current straight-line run
     assert rp.run(*_dot_chain(8, 2), backend="threads")[0].shape == (8, 8)  # the next run is not disturbed
 
 

@@ -3,17 +3,23 @@ which instruction a kernel's error came from."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
 
-from replicas.errors import ProgramError, ReplicaFailure, ReplicasError
+from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError
 from replicas.hlo.ir import Instruction
 from replicas.ops.registry import lookup
 from replicas.runtime.codegen import straight_line
 from replicas.runtime.compile import Schedule
 from replicas.runtime.ownership import Donation
+
+# The `time.monotonic()` by which the kernels being bound in this thread must be bound (a job's
+# per-replica setup, `runtime/threads.py`); None: no deadline.
+BINDING_DEADLINE: ContextVar[float | None] = ContextVar("BINDING_DEADLINE", default=None)
 
 
 class BoundComputation:
@@ -44,9 +50,16 @@ class BoundComputation:
         ctx = self._interp
         steps = []
         comp = ctx.module.computation(self.name)
-        for step in self.schedule.steps:
+        deadline = BINDING_DEADLINE.get()  # a job's setup of its replicas counts against its timeout
+        for i, step in enumerate(self.schedule.steps):
+            if deadline is not None and not i & 15 and time.monotonic() >= deadline:
+                raise ExecutionTimeout(f"the job's timeout expired while binding the kernels of computation "
+                                       f"{self.name} (at %{step.inst.name})")
             ctx._binding = comp
-            fn = lookup(step.inst)(step.inst, ctx)
+            try:
+                fn = lookup(step.inst)(step.inst, ctx)
+            except MemoryError as e:  # a kernel's tables or constants: named as a kernel's own failure is
+                raise kernel_failure(ctx.replica_id, step.inst, e) from None
             steps.append((fn, step.operand_slots, step.result_slot, step.release, step.inst))
         self._steps = steps
         if self.scalars:

@@ -141,6 +141,54 @@ def runs_bounded_alone(executable: Executable) -> bool:
     return not _any_opcode(executable, "waits", lambda op: op == "while" or op in SIDE_EFFECT_OPCODES)
 
 
+# Ops whose work can grow faster than the arrays they read and write (a window, a contraction, a
+# factorization, a sort): at most the product of the element counts of their two largest arrays.
+_SUPERLINEAR = frozenset({"dot", "convolution", "fft", "cholesky", "triangular-solve", "reduce-window",
+                          "select-and-scatter", "sort", "topk", "scatter", "map", "reduce"})
+QUICK_BYTES = 1 << 20  # the bytes of every value a quick program computes, together
+QUICK_WORK = 1 << 24  # the largest product of element counts a quick program's superlinear op may have
+_QUICK: Cache[bool] = Cache("quick programs", 1024)  # program fingerprint -> runs_quickly(program)
+
+
+def runs_quickly(executable: Executable) -> bool:
+    """True when one replica of the program finishes in well under a second, whatever the machine:
+    it `runs_bounded_alone`, its values together take at most `QUICK_BYTES` and no op of it may do
+    more than `QUICK_WORK` steps. Only such a program runs in the caller's thread, where no deadline
+    can stop it; any other runs on a thread of its own, which a timeout leaves behind."""
+    key = executable.fingerprint
+    found = _QUICK.get(key) if key else None
+    if found is None:
+        found = runs_bounded_alone(executable) and _small_work(executable.module)
+        if key:
+            _QUICK.put(key, found)
+    return found
+
+
+def _small_work(module: Module) -> bool:
+    total = 0
+    for comp in module.computations.values():
+        by_name = comp.by_name
+        for inst in comp.instructions:
+            sizes = [_elements(inst.shape)]
+            total += _bytes(inst.shape)
+            if total > QUICK_BYTES:
+                return False
+            if inst.opcode in _SUPERLINEAR:
+                sizes.extend(_elements(by_name[o].shape) for o in inst.operands if o in by_name)
+                sizes.sort()
+                if len(sizes) > 1 and sizes[-1] * sizes[-2] > QUICK_WORK:
+                    return False
+    return True
+
+
+def _elements(shape: Any) -> int:
+    return sum(leaf.numel for leaf in shape.leaves() if leaf.is_array)
+
+
+def _bytes(shape: Any) -> int:
+    return sum(leaf.numel * max(8, leaf.element_type.bit_width) // 8 for leaf in shape.leaves() if leaf.is_array)
+
+
 _BLAS_OPCODES = frozenset({"dot", "convolution", "cholesky", "triangular-solve", "custom-call", "fft"})
 
 

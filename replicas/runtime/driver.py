@@ -9,6 +9,7 @@ Arguments may be numpy arrays, JAX arrays (anything with `__array__`), Python sc
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from replicas.caching import Cache
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
-from replicas.runtime.compile import Executable, module_fingerprint, runs_bounded_alone
+from replicas.runtime.compile import Executable, module_fingerprint, runs_quickly
 from replicas.runtime.job import Job, prepare
 from replicas.runtime.options import BACKENDS, DEFAULT_TIMEOUT, LaunchOptions
 from replicas.runtime.threads import ThreadBackend, run_alone
@@ -140,48 +141,60 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
     progress: while `result()` waits, a live status line on stderr when it is a terminal
         (`job.progress()` gives the same as data at any time).
     """
+    begun = time.monotonic()  # every phase, from checking the arguments on, counts against `timeout`
     options = LaunchOptions.of(timeout=timeout, address=address, trace=trace, strict=strict, backend=backend,
                                replicas_per_actor=replicas_per_actor, resources=resources,
                                record_every_instruction=record_every_instruction, trace_events=trace_events,
                                progress=progress)
-    executable, per_replica = _prepared(module, args, num_replicas, options, infeed)
-    return start(executable, per_replica, options, infeed)
+    deadline = options.deadline(begun)
+    executable, per_replica = _prepared(module, args, num_replicas, options, infeed, deadline)
+    return start(executable, per_replica, options, infeed, deadline=deadline)
 
 
 def _prepared(module: Program, args: Sequence[Any] | None, num_replicas: int | None, options: LaunchOptions,
-              infeed: Sequence[Sequence[Any]] | None) -> tuple[Executable, list[list[Any]]]:
+              infeed: Sequence[Sequence[Any]] | None,
+              deadline: float | None = None) -> tuple[Executable, list[list[Any]]]:
     """Every check of a launch, in order (the program, the options, the arguments): the executable
-    and each replica's checked arguments. Nothing has started yet."""
+    and each replica's checked arguments. Nothing has started yet. Past `deadline` (a
+    `time.monotonic()`), ExecutionTimeout naming the phase."""
     program, fingerprint = _fingerprinted_program(module)
     if num_replicas is None:
         num_replicas = declared_replicas(program)
     num_replicas = options.checked(num_replicas, infeed)
-    return prepare(program, as_arguments(args), num_replicas, fingerprint=fingerprint)
+    return prepare(program, as_arguments(args), num_replicas, fingerprint=fingerprint, deadline=deadline)
 
 
 def start(executable: Executable, per_replica: list[list[Any]], options: LaunchOptions,
           infeed: Sequence[Sequence[Any]] | None = None, *, run_to_end: bool = False,
-          persistent: bool = False) -> Any:
+          persistent: bool = False, deadline: float | None = None) -> Any:
     """The job of `executable` on `per_replica`'s checked arguments (`options` checked): a `Job`;
     with `persistent`, the backend alone, for a `Session` to run again and again. `run_to_end`:
-    the caller only waits for the result (see `RayBackend`)."""
+    the caller only waits for the result (see `RayBackend`). `deadline`: the `time.monotonic()` by
+    which the job ends (default: `options.timeout` from now); start-up counts against it."""
     o = options
+    if deadline is None:
+        deadline = o.deadline()
     if o.backend == "threads":
         engine: Any = ThreadBackend(executable, per_replica, strict=o.strict,
                                     record_every_instruction=o.record_every_instruction,
-                                    trace_events=o.trace_events, persistent=persistent)
+                                    trace_events=o.trace_events, persistent=persistent,
+                                    deadline=None if persistent else deadline)
     else:
         from replicas.runtime.ray.backend import RayBackend
 
+        # What is left of the timeout: the backend's start-up steps wait for no longer.
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
         engine = RayBackend(executable, per_replica, address=o.address, strict=o.strict,
                             record_every_instruction=o.record_every_instruction,
                             replicas_per_actor=o.replicas_per_actor or 0,
-                            resources=list(o.resources) if o.resources is not None else None, timeout=o.timeout,
+                            resources=list(o.resources) if o.resources is not None else None,
+                            timeout=o.timeout if persistent else left,
                             trace_events=o.trace_events, run_to_end=run_to_end and not infeed,
                             persistent=persistent)
     if persistent:
         return engine
-    job = Job(engine, executable, timeout=o.timeout, host_may_send=True, trace=o.trace, progress=o.progress)
+    job = Job(engine, executable, timeout=o.timeout, host_may_send=True, trace=o.trace, progress=o.progress,
+              deadline=deadline)
     for r, values in enumerate(infeed or []):
         for v in values:
             job.infeed(r, v)
@@ -201,17 +214,20 @@ def run(module: Program, args: Sequence[Any] | None = None, num_replicas: int | 
     seconds, a disagreement between the members of a collective raises CollectiveMismatchError,
     and `timeout` seconds of work raise ExecutionTimeout naming what each replica was doing.
     """
+    begun = time.monotonic()  # every phase, from checking the arguments on, counts against `timeout`
     options = LaunchOptions.of(timeout=timeout, address=address, trace=trace, strict=strict, backend=backend,
                                replicas_per_actor=replicas_per_actor, resources=resources,
                                record_every_instruction=record_every_instruction, trace_events=trace_events,
                                progress=progress)
-    executable, per_replica = _prepared(module, args, num_replicas, options, infeed)
+    deadline = options.deadline(begun)
+    executable, per_replica = _prepared(module, args, num_replicas, options, infeed, deadline)
     if (backend == "threads" and len(per_replica) == 1 and infeed is None and trace is None and not progress
-            and not record_every_instruction and runs_bounded_alone(executable)):
-        # Nothing of a job is needed by a replica that cannot wait, and nobody can see one: no
-        # mailbox, recorder, monitor or Job, with the same results and errors (`run_alone`).
+            and not record_every_instruction and runs_quickly(executable)):
+        # Nothing of a job is needed by a replica that cannot wait and ends at once, and nobody can
+        # see one: no mailbox, recorder, monitor or Job, with the same results and errors (`run_alone`).
+        # Any other program runs on a replica thread, which the deadline can leave behind.
         return run_alone(executable, per_replica[0])
-    job = start(executable, per_replica, options, infeed, run_to_end=True)
+    job = start(executable, per_replica, options, infeed, run_to_end=True, deadline=deadline)
     job.close_host_input()  # run() feeds nothing beyond the preloaded infeed
     with job:
         return job.result()

@@ -18,7 +18,7 @@ from replicas.diagnostics.progress import LiveStatus, Progress, host_waits, prog
 from replicas.diagnostics.report import Report
 from replicas.diagnostics.sources import with_sources
 from replicas.diagnostics.wait_for import deadlock_error
-from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError
+from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError, ResourceExhausted
 from replicas.hlo.ir import Instruction, Module
 from replicas.hlo.source import SourceMap
 from replicas.limits import check_module, check_replicas
@@ -88,8 +88,13 @@ class Job:
     """Handle of a launched job. Use as a context manager: leaving the block cancels it."""
 
     def __init__(self, backend: Backend, executable: Executable, *, timeout: float | None,
-                 host_may_send: bool, trace: str | None = None, progress: bool = False) -> None:
+                 host_may_send: bool, trace: str | None = None, progress: bool = False,
+                 deadline: float | None = None) -> None:
+        """`deadline`: the `time.monotonic()` by which the job ends (set when the job was launched:
+        checking its arguments and starting its replicas counted against `timeout` already); None:
+        `timeout` from the first wait for its result."""
         self._backend = backend
+        self._deadline = deadline
         self.executable = executable
         self.num_replicas = backend.num_replicas
         self.timeout = timeout
@@ -232,8 +237,11 @@ class Job:
             pass
 
     def _wait(self, timeout: float | None) -> tuple[bool, Any]:
-        budget = [t for t in (timeout, self.timeout) if t is not None]
-        deadline = time.monotonic() + min(budget) if budget else None
+        now = time.monotonic()
+        ends = [now + t for t in (timeout, None if self._deadline is not None else self.timeout) if t is not None]
+        if self._deadline is not None:
+            ends.append(self._deadline)
+        deadline = min(ends) if ends else None
         monitor = Monitor(self.num_replicas, self._sources)
         movement = Movement()
         confirming = False
@@ -419,19 +427,36 @@ def checked_executable(module: Module | Executable, num_replicas: int, *,
 
 
 def prepare(module: Module | Executable, args: Sequence[Any] | None, num_replicas: int, *,
-            fingerprint: bytes | None = None) -> tuple[Executable, list[list[Any]]]:
+            fingerprint: bytes | None = None, deadline: float | None = None) -> tuple[Executable, list[list[Any]]]:
     """The executable of `module` checked for `num_replicas`, and each replica's checked arguments.
-    `fingerprint`: `module_fingerprint(module)` when the caller has just taken it."""
+    `fingerprint`: `module_fingerprint(module)` when the caller has just taken it. Past `deadline`
+    (a `time.monotonic()`), ExecutionTimeout naming the phase and the replica it had reached."""
     executable, params = _executable_and_parameters(module, num_replicas, fingerprint)
+    if deadline is not None and time.monotonic() >= deadline:
+        raise ExecutionTimeout("the job's timeout expired while its program was read, verified and compiled, "
+                               f"before any of its {num_replicas} replicas' arguments were checked")
     entry = executable.module.entry_computation
     per_replica = per_replica_args(args, num_replicas, len(params))
     checked = []
     for r, a in enumerate(per_replica):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ExecutionTimeout(_checking_timeout(r, num_replicas))
         try:
             checked.append(check_arguments(entry, a, params))
         except ProgramError as e:
             raise ProgramError(f"replica {r}: {e}") from None
+        except MemoryError as e:
+            raise ResourceExhausted(f"replica {r}: out of memory while checking its arguments ({e})", "memory",
+                                    r, cause=e) from None
     return executable, checked
+
+
+def _checking_timeout(r: int, n: int) -> str:
+    parts = [f"{replicas_text(range(r))} checked"] if r else []
+    parts.append(f"replica {r}'s arguments next to be checked")
+    if r + 1 < n:
+        parts.append(f"{replicas_text(range(r + 1, n))} not checked")
+    return "the job's timeout expired while checking its arguments, before any replica was set up: " + "; ".join(parts)
 
 
 def _executable_and_parameters(module: Module | Executable, num_replicas: int,

@@ -6,6 +6,7 @@ unchanged to the backend that starts the replicas.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,14 @@ class LaunchOptions:
         if resources is not None and not isinstance(resources, (str, bytes, Mapping)) and hasattr(resources, "__len__"):
             options["resources"] = tuple(resources)
         return LaunchOptions(**options)
+
+    def deadline(self, begun: float | None = None) -> float | None:
+        """The `time.monotonic()` by which a job begun at `begun` (default: now) must have ended:
+        every phase (argument checks, per-replica setup, start-up, the run, the results) counts
+        against the one timeout. None: no timeout."""
+        if self.timeout is None:
+            return None
+        return (time.monotonic() if begun is None else begun) + float(self.timeout)
 
     def checked(self, num_replicas: Any, infeed: Sequence[Sequence[Any]] | None = None) -> int:
         """Check every option for a job of `num_replicas` (and its `infeed`); the replica count."""

@@ -46,6 +46,7 @@ class ReplicaRunner:
         self.result: Any = None
         self.error: BaseException | None = None
         self._done: threading.Event | None = None  # set when the replica's run returned
+        self._task: workers.Task | None = None  # the worker thread's task (None: not on a thread of its own)
         # The job's `affinity.Pin` when its replica threads are kept on one core (set before `start`).
         self.pin: Pin | None = None
         # A persistent job's runner (runtime/session.py) runs again: it keeps its interpreter bound to
@@ -62,9 +63,9 @@ class ReplicaRunner:
             self._go = threading.Lock()
             self._go.acquire()
             self._done = _Flag()
-            workers.submit(lambda: self._parked(values), f"replica-{self.replica_id}")
+            self._task = workers.submit(lambda: self._parked(values), f"replica-{self.replica_id}")
             return
-        self._done = workers.submit(lambda: self._run(values), f"replica-{self.replica_id}")
+        self._done = self._task = workers.submit(lambda: self._run(values), f"replica-{self.replica_id}")
 
     def _parked(self, args: list[Any] | None) -> None:
         """Run, then wait for the next run's arguments in the same thread (a persistent job)."""
@@ -131,6 +132,15 @@ class ReplicaRunner:
             self._go.release()
         else:
             self.start(args)
+
+    def retire(self) -> threading.Thread | None:
+        """End this replica's thread once its run returns (not kept idle for the next job); the
+        thread, to join (None: it ran in the caller's thread, or never started)."""
+        task = self._task
+        if task is None:
+            return None
+        task.retire()
+        return task.thread
 
     def join(self, timeout: float | None = None) -> bool:
         if self._done is None:

@@ -12,9 +12,10 @@ from collections.abc import Hashable
 from typing import Any
 
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
-from replicas.errors import ReplicasError
-from replicas.records import HOST, ReplicaState
-from replicas.runtime.compile import Executable, light, runs_bounded_alone, uses_blas
+from replicas.errors import ExecutionTimeout, ReplicasError, ResourceExhausted
+from replicas.records import HOST, ReplicaState, replicas_text
+from replicas.runtime.bound import BINDING_DEADLINE
+from replicas.runtime.compile import Executable, light, runs_quickly, uses_blas
 from replicas.runtime.interpreter_pool import checkin, checkout
 from replicas.runtime.job import Backend, replica_error
 from replicas.runtime.replica_runner import ReplicaRunner
@@ -25,6 +26,7 @@ from replicas.tuning.cores import release, share_cores
 
 ABORT_INLINE = 64  # replicas an abort wakes in the caller's thread; beyond, a helper thread does
 UNWIND_WAIT = 60.0  # seconds a new job waits at most for the threads of aborted jobs to unwind
+STOP_GRACE = 1.0  # seconds a job that could not start waits for the replicas it started to end
 
 # Of aborted jobs: (the thread waking them or None, the replica threads still running then), which
 # may still be unwinding (`abort` returns before they end).
@@ -51,12 +53,15 @@ class ThreadBackend(Backend):
 
     def __init__(self, executable: Executable, args: list[list[Any]], *, strict: bool = True,
                  record_every_instruction: bool = False, placement: list[int] | None = None,
-                 trace_events: int = DEFAULT_CAPACITY, persistent: bool = False) -> None:
+                 trace_events: int = DEFAULT_CAPACITY, persistent: bool = False,
+                 deadline: float | None = None) -> None:
         """`persistent`: a job run again and again (runtime/session.py): its replicas keep their
-        interpreters bound after a clean run, for `rerun`."""
+        interpreters bound after a clean run, for `rerun`. `deadline`: the `time.monotonic()` by
+        which the job must end; setting up and starting the replicas count against it."""
         n = len(args)
         self.num_replicas = n
-        _wait_for_unwinding()
+        self._deadline = deadline
+        _wait_for_unwinding(deadline)
         # A poll copies every replica's state in this process: ~5 us each, so 50 polls a second of
         # 1024 replicas would take a core from them. 0.4 ms per replica, at most 0.1 s, keeps it near
         # 1 % up to 250 replicas and 5 % at 1024 (each poll takes the GIL from the replicas), and the
@@ -65,22 +70,42 @@ class ThreadBackend(Backend):
         self._mailboxes = [Mailbox(r) for r in range(n)]
         self._aborter: threading.Thread | None = None
         self._replicas = []
+        self._cores = None
+        self._pin: Pin | None = None
         # One process: every collective meets in-process. A placement given here makes the collectives
         # treat replicas as hosted by those "processes" (their cross-process algorithms, without Ray).
         placement = list(placement) if placement is not None else [0] * n
-        for r in range(n):
-            recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
-            fabric = ThreadFabric(r, self._mailboxes, strict=strict, recorder=recorder, placement=placement)
-            runner = ReplicaRunner(executable, fabric, recorder)
-            runner.persistent = persistent
-            self._replicas.append(runner)
+        binding = BINDING_DEADLINE.set(deadline)
+        try:
+            for r in range(n):
+                # Binding a replica's kernels is the costly part of a job of many replicas (4,096
+                # replicas of 300 collectives: tens of seconds): the deadline is looked at each time.
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise ExecutionTimeout(_not_ready("setting up", r, n))
+                recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
+                fabric = ThreadFabric(r, self._mailboxes, strict=strict, recorder=recorder, placement=placement)
+                runner = ReplicaRunner(executable, fabric, recorder)
+                runner.persistent = persistent
+                self._replicas.append(runner)
+        except ExecutionTimeout:
+            self._give_back()
+            raise ExecutionTimeout(_not_ready("setting up", len(self._replicas), n)) from None
+        except MemoryError as e:
+            self._give_back()
+            raise ResourceExhausted(f"replica {len(self._replicas)} could not be set up (binding its kernels): "
+                                    f"out of memory ({e})", "memory", len(self._replicas), cause=e) from None
+        except BaseException:
+            self._give_back()
+            raise
+        finally:
+            BINDING_DEADLINE.reset(binding)
         # n replicas in this process: BLAS pools of (cores - 1) // n threads while the job runs.
         self._cores = share_cores(n) if uses_blas(executable) else None
-        self._pin: Pin | None = None
-        # No thread hand-off for a program that cannot wait: its replicas run one after the other in
-        # the caller's thread (one replica; or a persistent job's, whose calls cost the hand-offs
-        # again and again: four replicas' hand-offs were ~150 us of a ~200 us call).
-        self._here = (n == 1 or persistent) and runs_bounded_alone(executable)
+        # No thread hand-off for a program that cannot wait and ends at once (nothing needs to stop
+        # it): its replicas run one after the other in the caller's thread (one replica; or a
+        # persistent job's, whose calls cost the hand-offs again and again: four replicas'
+        # hand-offs were ~150 us of a ~200 us call). Any other runs where the deadline can leave it.
+        self._here = (n == 1 or persistent) and runs_quickly(executable)
         if self._here:
             for replica, a in zip(self._replicas, args):
                 replica.run_here(a)
@@ -91,8 +116,47 @@ class ThreadBackend(Backend):
         if self._pin is not None:
             for replica in self._replicas:
                 replica.pin = self._pin
-        for replica, a in zip(self._replicas, args):
-            replica.start(a)
+        started = 0
+        try:
+            for replica, a in zip(self._replicas, args):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise ExecutionTimeout(_not_ready("starting", started, n))
+                replica.start(a)
+                started += 1
+        except BaseException as e:
+            error = e
+            if isinstance(e, ResourceExhausted):
+                error = ResourceExhausted(f"replica {started} of {n} could not start: {e}; replicas 0-{started - 1} "
+                                          "that had started were stopped" if started else
+                                          f"replica 0 of {n} could not start: {e}", e.resource, started, cause=e)
+            self._stop_started(error, started)
+            if error is e:
+                raise
+            raise error from None
+
+    def _give_back(self) -> None:
+        """Return the interpreters of the replicas set up so far (a setup that could not finish)."""
+        for runner in self._replicas:
+            checkin(runner.interpreter)
+        self._replicas = []
+        release(self._cores)
+
+    def _stop_started(self, error: BaseException, started: int) -> None:
+        """Stop the replicas started so far and wait until their threads ended (not kept idle: the
+        machine may have refused a thread), so that the job leaves nothing running behind it."""
+        for mb in self._mailboxes:
+            mb.abort(error)
+        if self._pin is not None:
+            self._pin.release()
+        threads = [replica.retire() for replica in self._replicas[:started]]
+        grace = time.monotonic() + STOP_GRACE
+        for replica, thread in zip(self._replicas[:started], threads):
+            replica.join(max(0.0, grace - time.monotonic()))
+            if thread is not None:
+                thread.join(max(0.0, grace - time.monotonic()))
+        for replica in self._replicas[started:]:
+            checkin(replica.interpreter)
+        release(self._cores)
 
     def rerun(self, args: list[list[Any]]) -> None:
         """Run the program again on the same replicas (every one finished its last run cleanly)."""
@@ -148,9 +212,13 @@ class ThreadBackend(Backend):
             for mb in boxes:
                 mb.abort(exc)
         else:
-            self._aborter = threading.Thread(target=_abort_all, args=(boxes, exc), name="replicas-abort",
-                                             daemon=True)
-            self._aborter.start()
+            aborter = threading.Thread(target=_abort_all, args=(boxes, exc), name="replicas-abort", daemon=True)
+            try:
+                aborter.start()
+                self._aborter = aborter
+            except RuntimeError:  # no thread to spare (the job may have failed for want of one)
+                for mb in boxes:
+                    mb.abort(exc)
         if running:
             with _unwinding_lock:
                 _unwinding.append((self._aborter, running))
@@ -182,19 +250,40 @@ class ThreadBackend(Backend):
         return {rep.replica_id: rep.recorder.events() for rep in self._replicas}
 
 
-def _wait_for_unwinding() -> None:
+def _not_ready(doing: str, r: int, n: int) -> str:
+    """The timeout of a job whose replica `r` of `n` was still being set up or started."""
+    done = "set up" if doing == "setting up" else "started"
+    parts = [f"{replicas_text(range(r))} {done}"] if r else []
+    parts.append(f"replica {r} next to be {done} ({doing} it: binding its kernels)" if doing == "setting up"
+                 else f"replica {r} next to be started")
+    if r + 1 < n:
+        parts.append(f"{replicas_text(range(r + 1, n))} not {done}")
+    return f"the job's timeout expired while {doing} its replicas, before any ran: " + "; ".join(parts)
+
+
+def _wait_for_unwinding(deadline: float | None = None) -> None:
     """Let the replica threads of aborted jobs end before a new job's threads start: 1023 threads
     still unwinding (each waking, raising, checking its interpreter in) beside 1024 new ones turned
     a 2 s job into 30-170 s, the new threads starved of the GIL (and of the one core when pinned)."""
     with _unwinding_lock:
         ending = list(_unwinding)
         _unwinding.clear()
-    deadline = time.monotonic() + UNWIND_WAIT
+    wait = time.monotonic() + UNWIND_WAIT
+    until = wait if deadline is None else min(deadline, wait)
     for aborter, running in ending:
         if aborter is not None:
-            aborter.join(max(0.0, deadline - time.monotonic()))
+            aborter.join(max(0.0, until - time.monotonic()))
         for rep in running:
-            rep.join(max(0.0, deadline - time.monotonic()))
+            if not rep.join(max(0.0, until - time.monotonic())) and deadline is not None and until == deadline:
+                # A stopped job's replica still in one long kernel (it stops at its next computation
+                # call): this job's timeout ran out waiting for it.
+                left = [r for _, rs in ending for r in rs if not r.join(0)]
+                with _unwinding_lock:
+                    _unwinding.append((None, left))
+                doing = rep.state().instruction or "its kernel"
+                raise ExecutionTimeout(f"the job's timeout expired before its replicas were set up, waiting for "
+                                       f"{len(left)} replica thread(s) of an earlier, stopped job to end (replica "
+                                       f"{rep.replica_id} of that job was still running {doing})")
 
 
 def _abort_all(boxes: list[Mailbox], exc: BaseException) -> None:

@@ -1,7 +1,7 @@
 """Reusable threads for replicas: starting a thread costs more than a small program's whole run.
 
 `submit(fn, name)` runs `fn()` on an idle worker thread (a new one when none is idle) and returns
-an Event set when `fn` returns. Workers wait for their next task for a while, then exit; at most
+a Task (an Event) set when `fn` returns. Workers wait for their next task for a while, then exit; at most
 `MAX_IDLE` wait at any time. A replica that never returns keeps its worker: nothing else waits on it.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from replicas.errors import ResourceExhausted
+
 MAX_IDLE = 64
 IDLE_SECONDS = 60.0
 
@@ -17,12 +19,31 @@ _lock = threading.Lock()
 _idle: list[_Worker] = []
 
 
+class Task(threading.Event):
+    """Set when the submitted function returned. `retire()` ends its thread once it has returned
+    instead of keeping it idle (a job that could not start all of its threads gives back the ones
+    it had); `thread` is the thread that runs it."""
+
+    def __init__(self, worker: _Worker) -> None:
+        super().__init__()
+        self._worker = worker
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._worker.thread
+
+    def retire(self) -> None:
+        self._worker.retiring = True
+
+
 class _Worker:
-    __slots__ = ("ready", "task")
+    __slots__ = ("ready", "task", "thread", "retiring")
 
     def __init__(self) -> None:
         self.ready = threading.Event()
         self.task: tuple[Callable[[], None], str, threading.Event] | None = None
+        self.thread: threading.Thread | None = None
+        self.retiring = False
 
     def loop(self) -> None:
         thread = threading.current_thread()
@@ -39,9 +60,9 @@ class _Worker:
                     thread.name = "replica-worker (idle)"
                 # An idle worker holds nothing of its last task (the job's runner, its results and
                 # the shared memory they may pin).
-                task = fn = None
+                task = fn = done = None
             with _lock:
-                if len(_idle) >= MAX_IDLE:
+                if len(_idle) >= MAX_IDLE or self.retiring:
                     return
                 self.ready.clear()
                 _idle.append(self)
@@ -53,16 +74,24 @@ class _Worker:
                 return
 
 
-def submit(fn: Callable[[], None], name: str) -> threading.Event:
-    """Run `fn` on a worker thread named `name`; the returned Event is set when it returns."""
-    done = threading.Event()
+def submit(fn: Callable[[], None], name: str) -> Task:
+    """Run `fn` on a worker thread named `name`; the returned Task is set when it returns.
+    ResourceExhausted when the machine refuses a new thread (nothing of `fn` runs then)."""
     with _lock:
         worker = _idle.pop() if _idle else None
         if worker is not None:
+            done = Task(worker)
+            worker.retiring = False
             worker.task = (fn, name, done)
             worker.ready.set()
             return done
     worker = _Worker()
+    done = Task(worker)
     worker.task = (fn, name, done)
-    threading.Thread(target=worker.loop, name=name, daemon=True).start()
+    worker.thread = threading.Thread(target=worker.loop, name=name, daemon=True)
+    try:
+        worker.thread.start()
+    except RuntimeError as e:  # "can't start new thread": threads, memory for stacks, or processes (EAGAIN)
+        raise ResourceExhausted(f"cannot start a thread for {name}: {e} ({threading.active_count()} threads "
+                                "running in this process)", "threads") from None
     return done
