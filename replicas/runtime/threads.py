@@ -312,7 +312,7 @@ class _Alone:
 
 
 def run_alone(executable: Executable, args: list[Any]) -> list[Any]:
-    """`rp.run` of one replica of a program that cannot wait (`runs_bounded_alone`), in the caller's
+    """`rp.run` of one replica of a program that ends at once (`runs_quickly`), in the caller's
     thread, without a `ThreadBackend` or `Job`: what they would do for it (BLAS pools sized for the
     run, a pooled interpreter, the result list, the job's error for whatever the replica raised)
     and nothing they would only record. `args` passed `job.prepare`. Ctrl-C propagates as
