@@ -7,14 +7,17 @@ Models (our own, small enough for a 2-core machine, big enough that kernels matt
 - lstm: an LSTM over 32 steps (`lax.scan`, a While loop of small matrix products);
 - moe: a top-2 mixture-of-experts layer (router, gather of tokens per expert, expert MLPs).
 
-Each model runs as the compiled HLO text JAX gives (`jit(f).lower(...).compile().as_text()`),
-warm (second and later runs), on the threads backend; the anchor is `jax.jit(f)` on the same
-arguments, called alternately with it. Reported: median seconds of each and the median of the
+Each model runs warm (second and later calls) on the chosen backend (`--backend`, default threads),
+as a JAX user calls it: `--call jit` (the default) through `rp.jax.jit(f)` (compiled once, its job
+kept between calls, outputs left on the replicas as `rp.Array`s as JAX leaves them on its devices,
+numpy arguments shipped every call as JAX's are); `--call run` through `rp.run` of the compiled HLO
+text JAX gives (`jit(f).lower(...).compile().as_text()`: a whole job per call). The anchor is
+`jax.jit(f)` on the same arguments, called alternately with it. Reported: median seconds of each and the median of the
 per-round ratios, with their spread (min-max), and for gpt_dp the same step with the BLAS pools
 left alone (REPLICAS_BLAS_THREADS=off) to show what sharing the cores does. Goals: median ratio
 <= 5, none over 20, gpt_dp <= 3.
 
-    python bench/models.py [--repeat 5] [--models gpt,cnn] [--ray] [--backend ray]
+    python bench/models.py [--repeat 5] [--models gpt,cnn] [--ray] [--backend ray] [--call jit|run]
 """
 
 from __future__ import annotations
@@ -239,19 +242,28 @@ def main() -> None:
     p.add_argument("--models", default="")
     p.add_argument("--ray", action="store_true", help="also run gpt_dp on the Ray backend")
     p.add_argument("--backend", default="threads", choices=("threads", "ray"), help="the backend of every model")
+    p.add_argument("--call", default="jit", choices=("jit", "run"),
+                   help="jit: rp.jax.jit(f) (a persistent job); run: rp.run of the compiled text (a job per call)")
     ns = p.parse_args()
     models = build()
     wanted = [m for m in ns.models.split(",") if m] or list(models)
-    print(f"load average before: {load_average()}; backend {ns.backend}")
-    print(f"{'model':8} {'replicas':>8} {'jax (ms)':>10} {'rp.run (ms)':>12} {'ratio':>7} {'spread':>13}")
+    print(f"load average before: {load_average()}; backend {ns.backend}, call {ns.call}")
+    print(f"{'model':8} {'replicas':>8} {'jax (ms)':>10} {'rp (ms)':>12} {'ratio':>7} {'spread':>13}")
     ratios = {}
+    jitted = []
     for name in wanted:
         f, args, n, per_replica = models[name]
         module = rp.parse_hlo(f.lower(*args).compile().as_text())
         run_args = per_replica if per_replica is not None else args
+        if ns.call == "jit":
+            step = rp.jax.jit(f, num_replicas=n, backend=ns.backend)
+            jitted.append(step)
+            ours = lambda: step(*args)  # noqa: B023, E731
+        else:
+            ours = lambda: rp.run(module, run_args, num_replicas=n, backend=ns.backend)  # noqa: B023, E731
         jax_times, rp_times = interleaved(
             lambda: jax.block_until_ready(f(*args)),  # noqa: B023
-            lambda: rp.run(module, run_args, num_replicas=n, backend=ns.backend),  # noqa: B023
+            ours,
             ns.repeat)
         per_round = [r / j for r, j in zip(rp_times, jax_times)]
         ratio = float(np.median(per_round))
@@ -274,6 +286,8 @@ def main() -> None:
     values = list(ratios.values())
     print(f"median ratio {np.median(values):.1f}x, worst {max(values):.1f}x ({max(ratios, key=ratios.get)}); "
           f"load average after: {load_average()}")
+    for step in jitted:
+        step.close()
     if ns.ray or ns.backend == "ray":
         import ray
 

@@ -181,3 +181,122 @@ def test_an_actor_killed_between_calls_fails_the_call_naming_its_replicas():
         step(v)
     np.testing.assert_array_equal(np.asarray(step(v)), np.full(8, 4, np.float32))  # a new job, new actors
     step.close()
+
+
+# -- what a one-shot job offers, per call ------------------------------------------------------------
+
+def test_progress_and_traces_of_a_jitted_function(tmp_path):
+    path = tmp_path / "trace.json"
+    step = rp.jax.jit(lambda v: jax.lax.psum(v, "x"), num_replicas=4, in_specs=P("x"), out_specs=P("x"),
+                      backend="threads", trace=str(path))
+    with pytest.raises(ProgramError, match="not been called"):
+        step.progress()
+    v = np.ones(8, np.float32)
+    step(step(v))
+    progress = step.progress()
+    assert progress.finished == 4 and progress.running == 0 and progress.collective >= 2, progress
+    step.write_trace(str(tmp_path / "now.json"))
+    assert "all-reduce" in (tmp_path / "now.json").read_text()
+    assert not path.exists()  # written when the job ends
+    step.close()
+    assert "all-reduce" in path.read_text()
+    with pytest.raises(ProgramError, match="does not exist"):
+        step.write_trace(str(tmp_path / "missing" / "t.json"))
+
+
+def test_a_host_feed_is_refused_naming_its_instruction():
+    from replicas.jax.jit import _refuse_host_feeds
+
+    fed = rp.parse_hlo("""HloModule fed
+ENTRY main {
+  tok = token[] after-all()
+  in = (f32[2], token[]) infeed(tok)
+  ROOT x = f32[2] get-tuple-element(in), index=0
+}
+""")
+    with pytest.raises(ProgramError, match=r"%in \(infeed\).*rp.launch"):
+        _refuse_host_feeds(fed)
+
+
+def interrupted_while_watched(step, args, *, when=lambda: True):
+    """Call `step(*args)`; Ctrl-C (`_thread.interrupt_main`) once the call is watched by the
+    monitor (the main thread in job.py's `_wait`) and `when()` holds. The call must raise
+    KeyboardInterrupt."""
+    import _thread
+    import gc
+    import sys
+    import threading
+
+    def watched() -> bool:
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        while frame is not None:
+            if frame.f_code.co_name == "_wait" and frame.f_code.co_filename.endswith("job.py"):
+                return True
+            frame = frame.f_back
+        return False
+
+    def interrupt() -> None:
+        tick = threading.Event()
+        for _ in range(1200):  # 60 s
+            if watched() and when():
+                _thread.interrupt_main()
+                return
+            tick.wait(0.05)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    gc.disable()  # a gc callback (JAX registers one) would swallow an interrupt raised while it runs
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            step(*args)
+    finally:
+        gc.enable()
+
+
+def test_ctrl_c_ends_a_watched_call_and_the_next_call_starts_a_new_job():
+    import threading
+
+    release = threading.Event()
+
+    def held(v):  # the host callback waits until the test lets it go: the call runs on meanwhile
+        release.wait(60)
+        return v
+
+    def step_fn(v):
+        return jax.pure_callback(held, jax.ShapeDtypeStruct(v.shape, v.dtype), v) * 2
+
+    step = rp.jax.jit(step_fn, num_replicas=4, in_specs=P("x"), out_specs=P("x"), backend="threads", timeout=None)
+    v = np.ones(8, np.float32)
+    release.set()
+    np.testing.assert_array_equal(np.asarray(step(v)), v * 2)
+    job = session_of(step).job
+    release.clear()
+    try:
+        interrupted_while_watched(step, (v,), when=lambda: step.progress().running == 4)
+    finally:
+        release.set()
+    assert session_of(step)._backend is None  # the interrupted call ended its job
+    np.testing.assert_array_equal(np.asarray(step(v)), v * 2)
+    assert session_of(step).job == job + 1
+    step.close()
+    from replicas.jax.callbacks import _bound
+
+    _bound.clear()  # its callback holds a lock: a later Ray launch could not ship the registry
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_ctrl_c_ends_a_long_call_on_ray_and_progress_shows_it_running():
+    def spin(v):  # a long loop: the monitor watches the call
+        return jax.lax.fori_loop(0, 1 << 30, lambda i, u: u * 0.5 + 1.0, v)
+
+    step = rp.jax.jit(spin, num_replicas=4, in_specs=P("x"), out_specs=P("x"), timeout=None)
+    seen = []
+
+    def running() -> bool:
+        progress = step.progress()
+        seen.append(progress)
+        return progress.running == 4
+
+    interrupted_while_watched(step, (np.ones(8, np.float32),), when=running)
+    assert seen[-1].running == 4 and seen[-1].elapsed > 0, seen[-1]
+    assert session_of(step)._backend is None
+    step.close()

@@ -29,9 +29,11 @@ from replicas.runtime.options import LaunchOptions
 from replicas.runtime.resident import Array, Kept, same_index
 from replicas.runtime.session import Session
 
-# Options of a jitted function's job (those of `rp.run` that a job run again and again can take).
-JOB_OPTIONS = (*(name for name in LaunchOptions.__dataclass_fields__ if name not in ("trace", "progress")),
-               "replicated_tolerance")
+# Options of a jitted function's job: every option of `rp.run` (`trace`: written when the job ends,
+# runtime/session.py), and how closely replicated outputs must agree.
+JOB_OPTIONS = (*LaunchOptions.__dataclass_fields__, "replicated_tolerance")
+# Opcodes a jitted function's job cannot run: nothing feeds its replicas between calls.
+HOST_FEEDS = frozenset({"infeed", "outfeed"})
 CACHE_SIZE = 32  # compiled signatures kept per jitted function (least recently used dropped)
 
 
@@ -70,6 +72,7 @@ class JitFunction:
         self._options = LaunchOptions.of(**options)
         self._cache: Cache[Compiled] = Cache(f"rp.jax.jit {getattr(f, '__qualname__', f)}", CACHE_SIZE,
                                              on_evict=lambda old: old.session.close())
+        self._last: Compiled | None = None  # the signature called last (`progress`, `write_trace`)
         functools.update_wrapper(self, f)
 
     # -- calling ----------------------------------------------------------------------------------
@@ -82,6 +85,7 @@ class JitFunction:
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self._compile(args, statics, dynamic, leaves, key)
+        self._last = compiled
         per_replica = self._shards(compiled, leaves)
         seq, results = compiled.session.call(per_replica, len(compiled.out_meta))
         if compiled.checked:
@@ -120,6 +124,7 @@ class JitFunction:
         program = compile_jax(bound, *abstract, num_replicas=self._num_replicas, mesh=self._mesh,
                               in_specs=self._in_specs, out_specs=self._out_specs, axis_name=self._axis_name,
                               donate_argnums=donate)
+        _refuse_host_feeds(program.module)
         n = program.num_replicas
         in_index: list[list[tuple]] = []
         for s, leaf in zip(program.in_shardings, leaves):  # equal placements are one list: `is` says they fit
@@ -183,6 +188,25 @@ class JitFunction:
             outputs.append(Array(shape, dtype, index, shards=here, home=session, key=key, sharding=sharding))
         return program.out_tree.unflatten(outputs)
 
+    # -- what a one-shot job offers ----------------------------------------------------------------
+    def _last_session(self) -> Session:
+        if self._last is None:
+            raise ProgramError("the function has not been called yet: nothing runs")
+        return self._last.session
+
+    def progress(self) -> Any:
+        """The `Progress` of the running call (from any thread: elapsed time, replicas running,
+        blocked and finished, the slowest replica's instruction, ...), or of the last call."""
+        return self._last_session().progress()
+
+    def write_trace(self, path: str) -> None:
+        """The last called signature's job's flight recorders (each replica's last `trace_events`
+        events, across calls) as a Chrome trace at `path` (`trace=` writes it when the job ends)."""
+        from replicas.runtime.arguments import check_trace_path
+
+        check_trace_path(path)
+        self._last_session().write_trace(path)
+
     # -- introspection ----------------------------------------------------------------------------
     def cache_size(self) -> int:
         """How many argument signatures have been compiled (and are kept)."""
@@ -196,6 +220,7 @@ class JitFunction:
     def close(self) -> None:
         """End every compiled signature's job and forget the compiles."""
         self._cache.clear()
+        self._last = None
 
 
 def jit(f: Callable[..., Any] | None = None, *, num_replicas: int | None = None, mesh: Any = None,
@@ -209,7 +234,12 @@ def jit(f: Callable[..., Any] | None = None, *, num_replicas: int | None = None,
         arguments that are not static).
     static_argnums: arguments that are compile-time constants (hashable; a new value compiles again).
     donate_argnums: arguments given away: an `rp.Array` passed there is deleted by the call.
-    options: the job's `rp.run` options (backend="ray" | "threads", timeout, strict, ...).
+    options: the job's `rp.run` options (backend="ray" | "threads", timeout, strict, ...); `trace=` is
+        written when the job ends (`close()`, a failed call) and `write_trace(path)` writes it at any
+        time; `progress=True` shows the live status while the monitor watches a call (one that did
+        not end within the backend's poll interval); `progress()` gives it as data, from any thread.
+    A program with Infeed, Outfeed or host transfers is refused (nothing feeds a job between calls:
+    `rp.launch` runs it); Ctrl-C ends the running call and its job, as it ends a `rp.run`.
     Used as a decorator with keyword arguments only: `@rp.jax.jit(num_replicas=4, ...)`.
     """
     if f is None:
@@ -236,6 +266,15 @@ def cached_jit(f: Callable[..., Any], *, num_replicas: int | None, mesh: Any, in
     return _RUN_CACHE.get_or_make(key, lambda: JitFunction(
         f, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_name=axis_name,
         static_argnums=(), donate_argnums=(), options=dict(options)))
+
+
+def _refuse_host_feeds(module: Any) -> None:
+    """A ProgramError naming the first instruction that would wait for the host between calls."""
+    for _, inst in module.instructions():
+        if inst.opcode in HOST_FEEDS or (inst.opcode in ("send", "recv") and inst.attrs.get("is_host_transfer")):
+            raise ProgramError(f"rp.jax.jit cannot run %{inst.name} ({inst.opcode}): a jitted function's job takes "
+                               f"no host feeds or host transfers between calls; run the program with rp.launch "
+                               f"(job.infeed, job.outfeed, job.send, job.recv)")
 
 
 def _positions(numbers: Sequence[int] | int, what: str) -> set[int]:

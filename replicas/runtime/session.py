@@ -9,6 +9,12 @@ meets the monitor; any other call is watched by a `Job` exactly as under `rp.run
 mismatches, timeouts, faults, Ctrl-C), and a call that fails ends the job: the next call starts a
 new one.
 
+What a one-shot job offers, a persistent one offers per call: `progress()` (from any thread, of
+the call running or the last one), the live status line (`progress=True`) while the monitor watches
+a call, Ctrl-C ending the call (and the job) with KeyboardInterrupt, and `trace=`: the job's flight
+recorders (each replica's last `trace_events` events, across its calls) written as a Chrome trace
+when the job ends (a failed call, `close()`) and by `write_trace()`.
+
 Outputs: under threads every replica's outputs come back (they are in this process already);
 under Ray they stay on the actors, kept by (call, output), and only outputs of at most
 `FETCH_MAX` bytes per replica come back with the call's reply. An `rp.Array` names kept outputs by
@@ -18,9 +24,13 @@ under Ray they stay on the actors, kept by (call, output), and only outputs of a
 from __future__ import annotations
 
 import threading
+import time
+import warnings
 from typing import Any
 
+from replicas.diagnostics.progress import Progress, progress_of
 from replicas.errors import ProgramError, ReplicasError
+from replicas.hlo.source import SourceMap
 from replicas.runtime.compile import Executable
 from replicas.runtime.job import Backend, Job
 from replicas.runtime.options import LaunchOptions
@@ -71,6 +81,10 @@ class Session:
         self._forget: list[tuple[int, int]] = []  # kept outputs no array names any more
         self.calls = 0
         self.watched_calls = 0  # calls that did not end within the poll interval: the monitor watched them
+        self._sources = SourceMap(executable.module)
+        self._started = 0.0  # when the running (or last) call started
+        self._watching: Job | None = None  # the Job watching the running call, if the monitor took over
+        self._last_progress: Progress | None = None
 
     def call(self, args: list[list[Any]], count: int) -> tuple[int, list[Any]]:
         """Run the program once on each replica's arguments (values checked by the caller, or
@@ -86,6 +100,7 @@ class Session:
             seq = self._seq
             self._seq += 1
             self.calls += 1
+            self._started = time.monotonic()
             try:
                 if self.resident:
                     forget, self._forget = self._forget, []
@@ -102,16 +117,60 @@ class Session:
                 return seq, results
             self.watched_calls += 1
             watched = _Watched(backend, self.resident)
-            job = Job(watched, self.executable, timeout=self.timeout, host_may_send=False)
+            job = Job(watched, self.executable, timeout=self.timeout, host_may_send=False,
+                      progress=self.options.progress)
+            self._watching = job
             try:
                 return seq, job.result()
             finally:
+                self._watching = None
                 if watched.failed:
-                    self._end(backend)
+                    self._end(backend, job.events())
 
-    def _end(self, backend: Any) -> None:
+    def _end(self, backend: Any, events: dict[int, list[dict[str, Any]]] | None = None) -> None:
+        """The job ends (a failed call, `close`): its trace is written first, if asked for."""
         self._backend = None
-        backend.shutdown()
+        try:
+            if self.options.trace:
+                self.write_trace(self.options.trace, backend, events)
+        finally:
+            backend.shutdown()
+
+    # -- what a one-shot Job offers -------------------------------------------------------------------
+    def progress(self) -> Progress:
+        """The running call's progress (from any thread), or the last call's."""
+        job, backend = self._watching, self._backend
+        if job is not None:
+            self._last_progress = job.progress()
+            return self._last_progress
+        if backend is None:
+            if self._last_progress is None:
+                raise ProgramError("no job is running: the function has not been called since its job ended "
+                                   "(the error of the call that ended it has the report)")
+            return self._last_progress
+        self._last_progress = progress_of(backend.states(), time.monotonic() - self._started, self._sources)
+        return self._last_progress
+
+    def write_trace(self, path: str, backend: Any = None,
+                    events: dict[int, list[dict[str, Any]]] | None = None) -> None:
+        """The running job's flight recorders as a Chrome trace at `path` (a warning, never an error,
+        when it cannot be written: as under `rp.run`)."""
+        from replicas.diagnostics.trace import write_trace
+
+        backend = backend if backend is not None else self._backend
+        try:
+            if events is None:
+                if backend is None:
+                    raise ProgramError("no job is running: the function has not been called since its job ended")
+                events = backend.events()
+            note = write_trace(path, events, self._sources)
+        except ProgramError:
+            raise
+        except Exception as e:  # noqa: BLE001 - disk full, a directory removed meanwhile, ...
+            warnings.warn(f"trace {path!r} was not written: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=3)
+            return
+        if note:  # some replica's ring overflowed: the file says so too
+            warnings.warn(f"{path}: {note}", RuntimeWarning, stacklevel=3)
 
     def _start(self, args: list[list[Any]]) -> Any:
         from replicas.runtime.driver import start
@@ -140,7 +199,7 @@ class Session:
         with self._lock:
             backend, self._backend = self._backend, None
         if backend is not None:
-            backend.shutdown()
+            self._end(backend)
 
     def __del__(self) -> None:
         try:
