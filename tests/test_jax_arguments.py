@@ -1,5 +1,5 @@
 """Arguments as JAX accepts them: 0-d arrays, Python scalars, typed PRNG keys of every built-in
-impl, JAX arrays with any sharding, and JAX's `Lowered` object with global arguments."""
+impl, JAX arrays with any sharding, and JAX's `Lowered` and `Compiled` objects with global arguments."""
 
 from __future__ import annotations
 
@@ -76,3 +76,34 @@ def test_the_lowered_object_takes_global_arguments_like_its_text() -> None:
         same(r, scale(X, np.float32(2)))
     text = rp.run(lowered.as_text(dialect="hlo"), [X, np.float32(2)], backend="threads")
     same(results, text)
+
+
+def _matmul_1d():
+    return jax.jit(lambda x, w: (jnp.tanh(x @ w), jax.numpy.sum(x)),
+                   in_shardings=(NamedSharding(MESH, P("x")), NamedSharding(MESH, P())))
+
+
+def _matmul_2d():
+    return jax.jit(lambda x, w: jnp.tanh(x @ w).T,
+                   in_shardings=(NamedSharding(MESH_2D, P("a", "b")), NamedSharding(MESH_2D, P("b", None))),
+                   out_shardings=NamedSharding(MESH_2D, P("b", "a")))
+
+
+@pytest.mark.parametrize("make", [_matmul_1d, _matmul_2d], ids=["1d_mesh", "2d_mesh"])
+def test_the_compiled_object_takes_global_arguments_like_the_lowered_one(make) -> None:
+    f = make()
+    w = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    compiled = f.lower(X, w).compile()
+    assert "num_partitions=" in compiled.as_text()  # a partitioned program: shards inside, globals outside
+    want = f(X, w)
+    results = rp.run(compiled, [X, w], backend="threads")
+    assert len(results) == compiled.input_shardings[0][0].mesh.devices.size  # one replica per partition
+    lowered = rp.run(f.lower(X, w), [X, w], backend="threads")
+    for r in [*results, *lowered]:  # the partitioned matmul sums in another order than the lowered one
+        for g, v in zip(jax.tree.leaves(r), jax.tree.leaves(want), strict=True):
+            assert g.shape == np.shape(v) and g.dtype == v.dtype
+            np.testing.assert_allclose(g, np.asarray(v), rtol=1e-5, atol=1e-6)
+    # rp.jax.run takes it too, giving the pytree compiled(*args) returns
+    for g, v in zip(jax.tree.leaves(rp.jax.run(compiled, X, w, backend="threads")), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, np.asarray(v), rtol=1e-5, atol=1e-6)
+    assert jax.tree.structure(rp.jax.run(compiled, X, w, backend="threads")) == jax.tree.structure(want)

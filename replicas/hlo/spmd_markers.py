@@ -155,6 +155,44 @@ def partition_spmd_markers(module: Module) -> Module:
     return module
 
 
+def take_global(module: Module, inputs: list[Tiling], outputs: list[Tiling]) -> None:
+    """Change `module`, a per-device SPMD program, in place so that its entry takes the global value of
+    every parameter (split as `inputs` say) and returns the global value of every result (`outputs`):
+    each parameter becomes the global one cut to the partition's shard, each result is all-gathered."""
+    entry = module.entry_computation
+    root = entry.root_instruction
+    results = _shapes(root.shape, 1)
+    rewriter = _Rewriter(module, {}, module.num_partitions)
+    for inst in entry.instructions:
+        if inst.opcode != "parameter":
+            rewriter.out.append(inst)
+            continue
+        tiling = inputs[inst.attrs["parameter_number"]]
+        whole = rewriter._emit(inst.name, "parameter", _tiled(inst.shape, tiling), [],
+                               parameter_number=inst.attrs["parameter_number"])
+        rewriter._finish(inst, [rewriter._slice_shard(inst, whole, inst.shape, tiling)])
+    if root.shape.is_tuple:
+        leaves = [rewriter._emit(root.name, "get-tuple-element", r, [root.name], index=i)
+                  for i, r in enumerate(results)]
+        shape = Shape.tuple([_tiled(r, t) for r, t in zip(results, outputs)])
+    else:
+        leaves, shape = [root.name], _tiled(results[0], outputs[0])
+    out = Instruction(rewriter._name(root.name), root.opcode if root.shape.is_tuple else "copy", shape, leaves)
+    rewriter._to_global(out, outputs)
+    entry.instructions = rewriter.out
+    entry._by_name = None  # noqa: SLF001 - the list was replaced
+    entry.root = out.name
+    for key in ("entry_computation_layout", "input_output_alias"):  # they describe the shards
+        module.attrs.pop(key, None)
+
+
+def _tiled(local: Shape, tiling: Tiling) -> Shape:
+    """The global shape of which `local` is one shard."""
+    if not local.is_array or all(t == 1 for t in tiling.tiles):
+        return local
+    return Shape.array(local.element_type, tuple(n * t for n, t in zip(local.dimensions, tiling.tiles)))
+
+
 class _Rewriter:
     def __init__(self, module: Module, meshes: dict[str, Any], num_partitions: int) -> None:
         self.module = module

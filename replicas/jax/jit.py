@@ -21,9 +21,10 @@ import numpy as np
 
 from replicas.caching import Cache
 from replicas.errors import ProgramError
+from replicas.hlo.jax_compiled import is_compiled
 from replicas.jax.arguments import host_value, physical_dtype, physical_shape, signature_dtype
 from replicas.jax.divergence import check_jax_outputs, checked_tolerance
-from replicas.jax.program import JaxProgram, _indices, _jax, _output_leaves, compile_jax
+from replicas.jax.program import JaxProgram, _indices, _jax, _output_leaves, compile_jax, run_compiled
 from replicas.runtime.job import checked_executable
 from replicas.runtime.options import LaunchOptions
 from replicas.runtime.resident import Array, Kept, same_index
@@ -346,6 +347,8 @@ def run(f: Callable[..., Any], *args: Any, num_replicas: int | None = None, mesh
     A function run again with arguments of the same shapes is not compiled again (`rp.jax.jit`
     keeps the job running as well, and the outputs on the replicas).
     """
+    if is_compiled(f):  # jax.jit(g).lower(...).compile(): its own shardings, global arguments
+        return run_compiled(f, args, options)
     if set(options) <= set(JOB_OPTIONS):
         jitted = cached_jit(f, num_replicas=num_replicas, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                             axis_name=axis_name, options=options)

@@ -72,6 +72,23 @@ class JaxProgram:
         return jax.tree_util.tree_unflatten(self.out_tree, outputs)
 
 
+def run_compiled(compiled: Any, args: Sequence[Any], options: dict[str, Any]) -> Any:
+    """`rp.jax.run` of a JAX `Compiled` object: the global arguments in, its global outputs (the pytree
+    `compiled(*args)` returns, as numpy arrays) out; `rp.run` takes it as it takes the lowered form."""
+    jax = _jax()
+    from replicas.runtime.driver import run as run_module
+
+    leaves = jax.tree_util.tree_leaves(list(args))
+    avals = jax.tree_util.tree_leaves(compiled.in_avals[0])
+    if len(leaves) != len(avals):
+        raise ProgramError(f"the compiled program takes {len(avals)} array arguments, got {len(leaves)}")
+    values = [host_value(leaf, physical_dtype(aval.dtype)) for leaf, aval in zip(leaves, avals)]
+    options.pop("replicated_tolerance", None)  # checked by rp.jax.jit's calls only
+    result = run_module(compiled, values, **options)[0]  # every replica holds the global outputs
+    count = compiled.out_tree.num_leaves
+    return jax.tree_util.tree_unflatten(compiled.out_tree, _output_leaves(result, count))
+
+
 def _indices(sharding: Any, shape: tuple[int, ...], num_replicas: int) -> list[Any]:
     """For each partition, the index of its shard in a global array of `shape`."""
     if sharding is None:

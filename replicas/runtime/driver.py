@@ -1,8 +1,9 @@
 """The public entry points: launch N replicas of a program, or run it to completion.
 
 A *program* is a Module or Executable, a path to an `.hlo`/`.txt`/`.msgpack` file, HLO text, the
-bytes of either, or JAX's lowered / compiled form (`jax.jit(f).lower(*args)`: global arguments, as
-its text; `.compile()`: each partition's shards).
+bytes of either, or JAX's lowered / compiled form (`jax.jit(f).lower(*args)` and its `.compile()`:
+global arguments and results on every replica, as the lowered text; the compiled *text* takes each
+partition's shards, as XLA's SPMD program does).
 Arguments may be numpy arrays, JAX arrays (anything with `__array__`), Python scalars and lists.
 """
 
@@ -19,6 +20,7 @@ from replicas.caching import Cache
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
+from replicas.hlo.jax_compiled import globalize, is_compiled
 from replicas.runtime.compile import Executable, module_fingerprint, runs_quickly
 from replicas.runtime.job import Job, prepare
 from replicas.runtime.options import BACKENDS, DEFAULT_TIMEOUT, LaunchOptions
@@ -47,8 +49,8 @@ def as_program(program: Program) -> Module | Executable:
                            "rp.jax.run(f, *args, num_replicas=N), which also splits and joins the shards")
     elif hasattr(program, "as_text") and hasattr(program, "compile"):  # jax.stages.Lowered
         module = _parse(program.as_text(dialect="hlo"))  # as its text: global arguments and results
-    elif hasattr(program, "as_text") and hasattr(program, "input_shardings"):  # jax.stages.Compiled
-        module = _parse(program.as_text())
+    elif is_compiled(program):  # jax.stages.Compiled: global arguments and results too
+        module = globalize(program)
     else:
         raise ProgramError(f"module must be a program (a Module, a path, HLO text or bytes, JAX's lowered "
                            f"form), got {type(program).__name__}")
