@@ -82,6 +82,43 @@ class ResourceExhausted(ReplicaFailure):
         self.resource = resource
 
 
+# Functions whose EAGAIN means the machine refused a process (fork, exec, spawn).
+_SPAWNING = frozenset({"fork", "_fork_exec", "fork_exec", "_execute_child", "posix_spawn", "_posix_spawn",
+                       "_launch", "spawnv_passfds"})
+
+
+def exhausted_resource(error: BaseException) -> str | None:
+    """The resource whose exhaustion `error` reports ("threads", "file descriptors", "processes",
+    "shared memory", "memory"), or None for any other error."""
+    import errno
+
+    if isinstance(error, ResourceExhausted):
+        return error.resource
+    if isinstance(error, MemoryError):
+        return "memory"
+    if isinstance(error, RuntimeError) and "can't start new thread" in str(error):
+        return "threads"
+    if not isinstance(error, OSError):
+        return None
+    code = error.errno
+    if code in (errno.EMFILE, errno.ENFILE):
+        return "file descriptors"
+    names = set()
+    tb = error.__traceback__
+    while tb is not None:
+        names.add(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    if code == errno.EAGAIN and names & _SPAWNING:
+        return "processes"
+    filename = str(error.filename or "")
+    if code in (errno.ENOSPC, errno.ENOMEM) and (filename.startswith("/dev/shm") or "memfd_create" in names
+                                                 or "ftruncate" in names):
+        return "shared memory"
+    if code == errno.ENOMEM:
+        return "memory"
+    return None
+
+
 class ExecutionTimeout(ReplicasError):
     """The job was still running (not deadlocked) when its timeout expired."""
 

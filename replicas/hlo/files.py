@@ -12,7 +12,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from replicas.errors import ProgramError
+from replicas.errors import ProgramError, ResourceExhausted, exhausted_resource
 from replicas.hlo.ir import Module
 
 BINARY_SUFFIXES = (".msgpack",)
@@ -46,6 +46,9 @@ def load(path: str | os.PathLike[str], *, elided: str = "error", verify: bool = 
     except FileNotFoundError:
         raise ProgramError(f"{str(path)!r}: no such file") from None
     except OSError as e:
+        if exhausted_resource(e) == "file descriptors":
+            raise ResourceExhausted(f"{str(path)!r}: cannot read: {e.strerror or e} (no file descriptor left)",
+                                    "file descriptors") from None
         raise ProgramError(f"{str(path)!r}: cannot read: {e.strerror or e}") from None
     if kind == "msgpack":
         from replicas.hlo.serialize import module_from_bytes

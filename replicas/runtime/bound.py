@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError
+from replicas.errors import (
+    ExecutionTimeout,
+    ProgramError,
+    ReplicaFailure,
+    ReplicasError,
+    ResourceExhausted,
+    exhausted_resource,
+)
 from replicas.hlo.ir import Instruction
 from replicas.ops.registry import lookup
 from replicas.runtime.codegen import straight_line
@@ -189,8 +196,12 @@ def kernel_failure(replica: int, inst: Instruction, error: BaseException) -> Rep
     where = f"%{inst.name} ({inst.opcode}" + (f", line {inst.line})" if inst.line is not None else ")")
     target = inst.attrs.get("custom_call_target") if inst.opcode == "custom-call" else None
     what = f"custom call {target!r} raised" if isinstance(target, str) else "its kernel raised"
-    return ReplicaFailure(f"replica {replica} failed in {where}: {what} {type(error).__name__}: {error}",
-                          replica, f"{type(error).__name__}: {error}", instruction=where)
+    message = f"replica {replica} failed in {where}: {what} {type(error).__name__}: {error}"
+    resource = exhausted_resource(error)
+    if resource is not None:  # the machine refused it something: say which
+        return ResourceExhausted(f"{message} (out of {resource})", resource, replica, where,
+                                 f"{type(error).__name__}: {error}")
+    return ReplicaFailure(message, replica, f"{type(error).__name__}: {error}", instruction=where)
 
 
 

@@ -18,7 +18,14 @@ from replicas.diagnostics.progress import LiveStatus, Progress, host_waits, prog
 from replicas.diagnostics.report import Report
 from replicas.diagnostics.sources import with_sources
 from replicas.diagnostics.wait_for import deadlock_error
-from replicas.errors import ExecutionTimeout, ProgramError, ReplicaFailure, ReplicasError, ResourceExhausted
+from replicas.errors import (
+    ExecutionTimeout,
+    ProgramError,
+    ReplicaFailure,
+    ReplicasError,
+    ResourceExhausted,
+    exhausted_resource,
+)
 from replicas.hlo.ir import Instruction, Module
 from replicas.hlo.source import SourceMap
 from replicas.limits import check_module, check_replicas
@@ -389,6 +396,10 @@ def replica_error(replica: int, error: BaseException) -> ReplicasError:
     (the interpreter already named the instruction), anything else a ReplicaFailure wrapping it."""
     if isinstance(error, ReplicasError):
         return error
+    resource = exhausted_resource(error)
+    if resource is not None:
+        return ResourceExhausted(f"replica {replica} failed: out of {resource}: {type(error).__name__}: {error}",
+                                 resource, replica, cause=error)
     return ReplicaFailure(f"replica {replica} failed: {type(error).__name__}: {error}", replica, error)
 
 

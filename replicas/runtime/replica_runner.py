@@ -134,13 +134,11 @@ class ReplicaRunner:
             self.start(args)
 
     def retire(self) -> threading.Thread | None:
-        """End this replica's thread once its run returns (not kept idle for the next job); the
-        thread, to join (None: it ran in the caller's thread, or never started)."""
+        """End the thread started for this replica once its run returns (not kept idle for the next
+        job); that thread, to join (None: it ran in the caller's thread, on a worker that was idle
+        before, or never started)."""
         task = self._task
-        if task is None:
-            return None
-        task.retire()
-        return task.thread
+        return None if task is None else task.retire()
 
     def join(self, timeout: float | None = None) -> bool:
         if self._done is None:

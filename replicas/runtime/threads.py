@@ -148,12 +148,7 @@ class ThreadBackend(Backend):
             mb.abort(error)
         if self._pin is not None:
             self._pin.release()
-        threads = [replica.retire() for replica in self._replicas[:started]]
-        grace = time.monotonic() + STOP_GRACE
-        for replica, thread in zip(self._replicas[:started], threads):
-            replica.join(max(0.0, grace - time.monotonic()))
-            if thread is not None:
-                thread.join(max(0.0, grace - time.monotonic()))
+        self._retire(self._replicas[:started], time.monotonic() + STOP_GRACE)
         for replica in self._replicas[started:]:
             checkin(replica.interpreter)
         release(self._cores)
@@ -219,9 +214,23 @@ class ThreadBackend(Backend):
             except RuntimeError:  # no thread to spare (the job may have failed for want of one)
                 for mb in boxes:
                     mb.abort(exc)
+        if isinstance(exc, ResourceExhausted):
+            # The machine is short of something: the threads started for this job end with it
+            # instead of waiting idle for the next job.
+            self._retire(self._replicas, time.monotonic() + STOP_GRACE)
+            running = [rep for rep in running if not rep.join(0)]
         if running:
             with _unwinding_lock:
                 _unwinding.append((self._aborter, running))
+
+    @staticmethod
+    def _retire(replicas: list[ReplicaRunner], until: float) -> None:
+        """End the threads started for `replicas` once their runs return; wait for them until `until`."""
+        threads = [replica.retire() for replica in replicas]
+        for replica, thread in zip(replicas, threads):
+            replica.join(max(0.0, until - time.monotonic()))
+            if thread is not None:
+                thread.join(max(0.0, until - time.monotonic()))
 
     def shutdown(self) -> None:
         self.abort(ReplicasError("job stopped"))

@@ -20,20 +20,21 @@ _idle: list[_Worker] = []
 
 
 class Task(threading.Event):
-    """Set when the submitted function returned. `retire()` ends its thread once it has returned
-    instead of keeping it idle (a job that could not start all of its threads gives back the ones
-    it had); `thread` is the thread that runs it."""
+    """Set when the submitted function returned. `retire()` ends the thread started for it once it
+    has returned instead of keeping it idle (a job that could not start all of its threads gives
+    back the ones it started; a worker that was idle before goes back to idle) and returns that
+    thread (None: an idle worker ran it)."""
 
-    def __init__(self, worker: _Worker) -> None:
+    def __init__(self, worker: _Worker, fresh: bool) -> None:
         super().__init__()
         self._worker = worker
+        self._fresh = fresh
 
-    @property
-    def thread(self) -> threading.Thread | None:
-        return self._worker.thread
-
-    def retire(self) -> None:
+    def retire(self) -> threading.Thread | None:
+        if not self._fresh:
+            return None
         self._worker.retiring = True
+        return self._worker.thread
 
 
 class _Worker:
@@ -80,13 +81,13 @@ def submit(fn: Callable[[], None], name: str) -> Task:
     with _lock:
         worker = _idle.pop() if _idle else None
         if worker is not None:
-            done = Task(worker)
+            done = Task(worker, False)
             worker.retiring = False
             worker.task = (fn, name, done)
             worker.ready.set()
             return done
     worker = _Worker()
-    done = Task(worker)
+    done = Task(worker, True)
     worker.task = (fn, name, done)
     worker.thread = threading.Thread(target=worker.loop, name=name, daemon=True)
     try:
