@@ -95,3 +95,34 @@ def test_a_callback_travels_with_the_program_to_ray_actors(ray_session) -> None:
 
     got = rp.jax.run(f, X, num_replicas=4, backend="ray", timeout=120, **SPECS)
     np.testing.assert_allclose(got, jax_answer(f, X), rtol=1e-6)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("how", ["run", "jit"])
+def test_debug_print_on_ray_reaches_the_drivers_stdout(ray_session, capfd: pytest.CaptureFixture[str],
+                                                       how: str) -> None:
+    """An actor's stdout is its worker's log: the lines come back to the driver with the job's (or
+    the call's) outcome, one per replica and call, prefixed with the replica, each replica's in order."""
+    def f(x):
+        jax.debug.print("first {s}", s=x.sum())
+        jax.debug.print("second {s}", s=x.max())
+        return jax.lax.psum(x, "x")
+
+    capfd.readouterr()
+    if how == "run":
+        got = rp.jax.run(f, X, num_replicas=4, backend="ray", timeout=120, **SPECS)
+        calls = 1
+    else:
+        step = rp.jax.jit(f, num_replicas=4, backend="ray", timeout=120, **SPECS)
+        try:
+            got = np.asarray(step(X))
+            np.asarray(step(X))
+        finally:
+            step.close()
+        calls = 2
+    np.testing.assert_array_equal(got, jax_answer(f, X))
+    out = capfd.readouterr().out.splitlines()
+    for r in range(4):
+        mine = [line for line in out if line.startswith(f"[replica {r}] ")]
+        want = [f"[replica {r}] first {float(4 * r + 1)}", f"[replica {r}] second {float(2 * r + 1)}"]
+        assert mine == want * calls, out

@@ -9,7 +9,8 @@ registry (which the Ray backend ships to the actors with the program), so the ca
 the process that runs the replica: a thread of the driver, or the replica's actor. Ordered
 effects keep JAX's order: JAX threads a token through them, and each replica runs its program
 in order. What a callback prints is one line per replica, prefixed `[replica r] ` (JAX prints
-once per device too), on this process's stdout.
+once per device too), on the driver's stdout (from a Ray actor with the job's or call's outcome:
+`diagnostics/host_output.py`).
 
 HLO text naming the target, run without its JAX function, stays a clear error naming rp.jax
 (`ops/custom_call.py`).
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from replicas.caching import Cache
+from replicas.diagnostics import host_output
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
 from replicas.ops.custom_call import JAX_CALLBACK_TARGETS, register_custom_call, unregister_custom_call
@@ -177,8 +179,9 @@ class _replica_output:
             target = sys.stdout.target if isinstance(sys.stdout, _PrefixedStdout) else sys.stdout
             if text:
                 lines = text.splitlines()
-                target.write("".join(f"[replica {self.replica}] {line}\n" for line in lines))
-                target.flush()
+                # On the driver's stdout: at once here, with the job's outcome from a Ray actor.
+                host_output.write(self.replica, "".join(f"[replica {self.replica}] {line}\n" for line in lines),
+                                  target)
             _installed -= 1
             if _installed == 0 and isinstance(sys.stdout, _PrefixedStdout):
                 sys.stdout = _original

@@ -192,6 +192,12 @@ def _bytes(shape: Any) -> int:
 _BLAS_OPCODES = frozenset({"dot", "convolution", "cholesky", "triangular-solve", "custom-call", "fft"})
 
 
+def has_custom_calls(executable: Executable) -> bool:
+    """True when the program calls custom-call targets (Python functions that may print: a JAX host
+    callback's lines travel back from a Ray actor, diagnostics/host_output.py)."""
+    return _any_opcode(executable, "custom-call", "custom-call".__eq__)
+
+
 def uses_blas(executable: Executable) -> bool:
     """True when the program has ops that call BLAS/LAPACK (whose thread pools are worth sizing)."""
     return _any_opcode(executable, "blas", _BLAS_OPCODES.__contains__)

@@ -15,10 +15,11 @@ from collections import Counter
 from typing import Any
 
 from replicas.cluster.liveness import host_lost, silent, silent_failure
+from replicas.diagnostics import host_output
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
-from replicas.runtime.compile import Executable
+from replicas.runtime.compile import Executable, has_custom_calls
 from replicas.runtime.job import Backend
 from replicas.runtime.ray.driver_process import AUTHKEY, POOL, job_ended
 from replicas.runtime.ray.faults import actor_failure, not_started, unplaceable
@@ -82,6 +83,7 @@ class RayBackend(PersistentJob, Backend):
         from replicas.ops.custom_call import registered_custom_calls
 
         self._executable = executable
+        self._prints = has_custom_calls(executable)  # a host callback's lines come back (`_show_printed`)
         self._digest = executable.fingerprint or hashlib.sha256(executable.bytes()).digest()
         self._launch_options = dict(strict=strict, record_every_instruction=record_every_instruction,
                                     custom_calls=registered_custom_calls() or None, trace_events=trace_events,
@@ -240,10 +242,19 @@ class RayBackend(PersistentJob, Backend):
             self._launch_refs = None
         self._ensure_launched()
         self._clean = True
+        self._show_printed()
         merged: dict[int, Any] = {}
         for results, _, _ in self._finished.values():
             merged.update(results)
         return [merged[r] for r in range(self.num_replicas)]
+
+    def _show_printed(self) -> None:
+        """What the replicas printed (a program with custom calls: JAX's host callbacks), on this
+        process's stdout (diagnostics/host_output.py)."""
+        if self._prints:
+            self.calls["printed"] += len(self._actors)
+            with contextlib.suppress(Exception):  # a dead actor's lines die with it; its fault is reported
+                host_output.show(self._ray.get([a.printed.remote() for a in self._actors], timeout=STOP_SECONDS))
 
     def _first_contact(self, pooled: list[bool], across_nodes: bool, deadline: float | None) -> list[Any]:
         """Each actor's wire address (refs). A pooled actor that died while idle (killed, out of
@@ -340,6 +351,7 @@ class RayBackend(PersistentJob, Backend):
 
     def results(self) -> list[Any]:
         self._touch("results")
+        self._show_printed()
         merged: dict[int, Any] = {}
         for part in self._get([a.results.remote() for a in self._actors]):
             merged.update(part)
@@ -347,6 +359,7 @@ class RayBackend(PersistentJob, Backend):
 
     def errors(self) -> dict[int, BaseException]:
         self._touch("errors")
+        self._show_printed()
         merged: dict[int, BaseException] = {}
         for part in self._get([a.errors.remote() for a in self._actors]):
             merged.update(part)

@@ -23,6 +23,7 @@ class PersistentJob:
     _ensure_launched: Any  # RayBackend's
     _get: Any
     _note: Any  # the actor pool's note on an actor (its wire address)
+    _show_printed: Any  # RayBackend's: what the replicas printed, on the driver's stdout
     _bell: doorbell.Doorbell | None = None
     _bell_actors: list[int] = []  # indexes of the actors the doorbell reaches
     _bell_tried = False
@@ -99,6 +100,7 @@ class PersistentJob:
                     return None
         if any(part is None for part in parts):
             return None
+        self._show_printed()
         merged: dict[int, list[Any]] = {}
         for part in parts:
             merged.update(part)
@@ -107,6 +109,7 @@ class PersistentJob:
     def settle(self) -> list[list[Any]]:
         """After a call the monitor saw finish: its outputs kept, as `finished` gives them."""
         seq, count, fetch_max = self._call
+        self._show_printed()
         merged: dict[int, list[Any]] = {}
         for part in self._get([a.settle.remote(self._token, seq, count, fetch_max) for a in self._actors]):
             merged.update(part)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
+from replicas.diagnostics import host_output
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
@@ -113,6 +114,7 @@ class ReplicaHost(PersistentCalls):
     persistent job's replicas run again for each `call` (persistent_host.py)."""
 
     def __init__(self) -> None:
+        host_output.collect()  # what callbacks print goes to the driver (`printed`), not to this log
         self._mailboxes: dict[int, Mailbox] = {}
         self._runners: dict[int, Any] = {}
         self._fabrics: list[RayFabric] = []
@@ -314,6 +316,11 @@ class ReplicaHost(PersistentCalls):
 
     def ping(self) -> bool:
         return True
+
+    def printed(self) -> list[tuple[int, str]]:
+        """What this actor's replicas printed (host callbacks) since the last call, for the driver's
+        stdout: (replica, its lines), in the order printed."""
+        return host_output.take()
 
     def object_refs(self) -> list[str]:
         """The Ray objects this actor process holds a reference to (for leak checks: an idle pooled
