@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 DONATE_MIN_ELEMENTS = 1 << 16
 
 
-def straight_line(bound: BoundComputation, comp: Computation) -> tuple[Callable[..., Any], dict[int, Instruction]]:
+def straight_line(bound: BoundComputation, comp: Computation,
+                  stacked: set[str] | None = None) -> tuple[Callable[..., Any], dict[int, Instruction]]:
     """Compile the bound steps to straight-line Python: one local per value, `del` at its last use
     in the generated code, `_interp.current` set per kernel call, constants as globals of the code.
     This removes the per-step loop, list and slot overhead from every computation call (a While
@@ -32,7 +33,11 @@ def straight_line(bound: BoundComputation, comp: Computation) -> tuple[Callable[
     and type, and this step is its only reader: nothing else can see the buffer change.
 
     A loop's condition or body with `scalars` (`ops.python_scalars`) computes on those state
-    elements as Python expressions; its fast constants are Python literals there."""
+    elements as Python expressions; its fast constants are Python literals there.
+
+    `stacked` (a batched computation, `runtime/batched.py`): the names of the values with a leading
+    replica axis. A broadcast is then left to numpy only when unstacked, a result reuses a buffer
+    only of its own stacking, and nothing is updated in place (no ownership analysis)."""
     params = bound._params
     steps = bound._steps
     arg_names = [f"a{i}" for i in range(len(params))]
@@ -47,7 +52,7 @@ def straight_line(bound: BoundComputation, comp: Computation) -> tuple[Callable[
         else:
             name_of[result_slot] = f"v{k}"
     root_var = name_of[bound._root]
-    _numpy_broadcasting(comp, steps, operand_vars)
+    _numpy_broadcasting(comp, steps, operand_vars, stacked or set())
     readers: dict[str, int] = {}
     for names in operand_vars:
         for n in names:
@@ -58,8 +63,12 @@ def straight_line(bound: BoundComputation, comp: Computation) -> tuple[Callable[
         return (isinstance(fn, np.ufunc) and fn.nout == 1 and inst.shape.is_array
                 and inst.shape.numel >= DONATE_MIN_ELEMENTS)
 
-    in_place, callee_donations, bound.updated_in_place = ownership(steps, bound.donated, operand_vars, readers,
-                                                                       root_var, arg_names)
+    if stacked is None:
+        in_place, callee_donations, bound.updated_in_place = ownership(steps, bound.donated, operand_vars, readers,
+                                                                           root_var, arg_names)
+    else:
+        in_place, callee_donations = set(), {}
+    same_stacking = (lambda a, b: (a in stacked) == (b in stacked)) if stacked is not None else None
     plan = python_scalars.plan(bound._interp.module, comp, bound.scalars) if bound.scalars else None
     texts = operand_vars if plan is None else _python_operands(plan, comp, steps, operand_vars)
     last_use: dict[str, int] = {}
@@ -95,7 +104,8 @@ def straight_line(bound: BoundComputation, comp: Computation) -> tuple[Callable[
                 for n in names:
                     producer = int(n[1:]) if n[0] == "v" else None
                     if (producer is not None and readers[n] == 1 and n != root_var and fresh_ufunc(producer)
-                            and steps[producer][4].shape.compatible(inst.shape)):
+                            and steps[producer][4].shape.compatible(inst.shape)
+                            and (same_stacking is None or same_stacking(n, var))):
                         out = f", out={n}"
                         break
             line = f"_interp.current = i{k}; {var} = k{k}({', '.join(names)}{out})"
@@ -114,7 +124,8 @@ def straight_line(bound: BoundComputation, comp: Computation) -> tuple[Callable[
     return env["run"], line_to_inst
 
 
-def _numpy_broadcasting(comp: Computation, steps: list[Any], operand_vars: list[list[str]]) -> None:
+def _numpy_broadcasting(comp: Computation, steps: list[Any], operand_vars: list[list[str]],
+                        stacked: set[str]) -> None:
     """Let element-wise ufunc steps broadcast their operands themselves (in `operand_vars`): a
     broadcast that only prepends dimensions (numpy's own broadcasting rule) is read through its
     operand by each ufunc reader that keeps another operand of the full shape. numpy's broadcasting
@@ -125,7 +136,8 @@ def _numpy_broadcasting(comp: Computation, steps: list[Any], operand_vars: list[
         if inst.opcode == "broadcast" and inst.shape.is_array:
             rank = inst.shape.rank
             source_rank = comp.instruction(inst.operands[0]).shape.rank
-            if list(inst.attrs.get("dimensions") or []) == list(range(rank - source_rank, rank)):
+            if (list(inst.attrs.get("dimensions") or []) == list(range(rank - source_rank, rank))
+                    and f"v{k}" not in stacked):
                 prepends[f"v{k}"] = operand_vars[k][0]
     if not prepends:
         return

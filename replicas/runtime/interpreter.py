@@ -18,12 +18,15 @@ import replicas.collectives  # noqa: F401  (registers the collective kernels)
 import replicas.ops  # noqa: F401  (registers the kernel families)
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
+from replicas.runtime import batched
 from replicas.runtime.arguments import check_arguments
 from replicas.runtime.bound import BoundComputation, kernel_failure
 from replicas.runtime.compile import Executable, compile_module
 from replicas.runtime.ownership import Donation
 from replicas.shapes import Shape
 from replicas.transport.fabric import Fabric, FabricSlot, LocalFabric
+
+_DIVERGED = "batched: diverged"  # kernel_state: a batched run of this job fell back
 
 
 class Interpreter:
@@ -48,6 +51,7 @@ class Interpreter:
         self._binding: Computation | None = None
         self._bound: dict[tuple[str, Donation, frozenset[int]], BoundComputation] = {}
         self._entry = self.computation(self.module.entry)
+        self._batch: tuple[Any, tuple[int, ...] | None] = (None, None)  # (placement, batched members)
 
     def attach(self, fabric: Fabric) -> None:
         """Run the next executions over `fabric` (a new job's: its mailbox, recorder, peers)."""
@@ -93,7 +97,28 @@ class Interpreter:
         # XLA semantics define every result (x/0, NaN casts, overflow): numpy's warnings about
         # them are noise. Silenced once here, for this thread, instead of in every kernel call.
         with np.errstate(all="ignore"):
+            fabric = self.slot.current
+            state = fabric.kernel_state
+            members = None
+            if batched.ENABLED and self.every_instruction_recorder is None and not state.get(_DIVERGED):
+                members = self._members(fabric)
+            if members is not None:
+                out = batched.run(self.executable, members, fabric, values)
+                if out is not batched.FALLBACK:
+                    return out
+                state[_DIVERGED] = True  # this job's members run on their own from now on
             return self._entry(*values)
+
+    def _members(self, fabric: Fabric) -> tuple[int, ...] | None:
+        """The replicas of this process running this program batched with this one (`runtime/batched`),
+        or None. Decided once per placement (a pooled interpreter's next job may place them otherwise)."""
+        placement = getattr(fabric, "placement", None)
+        if placement is None or not hasattr(fabric, "local_mailbox"):
+            return None
+        if self._batch[0] is not placement:
+            self._batch = (placement, batched.plan(self.executable, self.replica_id, self.num_replicas, placement,
+                                                   fabric))
+        return self._batch[1]
 
 
 def evaluate(module: Module, args: Sequence[Any] = (), replica_id: int = 0, fabric: Fabric | None = None) -> Any:

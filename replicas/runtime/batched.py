@@ -1,0 +1,404 @@
+"""Batched execution: the replicas of one process that run the same program, run as one interpreter
+over their values stacked along a leading replica axis.
+
+Which values differ between the members is known before anything runs: each value's *stack* is
+False (the same for every member: one array, computed once) or True (one row per member, the
+members in replica order), a tuple of stacks for a tuple. Arguments that are the very same object
+for every member are not stacked; what is computed from unstacked values only stays unstacked, and
+replica-id, partition-id and most collectives' results are stacked (an all-reduce whose one group
+holds every member is not). `Analysis` infers the stack of every instruction of every computation
+from its parameters' (a While loop's state to a fixpoint); `BatchedComputation` is a computation
+bound with `batched_kernels.kernel_for` each instruction's kernel for its operands' stacks, and
+compiled by `codegen.straight_line` like any other.
+
+Every member gets what it would have computed alone, bit for bit: the kernels run the same numpy
+operations on each member's rows (an element-wise ufunc over a stacked array, `np.matmul` over a
+leading batch of the same matrices), a collective among the members reduces their rows in group
+order as the in-process unit does, and what has no batched form runs once per member.
+
+A run is speculative. The members meet (the last to arrive leads, as at a collective's meeting);
+the leader runs the batched program and hands each member its result. When the members' control
+flow would diverge (a While condition or a conditional's branch that differs between members) or
+any kernel raises, the leader hands every member `FALLBACK` instead, and each runs the program on
+its own, from its own arguments, as without batching: nothing of the batched run is visible.
+Only programs that cannot wait or talk to anyone but the process's own members are batched: no
+channel, feed, custom call or stateful rng, and every collective group within the process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from replicas.collectives.fingerprint import make_fingerprint
+from replicas.collectives.groups import intern, parse_pairs, plan_groups
+from replicas.collectives.kernels import computation_of
+from replicas.collectives.topology import RESULT, RESULT_LANES
+from replicas.diagnostics.recorder import clock_anchor
+from replicas.errors import ReplicasError
+from replicas.hlo.ir import Computation, Instruction, Module
+from replicas.ops.elementwise_util import SUB_BYTE_WIDE
+from replicas.records import BlockInfo
+from replicas.runtime.batched_kernels import kernel_for
+from replicas.runtime.bound import BoundComputation
+from replicas.runtime.codegen import straight_line
+from replicas.runtime.compile import Executable
+from replicas.runtime.stacks import COLLECTIVES, MEMBER_DEPENDENT, Analysis, Stack, any_stacked, full
+from replicas.shapes import Shape
+from replicas.transport import keys
+
+CONTROL = frozenset({"fusion", "call", "while", "conditional"})
+# Side effects and hidden state: a program with any of these runs replica by replica.
+REFUSED = frozenset({"send", "send-done", "recv", "recv-done", "infeed", "outfeed", "custom-call", "rng",
+                     "rng-get-and-update-state", "async-start", "async-update", "async-done", "all-reduce-start",
+                     "all-reduce-done", "all-gather-start", "all-gather-done", "collective-permute-start",
+                     "collective-permute-done", "collective-broadcast", "ragged-all-to-all", "dynamic-reshape",
+                     "get-dimension-size", "set-dimension-size", "copy-start", "copy-done"})
+FALLBACK = object()  # the leader's answer when the members are to run on their own
+# REPLICAS_BATCHED=0 runs every replica on its own (a comparison, or a suspected bug).
+ENABLED = os.environ.get("REPLICAS_BATCHED", "1") not in ("0", "off", "false")
+RUNS = {"batched": 0, "fallback": 0}  # leaders' runs, for tests and benchmarks
+_CALLEES = {"fusion": ("calls",), "call": ("to_apply",), "while": ("condition", "body"),
+            "conditional": ("true_computation", "false_computation", "branch_computations")}
+
+
+# -- eligibility -------------------------------------------------------------------------------------
+
+def program_computations(module: Module) -> set[str]:
+    """The computations run as program (the entry and what control flow calls), not applied to
+    elements (reducers, comparators)."""
+    seen: set[str] = set()
+    todo = [module.entry]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for inst in module.computation(name).instructions:
+            for attr in _CALLEES.get(inst.opcode, ()):
+                value = inst.attrs.get(attr)
+                if isinstance(value, str):
+                    todo.append(value)
+                elif isinstance(value, (list, tuple)):
+                    todo.extend(value)
+    return seen
+
+
+def batchable(module: Module) -> bool:
+    """Whether the program has only ops the batched interpreter runs (whatever the placement)."""
+    program = program_computations(module)
+    for name, comp in module.computations.items():
+        for inst in comp.instructions:
+            op = inst.opcode
+            leaves = [s for s in inst.shape.leaves() if s.is_array]
+            if op in REFUSED or any(s.is_dynamic or s.element_type in SUB_BYTE_WIDE for s in leaves):
+                return False
+            if op in MEMBER_DEPENDENT and name not in program:
+                return False
+            if op == "all-to-all" and not inst.attrs.get("dimensions"):
+                return False
+            if op == "collective-permute" and len(inst.operands) != 1:
+                return False
+    return True
+
+
+def groups_within(module: Module, members: tuple[int, ...], num_replicas: int) -> bool:
+    """Whether every collective group (or permute pair) touching a member holds only members."""
+    inside = set(members)
+    for comp in module.computations.values():
+        for inst in comp.instructions:
+            if inst.opcode == "collective-permute":
+                pairs = parse_pairs(inst, inst.attrs.get("source_target_pairs") or [], num_replicas)
+                if any((s in inside) != (t in inside) for s, t in pairs):
+                    return False
+            elif inst.opcode in COLLECTIVES:
+                for m in members:
+                    if not inside.issuperset(plan_groups(inst, module, m, num_replicas).group):
+                        return False
+    return True
+
+
+# -- binding -------------------------------------------------------------------------------------------
+
+class BatchedComputation(BoundComputation):
+    """A computation bound for parameters of the stacks `stacks`: `bound(*args) -> value`."""
+
+    __slots__ = ("stacks",)
+
+    def __init__(self, schedule: Any, ctx: BatchedContext, stacks: tuple) -> None:
+        super().__init__(schedule, ctx)
+        self.stacks = stacks
+
+    def bind(self) -> None:
+        ctx: BatchedContext = self._interp
+        comp = ctx.module.computation(self.name)
+        values = ctx.analysis.of(self.name, self.stacks)
+        steps = []
+        stacked: set[str] = set()
+        for step in self.schedule.steps:
+            inst = step.inst
+            ctx._binding = comp
+            operand_stacks = [values[o] for o in inst.operands]
+            fn = kernel_for(inst, ctx, operand_stacks, values[inst.name])
+            steps.append((fn, step.operand_slots, step.result_slot, step.release, inst))
+        for k, step in enumerate(self.schedule.steps):
+            if any_stacked(values[step.inst.name]):
+                stacked.add(f"v{k}")
+        for i in range(len(self._params)):
+            if any_stacked(self.stacks[i]):
+                stacked.add(f"a{i}")
+        self._steps = steps
+        self._run, self._line_to_inst = straight_line(self, comp, stacked=stacked)
+        self._code = self._run.__code__
+
+
+class BatchedContext:
+    """The `KernelContext` of a batched program: its members, the analysis, its computations."""
+
+    def __init__(self, executable: Executable, members: tuple[int, ...], num_replicas: int) -> None:
+        self.executable = executable
+        self.module: Module = executable.module
+        self.members = members
+        self.size = len(members)
+        self.replica_id = members[0]
+        self.num_replicas = num_replicas
+        self.fabric: Any = None  # batched kernels talk to nobody
+        self.mailbox: Any = None  # the leading member's, while it runs (an abort stops the run)
+        self.every_instruction_recorder = None
+        self.current: Instruction | None = None
+        self.analysis = Analysis(self.module, members, num_replicas)
+        self._binding: Computation | None = None
+        self._bound: dict[tuple[str, tuple], BatchedComputation] = {}
+        # The collectives run, as (index in `collectives`, start ns, end ns): recorded in each member's
+        # flight recorder once the run succeeded (`replay`), as if each had run them.
+        self.log: list[tuple[int, int, int]] = []
+        self.collectives: list[tuple[Instruction, list[tuple[tuple[int, ...], Any]]]] = []
+        self._collective_index: dict[int, int] = {}
+
+    def collective(self, inst: Instruction) -> int:
+        """The index of `inst` in `collectives`: its instruction and each member's (group, fingerprint)."""
+        found = self._collective_index.get(id(inst))
+        if found is None:
+            computation = computation_of(self, inst)
+            shapes = self.operand_shapes(inst)
+            per_member = []
+            for m in self.members:
+                if inst.opcode == "collective-permute":
+                    pairs = parse_pairs(inst, inst.attrs.get("source_target_pairs") or [], self.num_replicas)
+                    group = intern(tuple(sorted({r for p in pairs for r in p})))
+                    fp = make_fingerprint(inst, computation, shapes, self.module, pairs=pairs)
+                else:
+                    plan = plan_groups(inst, self.module, m, self.num_replicas)
+                    group = plan.group
+                    fp = make_fingerprint(inst, computation, shapes, self.module, groups=plan.groups)
+                per_member.append((group, fp))
+            found = self._collective_index[id(inst)] = len(self.collectives)
+            self.collectives.append((inst, per_member))
+        return found
+
+    def replay(self, fabrics: Sequence[Any]) -> None:
+        """Number and record the run's collectives on every member, in the order they ran."""
+        log = list(self.log)  # the kernels append to this very list: emptied, never replaced
+        self.log.clear()
+        if not log:
+            return
+        t0, epoch_us = clock_anchor()
+        for k, fabric in enumerate(fabrics):
+            recorder = fabric.recorder
+            templates: dict[int, dict[str, Any]] = {}
+            for index, start, end in log:
+                seq = fabric.next_collective()
+                if recorder is None:
+                    continue
+                template = templates.get(index)
+                if template is None:
+                    inst, per_member = self.collectives[index]
+                    group, fp = per_member[k]
+                    template = templates[index] = recorder.collective_template(group, fp.wire, fp.as_dict(),
+                                                                                inst.name, inst.opcode)
+                event = recorder.begin_collective(template, seq)
+                event["start_us"] = epoch_us + (start - t0) / 1000
+                event["end_us"] = epoch_us + (end - t0) / 1000
+                event["algorithm"] = "batched"
+
+    def batched(self, name: str, stacks: tuple) -> BatchedComputation:
+        key = (name, stacks)
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bound[key] = BatchedComputation(self.executable.schedules[name], self, stacks)
+            binding = self._binding
+            bound.bind()
+            self._binding = binding
+        return bound
+
+    # -- KernelContext (for the kernels of unstacked values: the computations they apply) ------------
+    def computation(self, name: str, donated: frozenset = frozenset(), *,
+                    scalars: frozenset[int] = frozenset()) -> BatchedComputation:
+        comp = self.module.computation(name)
+        return self.batched(name, tuple(full(p.shape, False) for p in comp.parameters))
+
+    def computation_ir(self, name: str) -> Computation:
+        return self.module.computation(name)
+
+    def operand_shapes(self, inst: Instruction) -> list[Shape]:
+        comp = self._binding
+        return [comp.instruction(name).shape for name in inst.operands]
+
+
+class BatchedProgram:
+    """The entry computation of `executable` for the members `members`, one variant per stacks of
+    the arguments."""
+
+    def __init__(self, executable: Executable, members: tuple[int, ...], num_replicas: int) -> None:
+        self.ctx = BatchedContext(executable, members, num_replicas)
+        self.entry = self.ctx.module.entry_computation
+
+    def run(self, per_member: Sequence[Sequence[Any]], mailbox: Any, fabrics: Sequence[Any]) -> list[Any]:
+        """Each member's result, from each member's arguments (in member order); their collectives
+        recorded on their `fabrics`."""
+        stacks, values = [], []
+        inputs: set[int] = set()
+        for j in range(len(per_member[0])):
+            s, v = _stacked([args[j] for args in per_member], inputs)
+            stacks.append(s)
+            values.append(v)
+        ctx = self.ctx
+        ctx.mailbox = mailbox
+        ctx.log.clear()
+        try:
+            out = ctx.batched(self.entry.name, tuple(stacks))(*values)
+        finally:
+            ctx.mailbox = None
+        ctx.replay(fabrics)
+        root = ctx.analysis.root(self.entry.name, tuple(stacks))
+        return [_member(out, root, k, inputs) for k in range(ctx.size)]
+
+
+def _stacked(values: list[Any], inputs: set[int]) -> tuple[Stack, Any]:
+    first = values[0]
+    if isinstance(first, tuple):
+        parts = [_stacked([v[i] for v in values], inputs) for i in range(len(first))]
+        return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
+    if all(v is first for v in values):
+        inputs.add(id(first))
+        return False, first
+    return True, np.stack(values)
+
+
+def _member(value: Any, stack: Stack, k: int, inputs: set[int]) -> Any:
+    if isinstance(stack, tuple):
+        return tuple(_member(v, s, k, inputs) for v, s in zip(value, stack))
+    if stack:
+        return value[k, ...]  # a 0-d row stays an array
+    if isinstance(value, np.ndarray) and id(value) not in inputs:
+        value.flags.writeable = False  # one array every member holds: nobody may change it
+    return value
+
+
+# -- the members' meeting ----------------------------------------------------------------------------
+
+_WIRE = ("batched program",)  # the meeting's fingerprint: the same tuple for every member
+_plans: dict[tuple, Any] = {}
+_plans_lock = threading.Lock()
+_programs: dict[tuple, list[BatchedProgram]] = {}
+
+
+def plan(executable: Executable, replica_id: int, num_replicas: int, placement: Sequence[int],
+         fabric: Any) -> tuple[int, ...] | None:
+    """The members this replica runs batched with (itself included), or None: the program runs
+    replica by replica (one member here, a program `batchable` refuses, a group leaving the process)."""
+    here = placement[replica_id]
+    members = tuple(r for r in range(num_replicas) if placement[r] == here)
+    if len(members) < 2 or fabric.local_mailbox(members[0]) is None:
+        return None
+    key = (executable.fingerprint, members, num_replicas)
+    found = _plans.get(key)
+    if found is None:
+        module = executable.module
+        ok = batchable(module) and groups_within(module, members, num_replicas)
+        found = intern(members) if ok else ()
+        with _plans_lock:
+            _plans[key] = found
+    return found or None
+
+
+def run(executable: Executable, members: tuple[int, ...], fabric: Any, args: Sequence[Any]) -> Any:
+    """This member's result of a batched run, or `FALLBACK` (run on your own)."""
+    me = fabric.replica_id
+    rank = members.index(me)
+    # Meetings of their own numbers (negative: never a collective's), so a run that falls back
+    # numbers its collectives as it would have without the meeting.
+    seq = -1 - fabric.next_seq(_WIRE)
+    mailbox = fabric.mailbox
+    first = members[0]
+    got = fabric.local_mailbox(first).meet(seq, rank, len(members), _WIRE, me, (list(args), fabric), mailbox,
+                                           _never)
+    key = keys.collective(seq, RESULT)
+    block = BlockInfo("collective", "batched program", "batched", needs="group", group=members, seq=seq)
+    if got is None:
+        results, leader, boxes = fabric.recv(first, key, block)
+        _hand_on(mailbox, first, seq, (results, leader, boxes), rank)
+    else:
+        deposits, boxes = got
+        results = _lead(executable, members, deposits, mailbox, fabric.num_replicas)
+        lanes = _hand_on(mailbox, first, seq, (results, rank, boxes), -1)
+        if results is FALLBACK:
+            # Every other member goes first (the end of each lane says it was handed on), so the
+            # replicas start their own runs in about the order they started this one: the leader
+            # arrived last, and a report of where each replica is reads as without batching.
+            fabric.recv_all([(first, keys.collective(seq, RESULT + 1 + j)) for j in range(lanes)], block)
+    return FALLBACK if results is FALLBACK else results[rank]
+
+
+def _hand_on(mailbox: Any, first: int, seq: int, message: tuple, rank: int) -> int:
+    """The results go down `RESULT_LANES` chains of the members other than the leader, as a collective's
+    (`Exchange.scatter_local`): the leader (`rank` -1) starts each, member k of the others forwards to
+    member k + RESULT_LANES, so only a few threads become runnable at a time. A fallback's last member of
+    each lane tells the leader. The number of lanes."""
+    results, leader, boxes = message
+    others = len(boxes) - 1
+    lanes = min(RESULT_LANES, others)
+    key = keys.collective(seq, RESULT)
+    if rank < 0:
+        targets: Sequence[int] = range(lanes)
+    else:
+        position = rank if rank < leader else rank - 1
+        targets = [position + RESULT_LANES] if position + RESULT_LANES < others else []
+        if not targets and results is FALLBACK:
+            mailbox.count_sent()
+            boxes[leader].deliver(first, keys.collective(seq, RESULT + 1 + position % RESULT_LANES), None)
+    for j in targets:
+        mailbox.count_sent()
+        boxes[j if j < leader else j + 1].deliver(first, key, message)
+    return lanes
+
+
+def _lead(executable: Executable, members: tuple[int, ...], deposits: list[Any], mailbox: Any,
+          num_replicas: int) -> Any:
+    key = (executable.fingerprint, members, num_replicas)
+    with _plans_lock:
+        free = _programs.setdefault(key, [])
+        program = free.pop() if free else None
+    try:
+        if program is None:
+            program = BatchedProgram(executable, members, num_replicas)
+        results: Any = program.run([d[0] for d in deposits], mailbox, [d[1] for d in deposits])
+    except BaseException as e:  # noqa: BLE001 - an abort propagates; anything else is each member's to meet
+        if mailbox.aborted is not None and e is mailbox.aborted:
+            raise
+        if not isinstance(e, Exception):
+            raise
+        results = FALLBACK
+    if program is not None:
+        with _plans_lock:
+            _programs[key].append(program)
+    RUNS["fallback" if results is FALLBACK else "batched"] += 1
+    return results
+
+
+def _never(replica: int, theirs: tuple) -> None:
+    raise ReplicasError(f"replica {replica} reached a batched program's meeting with another program")
