@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from replicas.collectives.fingerprint import make_fingerprint
-from replicas.collectives.groups import intern, parse_pairs, plan_groups
+from replicas.collectives.groups import intern, plan_groups, verified_pairs
 from replicas.collectives.kernels import computation_of
 from replicas.collectives.topology import RESULT, RESULT_LANES
 from replicas.diagnostics.recorder import clock_anchor
@@ -112,7 +112,7 @@ def groups_within(module: Module, members: tuple[int, ...], num_replicas: int) -
     for comp in module.computations.values():
         for inst in comp.instructions:
             if inst.opcode == "collective-permute":
-                pairs = parse_pairs(inst, inst.attrs.get("source_target_pairs") or [], num_replicas)
+                pairs = verified_pairs(inst)
                 if any((s in inside) != (t in inside) for s, t in pairs):
                     return False
             elif inst.opcode in COLLECTIVES:
@@ -188,7 +188,7 @@ class BatchedContext:
             per_member = []
             for m in self.members:
                 if inst.opcode == "collective-permute":
-                    pairs = parse_pairs(inst, inst.attrs.get("source_target_pairs") or [], self.num_replicas)
+                    pairs = verified_pairs(inst)
                     group = intern(tuple(sorted({r for p in pairs for r in p})))
                     fp = make_fingerprint(inst, computation, shapes, self.module, pairs=pairs)
                 else:

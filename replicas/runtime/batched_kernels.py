@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replicas.collectives.groups import parse_pairs, plan_groups
+from replicas.collectives.groups import plan_groups, verified_pairs
 from replicas.collectives.kernels import make_combine
 from replicas.collectives.reduction import reduce_into
 from replicas.hlo.ir import Instruction
@@ -321,7 +321,7 @@ def _collective_values(inst: Instruction, ctx: BatchedContext, stacks: list[Stac
         return [tuple(v[local[m], ...] if s else v for v, s in zip(operands, stacks)) for m in members]
 
     if op == "collective-permute":
-        pairs = parse_pairs(inst, inst.attrs.get("source_target_pairs") or [], ctx.num_replicas)
+        pairs = verified_pairs(inst)
         moves = [(local[s], local[t]) for s, t in pairs if t in local]
         shape = inst.shape
 
