@@ -220,8 +220,8 @@ def make_recv_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         return recv_done_from_host
     state = channel_state(fabric)
     check = _received_checker(inst, ctx.replica_id, data_shape)
-    # Read-only, made once: a fresh buffer per call cost a replica that is no target ~8% of its
-    # thread's time in a 4 KiB ping-pong (and 64 MiB of pages per call at 64 MiB).
+    # Read-only, made once: a fresh buffer per call costs a replica that is no target a real share
+    # of a small ping-pong's time (and fresh pages of the whole buffer per call when it is large).
     zeros = _frozen_zeros(data_shape)
 
     def recv_done(started: Any) -> Any:

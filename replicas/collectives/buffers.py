@@ -2,8 +2,8 @@
 
 Why: a fresh large numpy buffer is fresh pages: glibc maps every allocation over 32 MiB anew and
 numpy asks for huge pages on those of 4 MiB or more, so each collective of a loop paid the kernel's
-zero-filling of its result before writing it: a copy into a fresh buffer takes about twice as long
-as into a reused one (bench/LOG-2026.md, "Copies per collective").
+zero-filling of its result before writing it: a copy into a fresh buffer costs that zero-filling
+on top of the copy.
 
 A buffer is handed out again only when nothing but the pool refers to it (`sys.getrefcount`: no
 value of the interpreter, no view, no message holds it), so a result a program keeps is never
@@ -13,9 +13,9 @@ A replica actor with same-node peers also keeps its pools' free buffers across i
 `KEEP_BYTES` per process, handed to the next job's pools): a fresh large buffer is not only
 zero-filled, numpy asks for huge pages, and with the kernel's `defrag=madvise` the first touch may
 compact memory synchronously: under load a fresh large buffer costs many times a reused one, and
-short jobs paid thousands of page faults per actor from one job to the next (bench/LOG-2026.md,
-"large"). The actor's arena (transport/shm.py) is kept across jobs for the same
-reason; the buffers are handed over when it closes at the end of the job.
+short jobs paid their page faults again from one job to the next. The actor's arena
+(transport/shm.py) is kept across jobs for the same reason; the buffers are handed over when it
+closes at the end of the job.
 """
 
 from __future__ import annotations

@@ -249,7 +249,7 @@ class Exchange:
         Arrays (a lone one as a tuple of one, C-contiguous) are written raw into the board buffer
         whatever their size up to a slot: one wait for the reader (the board word), where the arena
         and a socket message made it wait twice (the board's announcement, then the message through
-        the peer's reader thread and mailbox): about half the time at 1 MiB (bench/LOG-2026.md, "permute"). Larger
+        the peer's reader thread and mailbox). Larger
         ones, and large values of other kinds, are only announced on the board (so the reader
         compares fingerprints there first) and go as a message through the shared-memory arena."""
         for t in targets:
@@ -269,7 +269,7 @@ class Exchange:
                 continue
             if payload_bytes(value) >= shm.MIN_BYTES:
                 # Announced first, then sent: the reader compares fingerprints on the board while the
-                # bytes travel (sending first measured slower).
+                # bytes travel (sending first made the reader wait for both in turn).
                 board.publish(self.me, tag, fingerprint, value, (0,), self._wait_released, announce_only=True)
                 self.send(t, 0, value)
             elif board.publish(self.me, tag, fingerprint, value, (0,), self._wait_released):

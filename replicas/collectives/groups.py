@@ -53,7 +53,7 @@ def intern(value: Any) -> Any:
 
 
 # Per instruction and per list of groups, what every replica of a process would compute alike:
-# binding N replicas stays O(N) instead of each re-reading all N ids (O(N^2) at 1024: ~10 s).
+# binding N replicas stays O(N) instead of each re-reading all N ids (O(N^2): seconds at N=1024).
 _normalized: Cache[tuple[Group, ...]] = Cache("normalized groups", 4096, by_identity=True)
 _membership: Cache[dict[int, int]] = Cache("group membership", 4096, by_identity=True)
 

@@ -81,7 +81,7 @@ class Topology:
 
 
 # Per group and placement (each job brings a new placement, so a pooled actor adds entries job after
-# job: the bound keeps that growth small, bench/soak.py).
+# job: the bound keeps that growth small; bench/soak.py watches it).
 _layouts: Cache[tuple[Sequence[int], Layout]] = Cache("layouts", 512, by_identity=True)
 
 

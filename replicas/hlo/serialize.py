@@ -328,11 +328,11 @@ class _ModuleReader:
     """The module's map read along its layout (module -> computations -> instructions), so that a
     field that must be a string, a bool, an int or null is never decoded when it holds a list or a
     map: those are skipped undecoded and stand in as an empty one (the checks in `_decode_module`
-    refuse them as they would the whole value). A hostile file's 1 MB of nested lists in an
-    instruction's `line` decoded to 79 MB of Python lists first (0.5 CPU s, ~8 s under a memory
-    tracer); skipping them takes milliseconds. An instruction of at most `WHOLE` bytes (all but
-    hostile ones) is decoded whole after a skip that finds its end: ~2 us per instruction (reading
-    every instruction field by field made `rp.load` of 20k instructions ~20% slower).
+    refuse them as they would the whole value). A hostile file's nested lists in an instruction's
+    `line` would otherwise be decoded into many times their size of Python lists first; skipping
+    them costs next to nothing. An instruction of at most `WHOLE` bytes (all but hostile ones) is
+    decoded whole after a skip that finds its end (reading every instruction field by field made
+    loading a large program noticeably slower).
 
     Every decoded value is charged its Python size against a budget of `BUDGET_PER_BYTE` times the
     input plus `BUDGET_FLOOR`: a run of one-byte empty lists is 64 bytes of Python per input byte,

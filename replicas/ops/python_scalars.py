@@ -1,9 +1,9 @@
 """A While loop's integer and pred scalars as Python numbers: its counter and condition without numpy.
 
 A loop's counter and condition (`i + 1`, `i < k`) are 0-d s32/pred values. As numpy 0-d arrays
-every step is a ufunc call: ~0.8 us at N = 1, and several times that at N = 256 on threads, where
-a replica's numpy objects have left the core's cache by its next turn. As Python ints they are a
-few bytecodes of the computation's generated code.
+every step is a ufunc call, dearer still with many replicas on threads, where a replica's numpy
+objects have left the core's cache by its next turn. As Python ints they are a few bytecodes of
+the computation's generated code.
 
 `loop_scalars` picks the elements of a loop's state that can stay Python numbers (int for the
 integer types, bool for pred) through the condition and the body: every value computed from them

@@ -39,9 +39,9 @@ def make_select(inst: Instruction, ctx: KernelContext) -> Compute:
     return finish(inst, select)
 
 
-# np.where takes ~7-25 ns an element on large arrays (a branch per element: a random predicate
-# mispredicts half of them); picking bits with a mask takes ~4 passes of ~0.3 ns. Below this many
-# elements the extra ufunc calls cost more than they save.
+# np.where branches per element on large arrays (a random predicate mispredicts half of them);
+# picking bits with a mask is a few branch-free passes. Below this many elements the extra ufunc
+# calls cost more than they save.
 BITWISE_SELECT_MIN = 8192
 _SAME_SIZE_UNSIGNED = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
                        8: np.dtype(np.uint64)}

@@ -134,9 +134,9 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
     resources: per-replica Ray custom resources, to place replicas on chosen nodes.
     replicas_per_actor: how many replicas share one actor process. By default one each up to the
         cluster's CPUs, two each up to twice that (about one process per CPU: collectives meet
-        in-process first, 1.3-5.5x faster at N=4 on 2 cores), then packed so that at most twice as many
-        processes as CPUs start (each costs ~2 s of CPU to start; 32 replicas on 2 cores start in ~4 s
-        instead of ~32 s). `replicas_per_actor=1` gives every replica its own actor.
+        in-process first, faster than between processes), then packed so that at most twice as many
+        processes as CPUs start (each actor process costs seconds of CPU to start).
+        `replicas_per_actor=1` gives every replica its own actor.
     record_every_instruction: the flight recorder (and `trace`) also records local ops.
     trace_events: events each replica's flight recorder keeps (the last ones); a trace of a job
         that recorded more says it is truncated, in the file and as a RuntimeWarning.

@@ -62,10 +62,10 @@ class ThreadBackend(Backend):
         self.num_replicas = n
         self._deadline = deadline
         _wait_for_unwinding(deadline)
-        # A poll copies every replica's state in this process: ~5 us each, so 50 polls a second of
-        # 1024 replicas would take a core from them. 0.4 ms per replica, at most 0.1 s, keeps it near
-        # 1 % up to 250 replicas and 5 % at 1024 (each poll takes the GIL from the replicas), and the
-        # deadlock detection (two polls) well within 2 s.
+        # A poll copies every replica's state in this process, holding the GIL the replicas need:
+        # frequent polls of many replicas would take a core from them. The interval grows with the
+        # replicas (so polling stays a small share of the CPU) up to a cap that keeps the deadlock
+        # detection (two polls) well within its bound.
         self.poll_interval = min(0.1, max(ThreadBackend.poll_interval, 4e-4 * n))
         self._mailboxes = [Mailbox(r) for r in range(n)]
         self._aborter: threading.Thread | None = None
@@ -103,8 +103,8 @@ class ThreadBackend(Backend):
         self._cores = share_cores(n) if uses_blas(executable) else None
         # No thread hand-off for a program that cannot wait and ends at once (nothing needs to stop
         # it): its replicas run one after the other in the caller's thread (one replica; or a
-        # persistent job's, whose calls cost the hand-offs again and again: four replicas'
-        # hand-offs were ~150 us of a ~200 us call). Any other runs where the deadline can leave it.
+        # persistent job's, whose calls would pay the hand-offs again and again, most of a small
+        # call's time). Any other runs where the deadline can leave it.
         self._here = (n == 1 or persistent) and runs_quickly(executable)
         if self._here:
             for replica, a in zip(self._replicas, args):
@@ -195,8 +195,8 @@ class ThreadBackend(Backend):
     def abort(self, exc: BaseException) -> None:
         """Wake every replica with `exc`. Beyond `ABORT_INLINE` replicas a helper thread wakes them, one
         at a time, and the job's error reaches its caller at once: each woken thread unwinds with the
-        GIL, and the caller's loop, queued behind them, took 0.5-1.5 s for 1023 blocked replicas
-        (most of the time to a DeadlockError at N=1024; bench/README.md, "affinity")."""
+        GIL, and a caller's loop queued behind a thousand of them would make the error late by most
+        of the time the deadlock took to find."""
         if self._aborter is not None:
             return  # already waking every replica (with the job's first error, which wins)
         boxes = self._mailboxes
@@ -271,9 +271,10 @@ def _not_ready(doing: str, r: int, n: int) -> str:
 
 
 def _wait_for_unwinding(deadline: float | None = None) -> None:
-    """Let the replica threads of aborted jobs end before a new job's threads start: 1023 threads
-    still unwinding (each waking, raising, checking its interpreter in) beside 1024 new ones turned
-    a 2 s job into 30-170 s, the new threads starved of the GIL (and of the one core when pinned)."""
+    """Let the replica threads of aborted jobs end before a new job's threads start: a thousand
+    threads still unwinding (each waking, raising, checking its interpreter in) beside a thousand new
+    ones starve the new threads of the GIL (and of the one core when pinned), many times the job's
+    own time."""
     with _unwinding_lock:
         ending = list(_unwinding)
         _unwinding.clear()

@@ -1,10 +1,10 @@
 """The same-node board: leaders of a collective exchange operands through shared memory, woken by futexes.
 
-Why (py-spy on the 4 actors of `bench/collectives.py`'s 4 KiB all-reduce, bench/LOG-2026.md "The
-board"): over the sockets, every message of the leaders' round is a pickle, a write, a reader
-thread's wake-up in the peer, a mailbox hand-off and the replica thread's wake-up, and each wake-up
-waits for the GIL behind the actor's other threads; the replica thread spent about a quarter of
-its time in `sendall` and half waiting. On the board, a leader copies its operand into its own
+Why (a profile of the actors of `bench/collectives.py`'s small all-reduce): over the sockets,
+every message of the leaders' round is a pickle, a write, a reader thread's wake-up in the peer, a
+mailbox hand-off and the replica thread's wake-up, and each wake-up waits for the GIL behind the
+actor's other threads; the replica thread spent most of its time in `sendall` and waiting. On the
+board, a leader copies its operand into its own
 slot, publishes it by bumping one word and wakes the waiters with one `FUTEX_WAKE`; a reader's
 interpreter thread waits on that word itself (`FUTEX_WAIT` through ctypes, which releases the
 GIL): one wake-up per peer, no reader thread, no pickling of array bytes, no socket.

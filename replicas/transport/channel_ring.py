@@ -1,9 +1,8 @@
 """Send/Recv between replica actors of one node: a shared-memory ring per ordered pair of actors.
 
-Why (bench/LOG-2026.md, "Channels on shared-memory rings"): over the sockets, each of a ping-pong's
-four messages per round trip (data and the channel's acknowledgement, each way) was a pickle, a
-write, a reader thread's wake-up in the peer, a mailbox hand-off and the replica thread's wake-up,
-each waiting for the GIL: ~100 us per message. Through a ring, the sending replica's thread writes
+Why: over the sockets, each of a ping-pong's four messages per round trip (data and the channel's
+acknowledgement, each way) was a pickle, a write, a reader thread's wake-up in the peer, a mailbox
+hand-off and the replica thread's wake-up, each waiting for the GIL. Through a ring, the sending replica's thread writes
 the record into the receiver's shared memory, bumps the receiving replica's doorbell word and
 wakes it with one `FUTEX_WAKE`; the receiving replica's own thread, waiting on that word
 (`FUTEX_WAIT` through ctypes, GIL released, in slices so aborts and timeouts keep working), reads

@@ -33,8 +33,8 @@ class Mailbox:
         self._cond = threading.Condition(self._lock)  # the host's waits (outfeed, channels to the host)
         # The replica's own thread sleeps on `_wake` (a lock used as a binary semaphore) while
         # `_sleeping`; a delivery that completes what it waits for releases it once. Cheaper than a
-        # Condition (whose wait allocates a lock and runs a dozen lines of Python per hand-off: py-spy
-        # had `Condition.notify` as the largest line of a packed actor, bench/LOG-2026.md "small").
+        # Condition (whose wait allocates a lock and runs a dozen lines of Python per hand-off: a
+        # profile of a packed actor had `Condition.notify` as its largest line).
         self._wake = threading.Lock()
         self._wake.acquire()
         self._sleeping = False
@@ -84,8 +84,8 @@ class Mailbox:
     def abort(self, exc: BaseException) -> None:
         if self.aborted is not None:
             # Already aborted: every waiter was woken then, and any later wait raises at once. (A job's
-            # end aborts twice, with its error and then on shutdown: at 1024 threads the second pass
-            # took each mailbox's lock again while the woken threads unwound, ~0.4 s under load.)
+            # end aborts twice, with its error and then on shutdown: with a thousand threads the second
+            # pass would take each mailbox's lock again while the woken threads unwind.)
             return
         with self._lock:
             if self.aborted is None:
@@ -290,8 +290,8 @@ class Mailbox:
             elif external is None and block is not None and len(block.waits_for) > 1 and block.needs != "group":
                 # A Send-done acked by some of its targets: name only those still missing.
                 block = dataclasses.replace(block, waits_for=tuple(dict.fromkeys(src for src, _ in self._missing)))
-            # A bare copy of the fields: ~10x cheaper than copy.copy (py-spy: the monitor's copies were 7%
-            # of the GIL's time at 256 threads), and the monitor copies N states per poll.
+            # A bare copy of the fields: far cheaper than copy.copy, and the monitor copies N states
+            # per poll, holding the GIL the replicas need.
             out = _new_state(ReplicaState)
             out.__dict__ = s.__dict__.copy()
             out.status, out.block = status, block

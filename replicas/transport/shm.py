@@ -1,6 +1,6 @@
 """Same-node shared memory between replica actors: one reusable outbound arena per actor and job.
 
-Why this mechanism (measured, `bench/shm_mechanisms.py` and bench/LOG-2026.md "Same-node shared memory"):
+Why this mechanism (`bench/shm_mechanisms.py` compares them):
 - Ray's object store (`ray.put` once, peers `ray.get` zero-copy) costs a raylet round trip to
   create, seal and pin each object, plus the owner's reference counting for a ref handed to
   another actor outside a task (the ref is "borrowed" out of band: Ray keeps it pinned until the
@@ -15,9 +15,9 @@ Why this mechanism (measured, `bench/shm_mechanisms.py` and bench/LOG-2026.md "S
   No Ray task, no pickling of array bytes, no page faults after the first use.
 
 The arena's memory is an unnamed tmpfs file (`memfd_create`) the actor keeps across its jobs; the
-peers of a job open it through `/proc/<pid>/fd/<fd>`. Why: writing a fresh tmpfs page costs 6-9x
-rewriting one (64 MiB: 60-90 ms against 9-20 ms, bench/LOG-2026.md "Copies per collective"), and an
-arena made per job paid that again in every job. Unnamed, it leaves nothing under /dev/shm and
+peers of a job open it through `/proc/<pid>/fd/<fd>`. Why: writing a fresh tmpfs page costs
+several times rewriting one (the kernel allocates and zero-fills it first), and an arena made per
+job paid that again in every job. Unnamed, it leaves nothing under /dev/shm and
 dies with its actor; an idle pooled actor keeps at most `KEEP_BYTES` of it (the rest is returned
 to the kernel when a job ends).
 
@@ -273,7 +273,7 @@ class Outbox:
         self.capacity = capacity
         self._mm = self._backing.mm
         self._stamp = job_stamp(token)
-        # Every word of a block's header stamped (free): compared as bytes, ~30x faster than numpy's
+        # Every word of a block's header stamped (free): compared as bytes, far cheaper than numpy's
         # compare of a slice (a pool asks this of each candidate result buffer: collectives/buffers.py).
         self._free_header = self._stamp.to_bytes(8, "little") * WORDS
         self._words = np.frombuffer(self._mm, np.uint64)  # block header words
@@ -371,7 +371,7 @@ class Outbox:
         if found is None:
             return None
         offset, start = found
-        # The first free word (stamped), found in the header's bytes (a numpy compare costs 8x).
+        # The first free word (stamped), found in the header's bytes (cheaper than a numpy compare).
         header = self._mm[offset:offset + HEADER]
         at = header.find(self._free_header[:8])
         while at > 0 and at % 8:  # a match across two words

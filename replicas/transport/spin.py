@@ -1,12 +1,11 @@
 """Bounded, adaptive spinning before a futex sleep on shared memory (the board, the channel rings).
 
-Why (bench/LOG-2026.md, "small"): a replica that sleeps on a futex costs its peer a `FUTEX_WAKE`
-system call and itself a wake-up (~15 us for the call and tens of microseconds before the woken
-thread runs again in this virtual machine), twice per round trip of a ping-pong and once per
-leader and all-reduce. MPI's ranks never sleep: they poll. When every process of the job on
-this node can have a core of its own, the peer is running and publishes within microseconds, so
-watching the shared word for a short while finds it without either system call (a writer wakes
-only a reader that said it sleeps).
+Why: a replica that sleeps on a futex costs its peer a `FUTEX_WAKE` system call and itself a
+wake-up (the call, then the scheduler's delay before the woken thread runs again), twice per round
+trip of a ping-pong and once per leader and all-reduce. MPI's ranks never sleep: they poll. When
+every process of the job on this node can have a core of its own, the peer is running and
+publishes within microseconds, so watching the shared word for a short while finds it without
+either system call (a writer wakes only a reader that said it sleeps).
 
 When it must not spin: with more of the job's processes on the node than cores (packed N=1024,
 one actor per replica at N=4 on 2 cores: a spinning process takes the core its peer needs), and

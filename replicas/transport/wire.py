@@ -46,7 +46,8 @@ MAX_FRAME_BYTES = WIRE_MAX_BYTES + (1 << 20)
 MAX_HEAD_BYTES = 64 << 10  # a message's head: job token, destination, source and key
 # A frame at most this long is read in one call before its head is judged (a bounded allocation).
 _ONE_READ = 64 << 10
-HANDSHAKE_TIMEOUT = 30.0  # seconds a new connection has to prove it holds the key (5 s failed real peers under load)
+# Seconds a new connection has to prove it holds the key (real peers on a loaded machine need long).
+HANDSHAKE_TIMEOUT = 30.0
 SEND_TIMEOUT = 60.0  # seconds a send may wait for a peer that stopped reading
 MAX_PENDING = 256  # connections allowed to be in their handshake at once
 

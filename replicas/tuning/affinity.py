@@ -1,20 +1,17 @@
 """Keep the replica threads of one job in one process on one core (Linux; a no-op elsewhere).
 
-Why (bench/LOG-2026.md, "percall" and "affinity"): the replica threads of one process serialize on the
-GIL, so a second core buys them nothing but costs every hand-off a cross-CPU wake-up (an IPI, and
-the GIL passed between CPUs) and the scheduler's migrations. At 256 threads on 2 cores a replica made
-2.4-2.6 context switches per all-reduce, and the runs whose threads migrated cost twice the CPU of
-the others; the same process pinned to one core (`taskset -c 0`) never had the slow runs.
+Why: the replica threads of one process serialize on the GIL, so a second core buys them nothing
+but costs every hand-off a cross-CPU wake-up (an IPI, and the GIL passed between CPUs) and the
+scheduler's migrations: runs whose threads migrated cost several times the CPU of the others, and
+the same process pinned to one core (`taskset -c 0`) never had the slow runs.
 
 When: whenever a job has two replica threads or more in this process, and only for a program whose
 replicas cannot overlap real work outside the GIL: no op that calls BLAS/LAPACK or a custom call
 (`compile.light`), and no array over `LIGHT_BYTES` (numpy's loops over large arrays release the
 GIL, and several replicas' loops run in parallel on several cores). Not only when they outnumber
-the cores: on 2 cores, 2 replicas' all-reduce in a While loop took 50-52 us pinned against 68-192 us
-free at 4 KiB, 106-121 against 244-270 us at 1 MiB, and their 4 KiB Send/Recv ping-pong 166-226
-against 505-548 us per round trip (bench/LOG-2026.md, "Quiet rerun after n256 and suite6"). (The
-in-process collective itself gains nothing from a second core at any size: at N=4, 16 and 64 MiB
-all-reduces cost the same wall time pinned and free, its reduction being one thread's.) Only the
+the cores: two replicas' small collectives and Send/Recv round trips are faster pinned than free,
+every hand-off staying on one CPU. (The in-process collective itself gains nothing from a second
+core at any size, its reduction being one thread's.) Only the
 replica threads are pinned: the driver's thread (the monitor, the host side) keeps every core, and
 a pooled worker thread gets its own affinity back when its replica's run returns.
 
@@ -27,13 +24,11 @@ others took more than `_OTHERS` of the pinned core, the threads move to an idler
 
 `REPLICAS_PIN`: "auto" (the rule above, and the default), "off" (never pin), or a CPU number (always
 pin to that CPU, whatever the replicas and the program; it must be one this process may run on).
-Pinned threads stay pinned while the machine is busy (no core idler than theirs): at N=256 under
-the load of other processes, threads kept on one core took half the CPU and wall time per
-all-reduce of threads let go (bench/LOG-2026.md, "n256"), where letting them go on a busy machine, as
-this rule did before, put every hand-off between cores again. (Pinning was first off by default
-after one of nine full test runs had a 1024-replica threads job crawl for 50 s; the same crawl came
-back with pinning off, a futex storm of GIL waiters that `gil_slice.py` now damps: bench/LOG-2026.md,
-"CI reliability".)
+Pinned threads stay pinned while the machine is busy (no core idler than theirs): under the load
+of other processes, threads kept on one core spend less CPU and wall time per all-reduce than
+threads let go, where every hand-off crosses cores again. (A thousand-replica threads job that
+crawls on a busy machine does so pinned or not: a futex storm of GIL waiters, which `gil_slice.py`
+damps.)
 """
 
 from __future__ import annotations

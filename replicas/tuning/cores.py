@@ -39,7 +39,8 @@ def pool_threads(replicas_on_node: int) -> int | None:
             raise ValueError(f"{ENV}={setting!r}: expected an integer, 'auto' or 'off'") from None
     # One core is left to what runs beside the replicas (the driver's monitor, the transports, other
     # processes): OpenBLAS workers spin while they wait, and a pool that finds its cores taken
-    # stalls every call (a 1-replica GPT step ran 9x slower with 2 threads than with 1 on 2 cores).
+    # stalls every call (a one-replica model step ran several times slower with a thread per core
+    # than with one).
     return max(1, (cores() - 1) // max(1, replicas_on_node))
 
 
@@ -62,8 +63,8 @@ def share_cores(replicas_on_node: int) -> Any:
 
 class _Limit:
     """`ThreadpoolController.limit(limits=threads)` for every pool, and its restore, through the
-    pools' own setters: ~2 us instead of ~10 us of threadpoolctl's bookkeeping (a warm one-replica
-    run of a program with a dot pays it on every run)."""
+    pools' own setters, without threadpoolctl's bookkeeping (a warm one-replica run of a program
+    with a dot pays it on every run)."""
 
     def __init__(self, pools: list[Any], threads: int) -> None:
         self._original = [(pool, pool.get_num_threads()) for pool in pools]

@@ -1,12 +1,11 @@
 """A longer GIL switch interval while many replica threads run in this process.
 
-Why (bench/LOG-2026.md, "GIL slice"): a thread waiting for the GIL wakes every switch interval (5 ms
-by default) to ask for it again. Replica threads woken together (a job's start, a collective's
-results, an abort) all wait for it at once, so at N=1024 on the threads backend a busy machine
-turned those wake-ups into a storm that fed itself: with four other busy processes on the 2 cores,
-two deadlock runs made 210,000-465,000 futex calls (50,000 on an idle machine), and a full test run
-on a slowed host took 7x its usual system time with jobs 10x slower (one CI run: 365 s instead of
-130 s). A 50 ms interval cut the calls to 53,000-74,000. The replicas lose nothing: they give up
+Why: a thread waiting for the GIL wakes every switch interval (5 ms by default) to ask for it
+again. Replica threads woken together (a job's start, a collective's results, an abort) all wait
+for it at once, so with a thousand replicas on the threads backend a busy machine turns those
+wake-ups into a storm of futex calls that feeds itself: system time grows several-fold and jobs
+slow down by as much. A longer interval makes each waiter ask far less often. The replicas lose
+nothing: they give up
 the GIL themselves whenever they wait for a message, so the interval only bounds how long a thread
 that computes without waiting keeps it (the monitor, the host side, a transport's reader wait up to
 that long then, far below a poll).
@@ -16,9 +15,9 @@ that long then, far below a poll).
 
 Meanwhile the cycle collector's threshold of young objects is raised too (to `YOUNG`, from
 Python's 700). Each waiting replica holds a few container objects of its collective (its
-exchange, blocked record, message keys): at N=256, 2,500 of them alive at any time, so a
-collection every 700 allocations found young objects that were all still alive, moved them on
-and collected the older generations often (1.3 ms per all-reduce of ~25, bench/LOG-2026.md "lean").
+exchange, blocked record, message keys): with hundreds of replicas, thousands of them alive at any
+time, so a collection every 700 allocations finds young objects that are all still alive, moves
+them on and collects the older generations often, a large share of a small all-reduce's time.
 With the higher threshold most of what a collection would have seen is freed by then.
 """
 

@@ -15,10 +15,9 @@ def reachable(addresses: list[dict[str, Any] | None]) -> bool:
 
 
 def default_packing(num_replicas: int, resources: list[dict[str, float]] | None) -> int:
-    """One replica per actor up to the cluster's CPUs, then two (about one process per CPU: on 2
-    cores, 4 replicas in 2 actors were faster than in 4 in all 20 rows of bench/collectives.py,
-    1.3-5.5x, bench/README.md "Copies per collective"); beyond twice the CPUs, enough per actor for
-    at most twice as many actors as CPUs."""
+    """One replica per actor up to the cluster's CPUs, then two (about one process per CPU: two
+    replicas of one actor meet in-process, faster than two processes competing for one core);
+    beyond twice the CPUs, enough per actor for at most twice as many actors as CPUs."""
     import math
 
     import ray

@@ -487,8 +487,8 @@ class ReplicaHost(PersistentCalls):
 
     def events(self) -> bytes:
         """The hosted replicas' flight recorders, pickled here: Ray would send dicts and lists as
-        msgpack, which repeats every shared object (each collective event's group and fingerprint,
-        1024 ids at N=1024: 1.4 GB in the driver for 12k events); one pickle keeps one copy."""
+        msgpack, which repeats every shared object (each collective event's group and fingerprint:
+        a copy of a large group per event); one pickle keeps one copy."""
         import pickle
 
         return pickle.dumps({r: runner.recorder.events() for r, runner in self._runners.items()},

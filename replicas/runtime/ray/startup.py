@@ -28,8 +28,8 @@ def ensure_ray(address: str | None = None, timeout: float | None = None) -> None
             return
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-        # Messages up to 2 MiB travel inline with their task instead of through the object store:
-        # measured 127 -> 65 ms for a 1 MiB all-reduce on 4 replicas (bench/README.md).
+        # Messages up to 2 MiB travel inline with their task instead of through the object store,
+        # which costs a megabyte collective a round trip through the store.
         os.environ.setdefault("RAY_max_direct_call_object_size", str(2 << 20))
         kwargs: dict[str, Any] = dict(logging_level=logging.ERROR, log_to_driver=False,
                                       configure_logging=True, ignore_reinit_error=True)
