@@ -28,7 +28,8 @@ try:
     import parallel  # noqa: E402 - tests/parallel.py: the suite on two workers (needs pytest-xdist)
 except ImportError:
     parallel = None
-# Opt-in: pytest's private assertion rewriter and hard links into the venv (tests/speedups.py).
+# Opt-in: pytest's private assertion rewriter, hard links into the venv and hypothesis's constants hook
+# (tests/speedups.py).
 speedups = __import__("speedups") if os.environ.get("REPLICAS_TEST_BYTECODE") == "1" else None
 
 
@@ -46,21 +47,8 @@ def configure_jax_and_hypothesis() -> None:
     settings.register_profile("explore", derandomize=False)
     explore = os.environ.get("REPLICAS_HYPOTHESIS") == "explore"
     settings.load_profile("explore" if explore else "repeatable")
-    if not explore:
-        without_local_constants()
-
-
-def without_local_constants() -> None:
-    """Hypothesis (6.x) draws some choices from the constants of the project's modules imported so
-    far (`replicas/`, not the tests): an edit of any constant there changed the suite's examples,
-    and the XLA answers tests/golden/ must hold for them (every branch that touched a constant
-    needed answers recorded again, and so did their merge). Without them the examples depend on
-    the tests alone (hypothesis's own constants stay). No setting turns them off: its internal
-    hook, where it exists."""
-    from hypothesis.internal.conjecture import providers
-
-    if hasattr(providers, "_get_local_constants") and hasattr(providers, "Constants"):
-        providers._get_local_constants = providers.Constants  # an empty set of each kind
+    if not explore and speedups is not None:
+        speedups.without_local_constants()  # hypothesis's internal hook: opt-in only
 
 
 def runs_tests(config: pytest.Config) -> bool:

@@ -1,12 +1,16 @@
-"""An opt-in speed-up of a fresh clone's start (`REPLICAS_TEST_BYTECODE=1`), on top
-of the pycache prefix `conftest.keep_bytecode` sets up: the prefix seeded with hard links to the
-libraries' own bytecode (else the first run compiles the standard library, JAX and Ray into it),
-and the test modules' asserts rewritten once by the controller through pytest's private rewriter
-(else each xdist worker rewrites them as it collects).
+"""Opt-in speed-ups (`REPLICAS_TEST_BYTECODE=1`), on top of the pycache prefix
+`conftest.keep_bytecode` sets up: the prefix seeded with hard links to the libraries' own bytecode
+(else the first run compiles the standard library, JAX and Ray into it), the test modules' asserts
+rewritten once by the controller through pytest's private rewriter (else each xdist worker
+rewrites them as it collects), and hypothesis's examples kept independent of the constants in
+`replicas/` (`without_local_constants`: the examples, and so the XLA answers tests/golden/ holds
+for them, stay the same whatever constant a branch edits; else answers the store lacks are
+computed with XLA in the run).
 
-Not the default: it relies on pytest internals (`_pytest.assertion.rewrite`) and on the file system
-(hard links into the venv), which a version bump or another machine may change; without it the
-suite runs the same tests on public API only, and a warm prefix (a second run) is as quick.
+Not the default: it relies on pytest and hypothesis internals (`_pytest.assertion.rewrite`,
+`hypothesis.internal.conjecture.providers`) and on the file system (hard links into the venv),
+which a version bump or another machine may change; without it the suite runs the same tests on
+public API only, and a warm prefix (a second run) is as quick.
 """
 
 from __future__ import annotations
@@ -121,3 +125,15 @@ def prebuild_bytecode(config: pytest.Config) -> None:
         if child == 0:
             os._exit(0)
         os.waitpid(child, 0)
+
+
+def without_local_constants() -> None:
+    """Hypothesis (6.x) draws some choices from the constants of the project's modules imported so
+    far (`replicas/`, not the tests): an edit of any constant there changes the suite's examples,
+    and with them the XLA answers tests/golden/ must hold. Without them the examples depend on the
+    tests alone (hypothesis's own constants stay). No setting turns them off: its internal hook,
+    where it exists."""
+    from hypothesis.internal.conjecture import providers
+
+    if hasattr(providers, "_get_local_constants") and hasattr(providers, "Constants"):
+        providers._get_local_constants = providers.Constants  # an empty set of each kind
