@@ -8,10 +8,16 @@ The surface is closed:
 - Between actors of one node the socket is a Unix socket in Linux's abstract namespace (no file,
   so nothing is left in the temp dir even when an actor is killed); a TCP listener is opened only
   when the job spans nodes, on this node's address.
-- Every connection is authenticated (mutual HMAC-SHA256 challenge/response with the driver's
-  key) before any message is read, within `HANDSHAKE_TIMEOUT`, in that connection's own thread:
-  a silent stranger, a wrong key or garbage costs one thread for at most that long and never
-  delays another connection; at most `MAX_PENDING` handshakes run at once.
+- A connection is admitted before it costs anything but its accept: on the Unix socket only
+  from a process of this process's user (`SO_PEERCRED`: the abstract namespace has no file
+  permissions, so any local user could connect), and a peer (a process on the Unix socket, an
+  address over TCP) may have at most `MAX_PENDING_PER_PEER` connections in their handshake: a flood
+  from one peer is closed at accept and never takes another peer's place. At most `MAX_PENDING`
+  handshakes run at once over all peers (each is a thread).
+- Every admitted connection is authenticated (mutual HMAC-SHA256 challenge/response with the
+  driver's key) before any message is read, within `HANDSHAKE_TIMEOUT`, in that connection's own
+  thread: a silent stranger, a wrong key or garbage costs one thread for at most that long and
+  never delays another connection.
 - Only an authenticated peer's messages are deserialized. A message is a tuple framed as two
   lengths, its head (every element but the last: who it is for and its key, at most
   `MAX_HEAD_BYTES`) and its body (the last element: the payload). The head is read and judged
@@ -49,7 +55,10 @@ _ONE_READ = 64 << 10
 # Seconds a new connection has to prove it holds the key (real peers on a loaded machine need long).
 HANDSHAKE_TIMEOUT = 30.0
 SEND_TIMEOUT = 60.0  # seconds a send may wait for a peer that stopped reading
-MAX_PENDING = 256  # connections allowed to be in their handshake at once
+MAX_PENDING = 256  # connections allowed to be in their handshake at once, over all peers
+# Per peer (a process on the Unix socket, an address over TCP): a real peer opens one connection per
+# sending actor and job, so this only bounds what one stranger can hold.
+MAX_PENDING_PER_PEER = 32
 
 _HELLO = b"rpw1"
 _CHALLENGE_BYTES = 32
@@ -136,7 +145,7 @@ class Wire:
         self._lock = threading.Lock()
         self._conns: dict[str, tuple[socket.socket, threading.Lock]] = {}
         self._served: set[socket.socket] = set()  # accepted connections, closed with the wire
-        self._pending = threading.BoundedSemaphore(MAX_PENDING)
+        self._pending: dict[Any, int] = {}  # peer -> its connections in their handshake (under `_lock`)
         self._listeners: list[socket.socket] = []
         self._dir: str | None = None
         self.address: dict[str, Any] = {"node": node, "unix": self._listen_unix(), "tcp": None}
@@ -178,12 +187,45 @@ class Wire:
                 if self._closed:
                     return
                 continue
-            if not self._pending.acquire(blocking=False):
-                conn.close()  # too many strangers mid-handshake: refuse rather than queue
+            peer = self._admit(conn)
+            if peer is None:
+                conn.close()  # another user, or too many of this peer's connections mid-handshake
                 continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True, name="wire-read").start()
+            try:
+                threading.Thread(target=self._serve, args=(conn, peer), daemon=True, name="wire-read").start()
+            except RuntimeError:  # no thread to spare: refused like a flood, never an accept loop that dies
+                self._done_pending(peer)
+                conn.close()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _admit(self, conn: socket.socket) -> Any:
+        """The peer `conn` counts against (its process, or its address), with a handshake slot taken;
+        None when it is refused: another user's process, or its peer (or all peers) at their limit."""
+        try:
+            if conn.family == socket.AF_UNIX:
+                pid, uid, _ = _peer_credentials(conn)
+                if uid != os.getuid():
+                    return None
+                peer: Any = ("pid", pid)
+            else:
+                peer = ("host", conn.getpeername()[0])
+        except (OSError, struct.error):
+            return None
+        with self._lock:
+            mine = self._pending.get(peer, 0)
+            if mine >= MAX_PENDING_PER_PEER or sum(self._pending.values()) >= MAX_PENDING:
+                return None
+            self._pending[peer] = mine + 1
+        return peer
+
+    def _done_pending(self, peer: Any) -> None:
+        with self._lock:
+            left = self._pending[peer] - 1
+            if left:
+                self._pending[peer] = left
+            else:
+                del self._pending[peer]
+
+    def _serve(self, conn: socket.socket, peer: Any) -> None:
         """Authenticate within the deadline, then read frames until the peer or the wire closes."""
         try:
             conn.settimeout(HANDSHAKE_TIMEOUT)
@@ -193,7 +235,7 @@ class Wire:
             conn.close()
             return
         finally:
-            self._pending.release()
+            self._done_pending(peer)
         with self._lock:
             if self._closed:
                 conn.close()
@@ -326,12 +368,16 @@ def encode(message: tuple) -> tuple[bytes, bytes]:
     return _LENGTHS.pack(len(head), len(data) - len(head)), data
 
 
+def _peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket, as the kernel saw it connect."""
+    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+
+
 def _peer_name(conn: socket.socket) -> str:
     """Who is at the other end: a process id on a Unix socket, an address over TCP."""
     try:
         if conn.family == socket.AF_UNIX:
-            pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                             struct.calcsize("3i")))
+            pid, _, _ = _peer_credentials(conn)
             return f"the peer process {pid}"
         host, port = conn.getpeername()[:2]
         return f"the peer at {host}:{port}"
