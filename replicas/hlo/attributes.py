@@ -324,8 +324,10 @@ _INT_LIST_ATTRS = ("dimensions", "fft_length", "slice_sizes", "dynamic_slice_siz
                    "collapsed_slice_dims", "start_index_map", "operand_batching_dims",
                    "start_indices_batching_dims", "update_window_dims", "inserted_window_dims",
                    "scatter_dims_to_operand_dims", "input_batching_dims", "scatter_indices_batching_dims")
-_COMPUTATION_ATTRS = ("to_apply", "condition", "body", "calls", "true_computation", "false_computation",
-                      "select", "scatter")
+# The attributes that name called computations (the IR's calls: ir.Instruction.called_computations).
+COMPUTATION_ATTRS = ("to_apply", "condition", "body", "calls", "true_computation", "false_computation",
+                     "select", "scatter", "branch_computations", "called_computations")
+_COMPUTATION_LISTS = ("branch_computations", "called_computations")  # a list of names, not one
 _ENUM_ATTRS: dict[str, tuple[str, Callable[[str], str]]] = {
     "direction": ("comparison_direction", _enum("EQ", "NE", "GE", "GT", "LE", "LT")),
     "type": ("type", _enum("FLOAT", "TOTALORDER", "SIGNED", "UNSIGNED", "PARTIALORDER")),
@@ -350,10 +352,11 @@ def _build_specs() -> dict[str, AttrSpec]:
         add(name, name, _parse_bool, _fmt_bool)
     for name in _INT_LIST_ATTRS:
         add(name, name, parse_int_list, format_int_list)
-    for name in _COMPUTATION_ATTRS:
-        add(name, name, _parse_computation, _fmt_computation)
-    for name in ("branch_computations", "called_computations"):
-        add(name, name, _parse_computation_list, _fmt_computation_list)
+    for name in COMPUTATION_ATTRS:
+        if name in _COMPUTATION_LISTS:
+            add(name, name, _parse_computation_list, _fmt_computation_list)
+        else:
+            add(name, name, _parse_computation, _fmt_computation)
     for text, (ir, parse) in _ENUM_ATTRS.items():
         add(text, ir, parse, str)
     add("slice_sizes", "slice_sizes", _parse_slice_sizes,

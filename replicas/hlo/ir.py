@@ -13,12 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replicas.errors import ProgramError
+from replicas.hlo.attributes import COMPUTATION_ATTRS  # the attributes naming called computations
 from replicas.hlo.window import make_window  # noqa: F401  (part of the IR's public face)
 from replicas.shapes import Shape
 
-# Attributes whose value names one computation, or (for branch_computations) a list of them.
-COMPUTATION_ATTRS = ("to_apply", "condition", "body", "calls", "true_computation", "false_computation",
-                     "select", "scatter", "branch_computations", "called_computations")
 
 # Slots: a dense program holds one Instruction per ~40 bytes of its text, and an instance dict
 # would cost more than the text it came from (parsing is bounded at 10x its input).
