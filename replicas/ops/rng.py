@@ -186,6 +186,9 @@ def make_rng_bit_generator(inst: Instruction, ctx: KernelContext) -> Callable[[n
     return rng_bit_generator
 
 
+CHUNK = 1 << 20  # float64 draws an rng kernel makes at a time (8 MiB)
+
+
 @kernel("rng")
 def make_rng(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]:
     # The verifier checked the distribution, two scalar parameters of the result's element type, and
@@ -203,21 +206,36 @@ def make_rng(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]
         return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed_words + [runs[0]])))
 
     def normal(mu: np.ndarray, sigma: np.ndarray, _dims: np.ndarray | None = None) -> np.ndarray:
-        draws = generator().standard_normal(dims)
+        rng, m, s = generator(), float(mu), float(sigma)
+        out = np.empty(dims, dtype)
+        flat = out.reshape(-1)
+        # A chunk of float64 draws at a time, written into the result: the same draws in the same
+        # order as one call, without a float64 copy of the whole result (runtime/memory.py declares it).
         with np.errstate(all="ignore"):
-            return np.asarray(float(mu) + float(sigma) * draws).astype(dtype)
+            for start in range(0, flat.size, CHUNK):
+                draws = rng.standard_normal(min(CHUNK, flat.size - start))
+                draws *= s
+                draws += m
+                flat[start:start + draws.size] = draws
+        return out
 
     def uniform(a: np.ndarray, b: np.ndarray, _dims: np.ndarray | None = None) -> np.ndarray:
         rng = generator()
         if kind.is_floating:
             lo, hi = float(a), float(b)
+            out = np.empty(dims, dtype)
+            flat = out.reshape(-1)
+            low, high = np.asarray(lo).astype(dtype), np.asarray(hi).astype(dtype)
             with np.errstate(all="ignore"):
-                values = np.asarray(lo + (hi - lo) * rng.random(dims)).astype(dtype)
-                if lo < hi:  # rounding to a narrow type may reach b; [a, b) excludes it
-                    values = np.where(
-                        values >= np.asarray(hi).astype(dtype), np.asarray(lo).astype(dtype), values
-                    )
-            return values
+                for start in range(0, flat.size, CHUNK):
+                    draws = rng.random(min(CHUNK, flat.size - start))
+                    draws *= hi - lo
+                    draws += lo
+                    part = flat[start:start + draws.size]
+                    part[...] = draws
+                    if lo < hi:  # rounding to a narrow type may reach b; [a, b) excludes it
+                        part[part >= high] = low
+            return out
         lo, hi = int(a), int(b)
         if hi <= lo:
             return np.full(dims, a, dtype=dtype)

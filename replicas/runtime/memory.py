@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from replicas.caching import Cache
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Instruction
 from replicas.hlo.opcodes import OPCODES
@@ -30,10 +31,32 @@ def _iota_temporary(inst: Instruction) -> int:
 
 
 def _sort_temporary(inst: Instruction) -> int:
-    return shape_bytes(inst.shape) + 8 * _elements(inst)  # the permutation and a gathered copy
+    # The keys made sortable (NaNs and signed zeros ordered as XLA orders them), the permutation in
+    # int64, stable-sort buffers and a gathered copy: measured ~33 bytes an element of f32 keys.
+    return shape_bytes(inst.shape) + 40 * _leaf_elements(inst)
 
 
-TEMPORARIES: dict[str, Any] = {"iota": _iota_temporary, "sort": _sort_temporary}
+def _gather_temporary(inst: Instruction) -> int:
+    # The start indices widened to int64, clamped, and flat offsets: measured ~24 bytes an element.
+    return 32 * _leaf_elements(inst)
+
+
+def _rng_temporary(inst: Instruction) -> int:
+    return min(8 << 20, 8 * _leaf_elements(inst))  # a chunk of float64 draws at a time (ops/rng.py)
+
+
+def _bit_generator_temporary(inst: Instruction) -> int:
+    # ThreeFry/Philox rounds on uint32 and uint64 arrays of the result's size: measured ~3.5x it.
+    return 4 * shape_bytes(inst.shape)
+
+
+TEMPORARIES: dict[str, Any] = {"iota": _iota_temporary, "sort": _sort_temporary, "gather": _gather_temporary,
+                               "rng": _rng_temporary, "rng-bit-generator": _bit_generator_temporary}
+
+
+def _leaf_elements(inst: Instruction) -> int:
+    """Elements of `inst`'s result, every leaf of a tuple counted."""
+    return sum(max(1, _product(leaf.dimensions)) for leaf in inst.shape.leaves() if leaf.is_array)
 
 
 @dataclass(frozen=True)
@@ -109,10 +132,20 @@ def _parameter_bytes(comp: Any) -> int:
     return sum(shape_bytes(inst.shape) for inst in comp.instructions if inst.opcode == "parameter")
 
 
+# Program fingerprint -> its peak: a warm run's check is a multiplication.
+_PEAKS: Cache[Peak] = Cache("program peaks", 256)
+
+
 def check_peak(executable: Any, replicas_per_process: int | None) -> Peak:
-    """`peak_bytes(executable)`, or ProgramError if it times `replicas_per_process` is over the
-    byte ceiling."""
-    peak = peak_bytes(executable)
+    """`peak_bytes(executable)`, or ProgramError if it times `replicas_per_process` (the replicas
+    one process hosts: every replica of the threads backend, an actor's replicas under Ray) is over
+    the byte ceiling."""
+    key = getattr(executable, "fingerprint", b"")
+    peak = _PEAKS.get(key) if key else None
+    if peak is None:
+        peak = peak_bytes(executable)
+        if key:
+            _PEAKS.put(key, peak)
     n = replicas_per_process or 1
     ceiling = current().max_bytes
     if peak.bytes * n > ceiling:

@@ -18,6 +18,7 @@ from replicas.runtime.bound import BINDING_DEADLINE
 from replicas.runtime.compile import Executable, light, runs_quickly, uses_blas
 from replicas.runtime.interpreter_pool import checkin, checkout
 from replicas.runtime.job import Backend, replica_error
+from replicas.runtime.memory import check_peak
 from replicas.runtime.replica_runner import ReplicaRunner
 from replicas.transport.fabric import MailboxFabric
 from replicas.transport.mailbox import Mailbox
@@ -60,6 +61,7 @@ class ThreadBackend(Backend):
         which the job must end; setting up and starting the replicas count against it."""
         n = len(args)
         self.num_replicas = n
+        check_peak(executable, n)  # every replica lives in this process: refused before any is set up
         self._deadline = deadline
         _wait_for_unwinding(deadline)
         # A poll copies every replica's state in this process, holding the GIL the replicas need:

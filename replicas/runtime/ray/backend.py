@@ -21,6 +21,7 @@ from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable, has_custom_calls
 from replicas.runtime.job import Backend
+from replicas.runtime.memory import check_peak
 from replicas.runtime.ray.driver_process import AUTHKEY, POOL, job_ended
 from replicas.runtime.ray.faults import actor_failure, not_started, unplaceable
 from replicas.runtime.ray.persistent import PersistentJob
@@ -57,6 +58,7 @@ class RayBackend(PersistentJob, Backend):
         n = len(args)
         self.num_replicas = n
         per = int(replicas_per_actor) if replicas_per_actor else default_packing(n, resources)
+        check_peak(executable, min(per, n))  # an actor's replicas share its memory (runtime/memory.py)
         groups = [list(range(i, min(i + per, n))) for i in range(0, n, per)]
         self._groups = groups
         self._actors = []
