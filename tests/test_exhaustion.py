@@ -157,4 +157,4 @@ def test_a_replica_refused_a_descriptor_or_a_process_ends_the_job_naming_it(case
     assert out["resource"] == ("processes" if case == "processes" else "file descriptors"), out
     if case != "program file":  # a replica's kernel: named with its instruction
         assert out["replica"] in (0, 1) and out["instruction"].startswith("%r (custom-call"), out
-    assert out["after"] == out["before"], out
+    assert out["after"] == out["before"], out  # the threads it started ended

@@ -33,8 +33,13 @@ class Task(threading.Event):
     def retire(self) -> threading.Thread | None:
         if not self._fresh:
             return None
-        self._worker.retiring = True
-        return self._worker.thread
+        worker = self._worker
+        with _lock:
+            worker.retiring = True
+            if worker in _idle:  # it returned already and waits for a task: let it end now
+                _idle.remove(worker)
+                worker.ready.set()
+        return worker.thread
 
 
 class _Worker:
