@@ -1,6 +1,7 @@
 """The torch.distributed gloo anchor: N processes (torch.multiprocessing), rank 0 prints one JSON line.
 
     python bench/anchors_gloo.py --replicas 4 --ops all-reduce,all-gather --sizes 4096,1048576
+    python bench/anchors_gloo.py --replicas 4 --rank R --master HOST:PORT ...   # one rank (one per host)
 
 Ops: all_reduce, all_gather_into_tensor (falls back to all_gather), reduce_scatter_tensor,
 all_to_all_single, and isend/irecv around a ring for collective-permute, on an f32 tensor of the
@@ -66,12 +67,12 @@ def _call(op: str, x, n: int, rank: int):
     raise ValueError(op)
 
 
-def _worker(rank: int, n: int, port: int, ops: list[str], sizes: list[int], queue) -> None:
+def _worker(rank: int, n: int, port: int, ops: list[str], sizes: list[int], queue, master: str = "127.0.0.1") -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = master
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=n)
     results: dict[str, dict[str, float | None]] = {}
@@ -100,7 +101,11 @@ def _worker(rank: int, n: int, port: int, ops: list[str], sizes: list[int], queu
                 errors[op] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
                 dist.barrier()
     if rank == 0:
-        queue.put({"ranks": n, "torch": torch.__version__, "results": results, "errors": errors})
+        report = {"ranks": n, "torch": torch.__version__, "results": results, "errors": errors}
+        if queue is None:
+            print(json.dumps(report), flush=True)
+        else:
+            queue.put(report)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -110,7 +115,13 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--ops", default="all-reduce")
     parser.add_argument("--sizes", default="4096")
+    parser.add_argument("--rank", type=int, help="run only this rank (started on its own host); rank 0 prints")
+    parser.add_argument("--master", help="with --rank: rank 0's address:port")
     a = parser.parse_args()
+    if a.rank is not None:
+        host, port = a.master.rsplit(":", 1)
+        _worker(a.rank, a.replicas, int(port), a.ops.split(","), [int(s) for s in a.sizes.split(",")], None, host)
+        return
     try:
         import torch.multiprocessing as mp
     except ImportError:

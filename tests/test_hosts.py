@@ -58,7 +58,8 @@ CORRECT = textwrap.dedent("""
     rng = np.random.default_rng(5)
     cases = {"all_reduce": (sys.argv[1], [{"host0": 1}, {"host1": 1}] * 2, 1),
              "packed": (sys.argv[1], [{"host0": 1}] * 2 + [{"host1": 1}] * 2, 2),
-             "channels": (sys.argv[2], [{"host0": 1}, {"host1": 1}] * 2, 1)}
+             "channels": (sys.argv[2], [{"host0": 1}, {"host1": 1}] * 2, 1),
+             "large": (sys.argv[3], [{"host0": 1}, {"host1": 1}] * 2, 1)}
     for name, (text, placement, per_actor) in cases.items():
         m = rp.parse_hlo(text)
         shape = m.entry_computation.parameters[0].shape.dimensions
@@ -81,12 +82,15 @@ CORRECT = textwrap.dedent("""
 
 
 def test_values_across_hosts_equal_one_machines(cluster: hosts.Cluster) -> None:
-    out = run_driver(cluster, CORRECT, ALL_REDUCE.format(n=4, size=4096, gsize=4 * 4096), CHANNELS)
+    large = 1 << 19  # 2 MiB a replica (8 MiB gathered): streamed between the hosts' actors over their own sockets
+    out = run_driver(cluster, CORRECT, ALL_REDUCE.format(n=4, size=4096, gsize=4 * 4096), CHANNELS,
+                     ALL_REDUCE.format(n=4, size=large, gsize=4 * large))
     report = json.loads(out.strip().splitlines()[-1])
     h0, h1 = (h.address for h in cluster.hosts)
     assert report["auth"] == "token"
     assert report["all_reduce"] == {"equal": True, "close": True, "repeat": True, "hosts": [h0, h1, h0, h1]}
     assert report["channels"] == {"equal": True, "close": True, "repeat": True, "hosts": [h0, h1, h0, h1]}
+    assert report["large"] == {"equal": True, "close": True, "repeat": True, "hosts": [h0, h1, h0, h1]}
     # Two replicas per actor: the same bits every run, but not the threads backend's (each actor sums
     # its pair first: another order of the float additions), so close to them, not equal.
     packed = report["packed"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pickle
 import socket
 import struct
 import tempfile
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from replicas.transport import wire as wire_module
-from replicas.transport.wire import MAX_FRAME_BYTES, Wire, WireError
+from replicas.transport.wire import Wire, WireError, max_frame_bytes
 
 KEY = b"k" * 32
 WAIT = 20  # seconds: a bound on waits for something that should happen at once
@@ -109,7 +110,8 @@ def test_replayed_bytes_of_an_earlier_connection_are_refused(pair):
     first = _raw(receiver.address["unix"])
     hello = first.recv(36)
     session = wire_module._digest(KEY, b"c", hello[4:]) + os.urandom(32)
-    session += b"".join(wire_module.encode(("genuine",)))
+    header, parts = wire_module.encode(("genuine",))
+    session += header + b"".join(parts)
     first.sendall(session)
     assert inbox.wait_for(lambda: inbox.messages == [("genuine",)])
     first.close()
@@ -141,7 +143,7 @@ def test_a_frame_over_the_limit_is_a_fault_not_an_allocation(pair):
     wire_module._client_handshake(client, KEY)
     client.sendall(struct.pack("<QQ", 10, 1 << 60))
     assert inbox.wait_for(lambda: len(inbox.faults) == 1)
-    assert str(MAX_FRAME_BYTES) in str(inbox.faults[0])
+    assert str(max_frame_bytes()) in str(inbox.faults[0])
     assert _closed_by_peer(client)
     client.close()
 
@@ -197,12 +199,39 @@ def test_a_body_over_what_its_head_allows_is_refused_before_it_is_read():
     receiver = Wire(inbox.deliver, KEY, "node", on_fault=inbox.fault, check=check)
     client = _raw(receiver.address["unix"])
     wire_module._client_handshake(client, KEY)
-    header, data = wire_module.encode(("small-key", np.zeros(1 << 16, np.uint8)))
+    header, parts = wire_module.encode(("small-key", np.zeros(1 << 16, np.uint8)))
     head_size, body_size = struct.unpack("<QQ", header)
-    client.sendall(header + data[:head_size])  # the head only: the body is never sent
+    client.sendall(header + bytes(parts[0])[:head_size])  # the head only: the body is never sent
     assert inbox.wait_for(lambda: len(inbox.faults) == 1)
     fault = str(inbox.faults[0])
     assert f"{body_size} bytes under 'small-key'" in fault and f"peer process {os.getpid()}" in fault
     assert _closed_by_peer(client) and not inbox.messages
     client.close()
     receiver.close()
+
+
+def test_large_arrays_cross_out_of_band_and_arrive_equal_and_writable(pair):
+    """A body's contiguous arrays travel after its pickle from their own memory (the path every
+    message between nodes takes); non-contiguous ones and scalars ride in the pickle."""
+    inbox, receiver, sender = pair
+    big = np.arange(3 << 20, dtype=np.float32)  # 12 MiB: several reads of the socket
+    strided = np.arange(64, dtype=np.int16)[::3]
+    sender.send(receiver.address, ("key", (big, strided, np.float64(2.5), {"k": big[:5]})))
+    assert inbox.wait_for(lambda: len(inbox.messages) == 1)
+    got_big, got_strided, scalar, mapping = inbox.messages[0][1]
+    np.testing.assert_array_equal(got_big, big)
+    np.testing.assert_array_equal(got_strided, strided)
+    assert scalar == 2.5 and got_big.dtype == np.float32 and got_big.flags.writeable
+    np.testing.assert_array_equal(mapping["k"], big[:5])
+
+
+def test_a_body_whose_layout_does_not_add_up_is_a_fault(pair):
+    inbox, receiver, _ = pair
+    client = _raw(receiver.address["unix"])
+    wire_module._client_handshake(client, KEY)
+    head = pickle.dumps(("key",))
+    body = struct.pack("<QQQ", 4, 1, 1 << 40) + b"meta"  # one buffer declared far beyond the body
+    client.sendall(struct.pack("<QQ", len(head), len(body)) + head + body)
+    assert inbox.wait_for(lambda: len(inbox.faults) == 1)
+    assert "does not add up" in str(inbox.faults[0]) and not inbox.messages
+    client.close()

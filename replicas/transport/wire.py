@@ -1,8 +1,10 @@
 """Direct actor-to-actor messages: a socket per pair of replica actors, beside Ray.
 
 A Ray actor call costs milliseconds of CPU on a small machine; a message written to a socket
-that a reader thread in the peer hands to its mailbox costs tens of microseconds. Small messages
-take this path; large ones keep going through Ray's object store (zero-copy on one node).
+that a reader thread in the peer hands to its mailbox costs tens of microseconds. Between nodes
+every message takes this path, its arrays streamed from their own memory into the receiver's
+buffers (pickle's out-of-band buffers: no pickled copy on either side); between actors of one node
+large ones go through shared memory instead (or Ray's object store, zero-copy on one node).
 
 The surface is closed:
 - Between actors of one node the socket is a Unix socket in Linux's abstract namespace (no file,
@@ -23,7 +25,7 @@ The surface is closed:
   `MAX_HEAD_BYTES`) and its body (the last element: the payload). The head is read and judged
   first: `check(head, body_bytes)` refuses a body larger than what the program's collective or
   channel named by the head can hold (transport/message_bounds.py), so such a body, or one over
-  `MAX_FRAME_BYTES`, is refused before a byte of it is allocated. A refused message is reported
+  `max_frame_bytes()`, is refused before a byte of it is allocated. A refused message is reported
   to `on_fault` naming the peer (its process, or its address) and the connection is closed, so
   its sender gets an error instead of blocking on a reader that is gone.
 """
@@ -45,10 +47,11 @@ from typing import Any
 
 import numpy as np
 
-# Messages with more array bytes than this go through Ray's object store instead.
+from replicas import limits
+
+# Between actors of one node, messages with more array bytes than this go through shared memory
+# (or Ray's object store); between nodes every message takes the wire, streamed from the arrays.
 WIRE_MAX_BYTES = 1 << 20
-# A frame carries one message: its arrays plus the key, the job token and pickle's framing.
-MAX_FRAME_BYTES = WIRE_MAX_BYTES + (1 << 20)
 MAX_HEAD_BYTES = 64 << 10  # a message's head: job token, destination, source and key
 # A frame at most this long is read in one call before its head is judged (a bounded allocation).
 _ONE_READ = 64 << 10
@@ -64,6 +67,8 @@ _HELLO = b"rpw1"
 _CHALLENGE_BYTES = 32
 _DIGEST_BYTES = 32
 _LENGTHS = struct.Struct("<QQ")  # a frame's head and body lengths
+_BODY = struct.Struct("<QQ")  # a body's pickle length and its number of out-of-band buffers
+_LENGTH = struct.Struct("<Q")  # one out-of-band buffer's length
 
 
 class WireError(RuntimeError):
@@ -78,6 +83,12 @@ class RefusedMessage(WireError):
         super().__init__(f"a message from {peer} was refused: {detail}")
         self.peer = peer
         self.error = error
+
+
+def max_frame_bytes() -> int:
+    """The most a frame's body may hold whatever its key: a value of the byte ceiling
+    (`REPLICAS_MAX_BYTES`) plus framing. The program's own bound (`check`) is usually far lower."""
+    return limits.current().max_bytes + (1 << 20)
 
 
 def payload_bytes(value: Any) -> int:
@@ -96,14 +107,18 @@ def _digest(key: bytes, role: bytes, challenge: bytes) -> bytes:
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    chunks = []
-    while n:
-        chunk = sock.recv(min(n, 1 << 20))
-        if not chunk:
+    return bytes(_recv_into(sock, bytearray(n)))
+
+
+def _recv_into(sock: socket.socket, buffer: bytearray) -> bytearray:
+    """Fill `buffer` from the socket (a large body lands where it will be used: no second copy)."""
+    view, got = memoryview(buffer), 0
+    while got < len(buffer):
+        n = sock.recv_into(view[got:], min(len(buffer) - got, 4 << 20))
+        if not n:
             raise EOFError("connection closed")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
+        got += n
+    return buffer
 
 
 def _server_handshake(sock: socket.socket, key: bytes) -> None:
@@ -257,8 +272,8 @@ class Wire:
                 head_size, body_size = _LENGTHS.unpack(_recv_exact(conn, _LENGTHS.size))
                 if head_size > MAX_HEAD_BYTES:
                     raise WireError(f"a message head of {head_size} bytes (the limit is {MAX_HEAD_BYTES})")
-                if body_size > MAX_FRAME_BYTES:
-                    raise WireError(f"a frame of {body_size} bytes (the limit is {MAX_FRAME_BYTES})")
+                if body_size > max_frame_bytes():
+                    raise WireError(f"a frame of {body_size} bytes (the limit is {max_frame_bytes()})")
                 together = head_size + body_size <= _ONE_READ
                 data = _recv_exact(conn, head_size + body_size if together else head_size)
             except (OSError, EOFError):
@@ -271,10 +286,10 @@ class Wire:
             if self._check is not None:
                 self._check(head, body_size)
             try:
-                body = view[head_size:] if together else _recv_exact(conn, body_size)
+                body = decode_body(view[head_size:]) if together else _read_body(conn, body_size)
             except (OSError, EOFError):
                 return
-            self._deliver(head + (pickle.loads(body),))  # noqa: S301
+            self._deliver(head + (body,))
 
     def _fault(self, conn: socket.socket, error: BaseException) -> None:
         if self._on_fault is not None and not self._closed:
@@ -291,14 +306,15 @@ class Wire:
                 if entry is None:
                     entry = self._conns[key] = (self._connect(peer), threading.Lock())
         conn, lock = entry
-        header, data = encode(message)
+        header, parts = encode(message)
         with lock:
             try:
-                if len(data) < 65536:
-                    conn.sendall(header + data)  # one system call for the usual small message
+                if len(parts) == 1 and len(parts[0]) < 65536:
+                    conn.sendall(header + parts[0])  # one system call for the usual small message
                 else:
                     conn.sendall(header)
-                    conn.sendall(data)
+                    for part in parts:  # arrays go out from their own memory, not a pickled copy
+                        conn.sendall(part)
             except OSError as e:
                 self._drop(key, conn)
                 raise WireError(f"cannot send to the actor at {peer['unix']!r}: {type(e).__name__}: {e}") from None
@@ -359,13 +375,62 @@ class Wire:
             return len(self._conns) + len(self._served)
 
 
-def encode(message: tuple) -> tuple[bytes, bytes]:
-    """A message's frame: its two lengths, then its head and body pickled one after the other."""
+def encode(message: tuple) -> tuple[bytes, list[Any]]:
+    """A message's frame: its two lengths, then its head pickled, then its body (module doc): the
+    body's pickle with its contiguous arrays left out of band and written after it as they are."""
     head = pickle.dumps(message[:-1], protocol=pickle.HIGHEST_PROTOCOL)
-    data = head + pickle.dumps(message[-1], protocol=pickle.HIGHEST_PROTOCOL)
-    if len(data) - len(head) > MAX_FRAME_BYTES or len(head) > MAX_HEAD_BYTES:
-        raise WireError(f"a message of {len(data)} bytes is over the frame limit of {MAX_FRAME_BYTES}")
-    return _LENGTHS.pack(len(head), len(data) - len(head)), data
+    buffers: list[pickle.PickleBuffer] = []
+    meta = pickle.dumps(message[-1], protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    prefix = _BODY.pack(len(meta), len(raws)) + b"".join(_LENGTH.pack(r.nbytes) for r in raws)
+    body_size = len(prefix) + len(meta) + sum(r.nbytes for r in raws)
+    if body_size > max_frame_bytes() or len(head) > MAX_HEAD_BYTES:
+        raise WireError(f"a message of {body_size} bytes is over the frame limit of {max_frame_bytes()}")
+    first = head + prefix + meta
+    if sum(r.nbytes for r in raws) < 65536:
+        return _LENGTHS.pack(len(head), body_size), [b"".join([first, *raws])]
+    return _LENGTHS.pack(len(head), body_size), [first, *raws]
+
+
+def _body_layout(prefix: bytes | memoryview, body_size: int) -> tuple[int, int]:
+    """The body's pickle length and its number of out-of-band buffers, checked against its size."""
+    if body_size < _BODY.size:
+        raise WireError(f"a message body of {body_size} bytes has no layout")
+    meta_size, count = _BODY.unpack(bytes(prefix[:_BODY.size]))
+    if _BODY.size + count * _LENGTH.size + meta_size > body_size:
+        raise WireError(f"a message body of {body_size} bytes declares more than it holds")
+    return meta_size, count
+
+
+def _buffer_sizes(data: bytes | memoryview, count: int, meta_size: int, body_size: int) -> list[int]:
+    sizes = [_LENGTH.unpack_from(data, i * _LENGTH.size)[0] for i in range(count)]
+    if _BODY.size + count * _LENGTH.size + meta_size + sum(sizes) != body_size:
+        raise WireError(f"a message body of {body_size} bytes does not add up")
+    return sizes
+
+
+def decode_body(view: memoryview) -> Any:
+    """A body read whole (a small frame): its arrays are copied out of the read buffer."""
+    meta_size, count = _body_layout(view, len(view))
+    at = _BODY.size + count * _LENGTH.size
+    sizes = _buffer_sizes(view[_BODY.size:at], count, meta_size, len(view))
+    meta, at = view[at:at + meta_size], at + meta_size
+    buffers = []
+    for size in sizes:
+        buffers.append(bytearray(view[at:at + size]))
+        at += size
+    return pickle.loads(meta, buffers=buffers)  # noqa: S301 - an authenticated peer's (module doc)
+
+
+def _read_body(conn: socket.socket, body_size: int) -> Any:
+    """A large body read from the socket: each array straight into its own buffer."""
+    if body_size < _BODY.size:
+        raise WireError(f"a message body of {body_size} bytes has no layout")
+    meta_size, count = _body_layout(_recv_exact(conn, _BODY.size), body_size)
+    sizes = _buffer_sizes(_recv_exact(conn, count * _LENGTH.size), count, meta_size, body_size)
+    meta = _recv_exact(conn, meta_size)
+    buffers = [_recv_into(conn, bytearray(size)) for size in sizes]
+    return pickle.loads(meta, buffers=buffers)  # noqa: S301 - an authenticated peer's (module doc)
 
 
 def _peer_credentials(conn: socket.socket) -> tuple[int, int, int]:

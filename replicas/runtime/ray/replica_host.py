@@ -102,8 +102,9 @@ class RayFabric(MailboxFabric):
                 self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
                 self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, descriptor))
                 return
-        if self.wire is not None and payload_bytes(value) <= WIRE_MAX_BYTES:
-            self.wire.send(self.wire_routes[dst], (self.token, dst, self.replica_id, key, value))
+        route = self.wire_routes.get(dst) if self.wire is not None else None
+        if route is not None and (route["node"] != self.wire.address["node"] or payload_bytes(value) <= WIRE_MAX_BYTES):
+            self.wire.send(route, (self.token, dst, self.replica_id, key, value))
         else:
             self.routes[dst].deliver.remote(self.token, dst, self.replica_id, key, value)
 

@@ -1,0 +1,258 @@
+"""Collectives across two simulated hosts, next to gloo and MPI placed on the same hosts (a
+benchmark, never a test; needs root and iproute2, as `replicas cluster` does).
+
+    sudo python bench/hosts_collectives.py [--replicas 4,8] [--sizes 4KiB,1MiB,16MiB,64MiB]
+                                           [--ops all-reduce,...] [--repeat 3] [--skip gloo,mpi]
+                                           [--rate 1gbit] [--delay 1ms]
+
+Two hosts (replicas/cluster/hosts.py: each its own network, mount and UTS namespace and Ray node);
+replica r runs on host r % 2, one replica per actor. The driver runs inside host 0 and times the
+op K times in a While loop, differenced ((T(K2) - T(K1)) / (K2 - K1): the job's start and its
+results cancel), `--repeat` times, median and spread. Anchors in the same run, half the ranks on
+each host, in that host's namespaces: torch.distributed gloo (one process per rank, rank r on
+host r % 2, over the hosts' addresses) and MPI (mpi4py under MPICH's mpiexec, pip's `mpich`,
+whose launcher enters the hosts' namespaces, so each host's ranks share a hostname and a
+/dev/shm as on real hosts and MPICH uses shared memory within a host, TCP between them). ratio = replicas / the best
+of gloo and MPI. With `--rate`/`--delay` the links are shaped (`tc`; delay needs the kernel's
+netem) and a model column gives the link's bound for the op: its bytes over the busiest host's
+link at the shaped rate, plus one delay per message round (stated per op in `model_seconds`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import (  # noqa: E402 - the bench folder is not a package
+    BENCH_DIR,
+    OPS,
+    Timing,
+    collective_program,
+    fmt_time,
+    iterations_for,
+    load_average,
+    mpiexec_path,
+    parse_size,
+    per_iteration,
+    size_label,
+)
+
+# -- the replicas column: a driver inside host 0 ----------------------------------------------------------
+
+def child_replicas(n: int, ops: list[str], sizes: list[int], repeat: int) -> dict:
+    import numpy as np
+
+    import replicas as rp
+
+    placement = [{f"host{r % 2}": 1} for r in range(n)]
+    results: dict[str, dict[str, list[float]]] = {}
+    for op in ops:
+        results[op] = {}
+        for nbytes in sizes:
+            elements = nbytes // 4
+            module = collective_program(op, elements, n, result_elements=min(elements, 16))
+            x = np.ones(elements, np.float32)
+
+            def run(k: int, module: rp.Module = module, x: np.ndarray = x) -> float:
+                t0 = time.perf_counter()
+                rp.run(module, [x, np.asarray(k, np.int32)], num_replicas=n, address="auto",
+                       resources=placement, replicas_per_actor=1, timeout=600)
+                return time.perf_counter() - t0
+
+            run(1)  # actors, binding, connections
+            k1, k2 = iterations_for(nbytes)
+            results[op][str(nbytes)] = per_iteration(run, k1, k2, repeat).samples
+    return {"results": results}
+
+
+# -- anchors --------------------------------------------------------------------------------------------
+
+def gloo_anchor(cluster, n: int, ops: list[str], sizes: list[int], timeout: float) -> tuple[dict | None, str]:
+    from replicas.cluster import hosts
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return None, "skipped (torch not installed)"
+    master = f"{cluster.hosts[0].address}:29533"
+    procs = []
+    for rank in range(n):
+        argv = [sys.executable, os.path.join(BENCH_DIR, "anchors_gloo.py"), "--rank", str(rank),
+                "--replicas", str(n), "--master", master, "--ops", ",".join(ops),
+                "--sizes", ",".join(str(s) for s in sizes)]
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0")
+        procs.append(hosts.run_in(cluster, rank % 2, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env))
+    outs = []
+    for proc in procs:
+        try:
+            outs.append(proc.communicate(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            return None, f"timed out after {timeout:.0f} s"
+    if any(p.returncode for p in procs):
+        return None, f"exit codes {[p.returncode for p in procs]}: {outs[0][1].strip()[-300:]}"
+    return json.loads(outs[0][0].strip().splitlines()[-1]), ""
+
+
+LAUNCHER = """#!/bin/sh
+# MPICH's ssh launcher, for simulated hosts: `launcher [options] HOST COMMAND` runs COMMAND inside
+# the namespaces of the host whose address is HOST.
+while [ "${1#-}" != "$1" ]; do shift; done
+host="$1"; shift
+case "$host" in
+%s
+  *) echo "no simulated host $host" >&2; exit 2 ;;
+esac
+exec nsenter -t "$holder" --net --mount --uts -- sh -c "$*"
+"""
+
+
+def mpi_anchor(cluster, n: int, ops: list[str], sizes: list[int], timeout: float) -> tuple[dict | None, str]:
+    from replicas.cluster import hosts
+
+    mpiexec = mpiexec_path()
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None, "skipped (mpi4py not installed)"
+    if mpiexec is None:
+        return None, "skipped (no mpiexec)"
+    folder = tempfile.mkdtemp(prefix="rph-mpi-")
+    try:
+        launcher = os.path.join(folder, "launcher")
+        cases = "\n".join(f"  {h.address}) holder={h.holder} ;;" for h in cluster.hosts)
+        with open(launcher, "w") as f:
+            f.write(LAUNCHER % cases)
+        os.chmod(launcher, 0o755)
+        h0, h1 = (h.address for h in cluster.hosts)
+        argv = [mpiexec, "-launcher", "ssh", "-launcher-exec", launcher, "-iface", "eth0",
+                "-hosts", f"{h0}:1,{h1}:1", "-n", str(n),  # half the ranks on each host
+                sys.executable, os.path.join(BENCH_DIR, "anchors_mpi.py"), "--ops", ",".join(ops),
+                "--sizes", ",".join(str(s) for s in sizes)]
+        proc = hosts.run_in(cluster, 0, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return None, f"timed out after {timeout:.0f} s"
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        if proc.returncode or not lines:
+            return None, f"exit {proc.returncode}: {err.strip()[-300:]}"
+        return json.loads(lines[-1]), ""
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- the table ------------------------------------------------------------------------------------------
+
+def model_seconds(op: str, nbytes: int, n: int, rate_bps: float | None, delay_s: float) -> float | None:
+    """The shaped link's bound: the bytes the busiest host must send over its link at `rate_bps`,
+    plus one one-way delay per message round. Half the replicas are on each host; per op, the bytes
+    a host sends to the other: all-reduce (reduce-scatter + all-gather between the hosts) its half
+    of the buffer twice; all-gather its replicas' buffers once; reduce-scatter the other host's
+    shards of its partial sums, half the buffer; all-to-all half of each of its replicas' buffers;
+    collective-permute (r -> r + 1) each of its replicas' buffer."""
+    if rate_bps is None:
+        return None
+    half = n // 2
+    sent = {"all-reduce": nbytes, "all-gather": half * nbytes, "reduce-scatter": nbytes / 2,
+            "all-to-all": half * nbytes / 2, "collective-permute": half * nbytes}[op]
+    rounds = 2 if op == "all-reduce" else 1
+    return sent * 8 / rate_bps + rounds * delay_s
+
+
+def rate_bits(text: str | None) -> float | None:
+    if text is None:
+        return None
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    for unit, scale in units.items():
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    raise SystemExit(f"--rate {text!r}: give it as tc does (100mbit, 1gbit)")
+
+
+def delay_seconds(text: str | None) -> float:
+    if text is None:
+        return 0.0
+    return float(text[:-2]) / 1000 if text.endswith("ms") else float(text[:-2]) / 1e6
+
+
+def anchor_time(anchor: dict | None, op: str, nbytes: int) -> float | None:
+    if anchor is None:
+        return None
+    return anchor.get("results", {}).get(op, {}).get(str(nbytes))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--replicas", default="4,8")
+    parser.add_argument("--sizes", default="4KiB,1MiB,16MiB,64MiB")
+    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--skip", default="", help="anchors to leave out: gloo,mpi")
+    parser.add_argument("--rate", default=None, help="shape each link: its bandwidth, as tc says it (1gbit)")
+    parser.add_argument("--delay", default=None, help="shape each link: one-way delay (tc netem: 1ms)")
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    a = parser.parse_args()
+    ops = a.ops.split(",")
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
+    if a.child:
+        print(json.dumps(child_replicas(a.n, ops, sizes, a.repeat)), flush=True)
+        return
+
+    from replicas.cluster import hosts
+
+    reason = hosts.why_not_possible()
+    if reason is not None:
+        raise SystemExit(f"no simulated hosts here: {reason}")
+    skip = set(filter(None, a.skip.split(",")))
+    ns = [int(v) for v in a.replicas.split(",")]
+    name = f"b{secrets.token_hex(2)}"
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_before = load_average()
+    cluster = hosts.start(name, 2, cpus=max(ns) // 2, rate=a.rate, delay=a.delay)
+    try:
+        for n in ns:
+            argv = [sys.executable, os.path.abspath(__file__), "--child", "--n", str(n), "--ops", a.ops,
+                    "--sizes", a.sizes, "--repeat", str(a.repeat)]
+            proc = hosts.run_in(cluster, 0, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            out, err = proc.communicate(timeout=a.timeout)
+            lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+            if proc.returncode or not lines:
+                raise SystemExit(f"the replicas' driver failed (exit {proc.returncode}): {err[-2000:]}")
+            mine = json.loads(lines[-1])["results"]
+            gloo, gloo_note = (None, "skipped") if "gloo" in skip else gloo_anchor(cluster, n, ops, sizes, a.timeout)
+            mpi, mpi_note = (None, "skipped") if "mpi" in skip else mpi_anchor(cluster, n, ops, sizes, a.timeout)
+            print(f"\nN={n} over 2 hosts ({started}; load {load_before} -> {load_average()}; links "
+                  f"{a.rate or 'unshaped'}{', ' + a.delay if a.delay else ''}); gloo: {gloo_note or 'ran'}; "
+                  f"MPI: {mpi_note or 'ran'}")
+            print("| op | size | replicas | gloo | MPI | ratio | link model |")
+            print("|---|---|---|---|---|---|---|")
+            for op in ops:
+                for nbytes in sizes:
+                    timing = Timing(mine[op][str(nbytes)])
+                    peers = [t for t in (anchor_time(gloo, op, nbytes), anchor_time(mpi, op, nbytes)) if t]
+                    ratio = f"{timing.median / min(peers):.2f}x" if peers else "-"
+                    model = model_seconds(op, nbytes, n, rate_bits(a.rate), delay_seconds(a.delay))
+                    print(f"| {op} | {size_label(nbytes)} | {timing.text()} | "
+                          f"{fmt_time(anchor_time(gloo, op, nbytes))} | {fmt_time(anchor_time(mpi, op, nbytes))} | "
+                          f"{ratio} | {fmt_time(model) if model else '-'} |", flush=True)
+    finally:
+        hosts.stop(name)
+
+
+if __name__ == "__main__":
+    main()
