@@ -44,7 +44,7 @@ from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.ops.elementwise_util import SUB_BYTE_WIDE
 from replicas.records import BlockInfo
 from replicas.runtime.batched_kernels import kernel_for
-from replicas.runtime.bound import BoundComputation
+from replicas.runtime.bound import GENERATED, BoundComputation
 from replicas.runtime.codegen import straight_line
 from replicas.runtime.compile import Executable
 from replicas.runtime.stacks import COLLECTIVES, MEMBER_DEPENDENT, Analysis, Stack, any_stacked, full
@@ -154,6 +154,7 @@ class BatchedComputation(BoundComputation):
         self._steps = steps
         self._run, self._line_to_inst = straight_line(self, comp, stacked=stacked)
         self._code = self._run.__code__
+        GENERATED[self._code] = self._line_to_inst
 
 
 class BatchedContext:

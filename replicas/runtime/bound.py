@@ -4,6 +4,7 @@ which instruction a kernel's error came from."""
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -27,6 +28,10 @@ from replicas.runtime.ownership import Donation
 # The `time.monotonic()` by which the kernels being bound in this thread must be bound (a job's
 # per-replica setup, `runtime/threads.py`); None: no deadline.
 BINDING_DEADLINE: ContextVar[float | None] = ContextVar("BINDING_DEADLINE", default=None)
+
+
+# Generated code -> {line: the instruction whose kernel that line calls}, of every bound computation.
+GENERATED: weakref.WeakKeyDictionary[Any, dict[int, Instruction]] = weakref.WeakKeyDictionary()
 
 
 class BoundComputation:
@@ -74,6 +79,7 @@ class BoundComputation:
             self._numpy_dtypes = tuple((k, state[k].dtype) for k in sorted(self.scalars))
         self._run, self._line_to_inst = straight_line(self, comp)
         self._code = self._run.__code__
+        GENERATED[self._code] = self._line_to_inst
 
     def __call__(self, *args: Any) -> Any:
         params = self._params
@@ -156,12 +162,19 @@ class BoundComputation:
         return None
 
     def _failed_instruction(self, e: BaseException) -> Instruction | None:
-        """The step whose kernel raised `e`, from the generated code's line in the traceback."""
+        """The step whose kernel raised `e`: the innermost generated code's line in the traceback
+        (of this computation or of a callee its code ran directly)."""
         inst = None
         tb = e.__traceback__
+        mine = False
         while tb is not None:
-            if tb.tb_frame.f_code is self._code:
-                inst = self._line_to_inst.get(tb.tb_lineno)
+            code = tb.tb_frame.f_code
+            lines = GENERATED.get(code)
+            if lines is not None:
+                mine = mine or code is self._code
+                found = lines.get(tb.tb_lineno)
+                if found is not None and mine:
+                    inst = found
             tb = tb.tb_next
         return inst
 

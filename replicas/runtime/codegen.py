@@ -97,7 +97,11 @@ def straight_line(bound: BoundComputation, comp: Computation,
                 fn = fn.in_place
             elif k in callee_donations:
                 fn = bound._interp.computation(callee(inst), callee_donations[k])
-            env[f"k{k}"] = fn
+            # A bound callee (a fusion, a call) runs its generated code directly: its call's checks are
+            # the caller's (an abort is noticed by loops and waits, an error named by the innermost
+            # generated line, `bound.failed_instruction`).
+            run = getattr(fn, "_run", None) if opcode in ("fusion", "call") else None
+            env[f"k{k}"] = fn if run is None else run
             env[f"i{k}"] = inst
             out = ""
             if fresh_ufunc(k):
