@@ -287,3 +287,29 @@ def test_fuzz_large_repetitive_hlo_text_stays_within_ten_bytes_per_input_byte():
                                                         "repetitive HLO text", **bounded(".hlo")),
          seed=st.sampled_from(range(len(HLO_SEEDS))), start=st.integers(0, 10**6), length=st.integers(0, 63),
          copies=st.integers(1000, 8000))
+
+
+def _numbered(seed: int, pick: int, copies: int) -> str:
+    """An instruction of a seed repeated `copies` times under new names (`name.rK`) right after it:
+    a large program of distinct instructions, mostly valid (a repeated parameter is not)."""
+    import re
+
+    lines = HLO_SEEDS[seed].split("\n")
+    candidates = [i for i, line in enumerate(lines) if re.match(r"\s+%?[\w.\-]+ = ", line)]
+    i = candidates[pick % len(candidates)]
+    name = re.match(r"\s+%?([\w.\-]+) = ", lines[i]).group(1)
+    copies_text = [lines[i].replace(name, f"{name}.r{k}", 1) for k in range(copies)]
+    return "\n".join(lines[:i + 1] + copies_text + lines[i + 1:])
+
+
+def test_fuzz_large_repetitive_hlo_text_of_megabytes():
+    # Inputs of megabytes (the repetitive test above stays under one): a seed's slice repeated, or
+    # one of its instructions repeated under fresh names (a large program the parser must hold).
+    # The budget is per input byte, so a parser holding a constant factor more shows here.
+    def body(seed, start, length, copies, numbered):
+        text = _numbered(seed, start, copies // 4) if numbered else _repeated(seed, start, length, copies)
+        run_target(parse_target, text, "large repetitive HLO text", **bounded(".hlo"))
+
+    fuzz("large repetitive hlo text", 4, body, seed=st.sampled_from(range(len(HLO_SEEDS))),
+         start=st.integers(0, 10**6), length=st.integers(16, 63), copies=st.integers(40_000, 80_000),
+         numbered=st.booleans())

@@ -1,7 +1,9 @@
 # ruff: noqa: E501  (HLO text lines are as long as XLA prints them)
 """Mutated HLO texts (tokens dropped, duplicated, swapped; syntax characters inserted): the parser
-either succeeds or raises ProgramError, nothing else; whatever it accepts prints and re-parses
-to an equal module."""
+either succeeds or raises ProgramError, nothing else, within its allocation budget per input byte;
+whatever it accepts prints and re-parses to an equal module. Deeply nested constructs (tuple
+shapes, braces, literals, nested operands, comments) thousands of levels deep are parsed or
+refused the same way."""
 
 import re
 
@@ -104,6 +106,11 @@ def _mutate(text: str, mutations) -> str:
 
 
 def _check(text: str) -> None:
+    # Parsed first under the allocation budget of fuzzkit (at most 10 bytes per input byte beyond a
+    # fixed allowance): a mutation that makes the parser hold more is a finding, not only an escape.
+    from fuzzkit import run_target  # fuzzkit takes this module's seeds: imported once both exist
+
+    run_target(parse_hlo, text, "mutated HLO text", per_byte=10)
     try:
         module = parse_hlo(text)
     except ProgramError:
@@ -134,3 +141,29 @@ def test_seeds_are_valid():
     for text in SEEDS:
         module = parse_hlo(text)
         assert parse_hlo(print_module(module)) == module
+
+
+# One construct nested `depth` deep in an otherwise valid module: the parser refuses what is over
+# its nesting ceiling with a ProgramError (never a RecursionError) and holds no more than its budget.
+NESTED = {
+    "tuple shape": lambda d: f"HloModule m\nENTRY e {{\n  ROOT p = {'(' * d}f32[]{')' * d} parameter(0)\n}}\n",
+    "backend_config braces": lambda d: ("HloModule m\nENTRY e {\n  p = f32[] parameter(0)\n  ROOT c = f32[] "
+                                        f"custom-call(p), custom_call_target=\"t\", backend_config={'{' * d}{'}' * d}\n}}\n"),
+    "literal braces": lambda d: f"HloModule m\nENTRY e {{\n  ROOT c = f32[1] constant({'{' * d}1{'}' * d})\n}}\n",
+    "nested operands": lambda d: (f"HloModule m\nENTRY e {{\n  p = f32[] parameter(0)\n  ROOT n = f32[] negate("
+                                  f"{'f32[] negate(' * d}p{')' * d})\n}}\n"),
+    "comments": lambda d: f"HloModule m\nENTRY e {{\n{'/* ' * d}{'*/ ' * d}\n  ROOT c = f32[] constant(1)\n}}\n",
+    "metadata braces": lambda d: ("HloModule m\nENTRY e {\n  ROOT c = f32[] constant(1), metadata="
+                                  f"{'{op_name=' * d}\"x\"{'}' * d}\n}}\n"),
+}
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(construct=st.sampled_from(sorted(NESTED)), depth=st.integers(1, 6000), cut=st.integers(0, 10**6),
+       truncate=st.booleans())
+def test_deeply_nested_text_parses_or_raises_program_error_within_its_budget(construct, depth, cut, truncate):
+    text = NESTED[construct](depth)
+    if truncate:
+        text = text[:cut % (len(text) + 1)]
+    _check(text)

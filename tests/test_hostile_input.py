@@ -1,5 +1,6 @@
 """Hostile sizes and bad arguments are refused up front, only ever with ProgramError, in bounded
-time, memory and message length (threads backend: nothing here starts Ray)."""
+time, memory (each refusal's allocations are measured) and message length (threads backend:
+nothing here starts Ray)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,23 @@ def all_reduce(n: int | str = 2, groups: str = "{{0,1}}") -> str:
     return ALL_REDUCE.format(n=n, groups=groups)
 
 
+REFUSAL_BYTES = 16 << 20  # what refusing a hostile input may allocate, beyond 10 bytes per input byte
+
+
 def refused(fn, *args, match: str | None = None, **kwargs) -> str:
-    with pytest.raises(rp.ProgramError, match=match) as info:
-        fn(*args, **kwargs)
+    """`fn(*args)` raises ProgramError (matching `match`) with a short message, having allocated at
+    most `REFUSAL_BYTES` plus 10 bytes per byte of its text arguments (tracemalloc's peak)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(rp.ProgramError, match=match) as info:
+            fn(*args, **kwargs)
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    size = sum(len(a) for a in args if isinstance(a, (str, bytes)))
+    assert peak <= REFUSAL_BYTES + 10 * size, f"refusing it allocated {peak} bytes (input {size} bytes)"
     text = str(info.value)
     assert len(text) < MAX_MESSAGE, text[:2000]
     return text
