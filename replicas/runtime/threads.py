@@ -90,12 +90,14 @@ class ThreadBackend(Backend):
                 runner.persistent = persistent
                 self._replicas.append(runner)
         except ExecutionTimeout:
+            ready = len(self._replicas)
             self._give_back()
-            raise ExecutionTimeout(_not_ready("setting up", len(self._replicas), n)) from None
+            raise ExecutionTimeout(_not_ready("setting up", ready, n)) from None
         except MemoryError as e:
+            ready = len(self._replicas)
             self._give_back()
-            raise ResourceExhausted(f"replica {len(self._replicas)} could not be set up (binding its kernels): "
-                                    f"out of memory ({e})", "memory", len(self._replicas), cause=e) from None
+            raise ResourceExhausted(f"replica {ready} could not be set up (binding its kernels): out of memory ({e})",
+                                    "memory", ready, cause=e) from None
         except BaseException:
             self._give_back()
             raise
@@ -265,7 +267,7 @@ def _not_ready(doing: str, r: int, n: int) -> str:
     """The timeout of a job whose replica `r` of `n` was still being set up or started."""
     done = "set up" if doing == "setting up" else "started"
     parts = [f"{replicas_text(range(r))} {done}"] if r else []
-    parts.append(f"replica {r} next to be {done} ({doing} it: binding its kernels)" if doing == "setting up"
+    parts.append(f"replica {r} being set up (binding its kernels)" if doing == "setting up"
                  else f"replica {r} next to be started")
     if r + 1 < n:
         parts.append(f"{replicas_text(range(r + 1, n))} not {done}")

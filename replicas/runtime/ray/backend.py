@@ -17,7 +17,7 @@ from typing import Any
 from replicas.cluster.liveness import host_lost, silent, silent_failure
 from replicas.diagnostics import host_output
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
-from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError
+from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError, ResourceExhausted, exhausted_resource
 from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable, has_custom_calls
 from replicas.runtime.job import Backend
@@ -461,6 +461,10 @@ def _unwrap(e: BaseException) -> BaseException:
         return cause
     if isinstance(e, (ReplicasError, TimeoutError, EOFError)):
         return e
+    resource = exhausted_resource(cause) if isinstance(cause, BaseException) else None
+    if resource is not None:  # an actor refused a descriptor, a segment, memory, a thread: say which
+        return ResourceExhausted(f"a replica actor failed: out of {resource}: {type(cause).__name__}: {cause}",
+                                 resource, cause=repr(cause))
     return ReplicaFailure(f"a replica actor failed: {type(e).__name__}: {e}", None, repr(e))
 
 

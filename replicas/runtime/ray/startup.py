@@ -12,7 +12,7 @@ from typing import Any
 
 from replicas.cluster.address import prepare_to_join
 from replicas.cluster.liveness import quiet_ray_messages
-from replicas.errors import ReplicaFailure
+from replicas.errors import ReplicaFailure, ResourceExhausted, exhausted_resource
 
 _init_lock = threading.Lock()
 
@@ -45,7 +45,22 @@ def ensure_ray(address: str | None = None, timeout: float | None = None) -> None
                 ray.init(address=address, **kwargs)
             quiet_ray_messages()
         except Exception as e:  # noqa: BLE001 - Ray raises many kinds; the user needs one
-            raise ReplicaFailure(f"cannot start or join Ray (address={address!r}): {type(e).__name__}: {e}") from e
+            message = f"cannot start or join Ray (address={address!r}): {type(e).__name__}: {e}"
+            resource = _exhausted(e)
+            if resource is not None:  # the machine refused Ray a process, a descriptor, memory: say which
+                raise ResourceExhausted(f"{message} (out of {resource})", resource, cause=e) from e
+            raise ReplicaFailure(message) from e
+
+
+def _exhausted(error: BaseException | None) -> str | None:
+    """The resource whose exhaustion `error` or what caused it reports (`errors.exhausted_resource`)."""
+    seen = 0
+    while error is not None and seen < 16:
+        resource = exhausted_resource(error)
+        if resource is not None:
+            return resource
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
 
 
 @contextlib.contextmanager
