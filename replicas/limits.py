@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any
 
-from replicas.errors import ProgramError
+from replicas.errors import ExecutionTimeout, ProgramError
 
 DEFAULT_MAX_REPLICAS = 4096
 DEFAULT_MAX_PROGRAM_BYTES = 512 << 20
@@ -244,3 +246,17 @@ def _short(value: Any, limit: int = 80) -> str:
 __all__ = ["Limits", "current", "configure", "restore", "check_replicas", "check_shape", "check_module",
            "check_program_size",
            "shape_bytes", "format_bytes", "id_ranges", "missing_ids", "short_text", "is_integer"]
+
+
+# The `time.monotonic()` by which the job being prepared in this thread must have ended (set by
+# `rp.run`/`rp.launch` while they read the program, check the arguments and set the replicas up):
+# long loops of those phases look at it. None: no job's deadline applies.
+DEADLINE: ContextVar[float | None] = ContextVar("DEADLINE", default=None)
+
+
+def check_deadline(doing: str) -> None:
+    """ExecutionTimeout if this thread's job deadline (`DEADLINE`) has passed, saying what it was
+    `doing` then."""
+    deadline = DEADLINE.get()
+    if deadline is not None and time.monotonic() >= deadline:
+        raise ExecutionTimeout(f"the job's timeout expired while {doing}")

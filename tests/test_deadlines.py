@@ -1,4 +1,4 @@
-"""Every phase of a job is under its one timeout: checking the arguments, setting up each replica
+"""Every phase of a job is under its one timeout: reading its program, checking the arguments, setting up each replica
 (binding its kernels), a single replica that would have run in the caller's thread, starting the
 replicas, the run. A job with `timeout=T` ends with ExecutionTimeout naming the phase and what
 each replica was doing within T plus a stated grace: `GRACE` on threads, `RAY_GRACE` on Ray (a
@@ -32,6 +32,17 @@ def _timed_out(fn, timeout: float, grace: float = GRACE) -> str:
     took = time.monotonic() - began
     assert took <= timeout + grace, f"ended {took:.2f} s after it began, timeout={timeout}"
     return str(info.value)
+
+
+def test_reading_the_program_is_under_the_deadline():
+    # Eight MiB of small instructions: parsing takes seconds; rp.run of the text stops at its deadline.
+    lines = ["HloModule m\nENTRY e {\n  add.0 = f32[] parameter(0)\n  add.1 = f32[] negate(add.0)\n"]
+    lines += [f"  add.{i} = f32[] add(add.{i - 1}, add.{i - 2})\n" for i in range(2, 200_000)]
+    text = "".join(lines) + "  ROOT r = f32[] negate(add.199999)\n}\n"
+    timeout = 0.5
+    message = _timed_out(lambda: rp.run(text, [np.float32(1)], num_replicas=1, backend="threads", timeout=timeout),
+                         timeout)
+    assert "while reading its program" in message, message
 
 
 def test_checking_the_arguments_is_under_the_deadline():

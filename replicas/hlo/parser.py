@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from replicas.errors import ProgramError
+from replicas.errors import ExecutionTimeout, ProgramError
 from replicas.hlo import attributes
 from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
 from replicas.hlo.lexer import Scanner
@@ -27,7 +27,7 @@ from replicas.hlo.literals import parse_literal
 from replicas.hlo.opcodes import KNOWN_OPCODES
 from replicas.hlo.replica_groups import MESH_DEVICE_IDS
 from replicas.hlo.window import make_window
-from replicas.limits import MAX_NESTING, check_program_size, check_replicas, check_shape
+from replicas.limits import DEADLINE, MAX_NESTING, check_deadline, check_program_size, check_replicas, check_shape
 from replicas.shapes import Shape, _ShapeParser
 
 _OPCODE_NAMES = {opcode: opcode for opcode in KNOWN_OPCODES}
@@ -158,9 +158,12 @@ class HloParser:
             self._signature()
         s.expect("{", "'{' opening the computation body")
         root: str | None = None
+        deadline = DEADLINE.get()  # a job's (rp.run of text): reading its program counts against its timeout
         while not s.accept("}"):
             if s.at_end():
                 raise s.error(f"computation {comp.name} is not closed with '}}'")
+            if deadline is not None and not len(comp.instructions) & 1023:
+                check_deadline(f"reading its program (line {s.line_of(s.pos)} of computation {comp.name})")
             inst, is_root, inst_pos = self.instruction(comp)
             if is_root:
                 if root is not None:
@@ -551,7 +554,7 @@ def parse_module(text: str, *, elided: ElidedPolicy = "error") -> Module:
     parser = HloParser(text, elided)
     try:
         return parser.module()
-    except ProgramError:
+    except (ProgramError, ExecutionTimeout):
         raise
     except RecursionError:
         raise parser.s.error("nesting too deep") from None

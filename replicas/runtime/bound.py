@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
-from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -20,14 +19,11 @@ from replicas.errors import (
     exhausted_resource,
 )
 from replicas.hlo.ir import Instruction
+from replicas.limits import DEADLINE
 from replicas.ops.registry import lookup
 from replicas.runtime.codegen import straight_line
 from replicas.runtime.compile import Schedule
 from replicas.runtime.ownership import Donation
-
-# The `time.monotonic()` by which the kernels being bound in this thread must be bound (a job's
-# per-replica setup, `runtime/threads.py`); None: no deadline.
-BINDING_DEADLINE: ContextVar[float | None] = ContextVar("BINDING_DEADLINE", default=None)
 
 
 # Generated code -> {line: the instruction whose kernel that line calls}, of every bound computation.
@@ -62,7 +58,7 @@ class BoundComputation:
         ctx = self._interp
         steps = []
         comp = ctx.module.computation(self.name)
-        deadline = BINDING_DEADLINE.get()  # a job's setup of its replicas counts against its timeout
+        deadline = DEADLINE.get()  # a job's setup of its replicas counts against its timeout
         for i, step in enumerate(self.schedule.steps):
             if deadline is not None and not i & 15 and time.monotonic() >= deadline:
                 raise ExecutionTimeout(f"the job's timeout expired while binding the kernels of computation "

@@ -21,6 +21,7 @@ from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Module
 from replicas.hlo.jax_compiled import globalize, is_compiled
+from replicas.limits import DEADLINE
 from replicas.runtime.compile import Executable, module_fingerprint, runs_quickly
 from replicas.runtime.job import Job, prepare
 from replicas.runtime.options import BACKENDS, DEFAULT_TIMEOUT, LaunchOptions
@@ -159,11 +160,15 @@ def _prepared(module: Program, args: Sequence[Any] | None, num_replicas: int | N
     """Every check of a launch, in order (the program, the options, the arguments): the executable
     and each replica's checked arguments. Nothing has started yet. Past `deadline` (a
     `time.monotonic()`), ExecutionTimeout naming the phase."""
-    program, fingerprint = _fingerprinted_program(module)
-    if num_replicas is None:
-        num_replicas = declared_replicas(program)
-    num_replicas = options.checked(num_replicas, infeed)
-    return prepare(program, as_arguments(args), num_replicas, fingerprint=fingerprint, deadline=deadline)
+    scope = DEADLINE.set(deadline)  # reading and verifying the program count against the timeout too
+    try:
+        program, fingerprint = _fingerprinted_program(module)
+        if num_replicas is None:
+            num_replicas = declared_replicas(program)
+        num_replicas = options.checked(num_replicas, infeed)
+        return prepare(program, as_arguments(args), num_replicas, fingerprint=fingerprint, deadline=deadline)
+    finally:
+        DEADLINE.reset(scope)
 
 
 def start(executable: Executable, per_replica: list[list[Any]], options: LaunchOptions,

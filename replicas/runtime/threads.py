@@ -13,8 +13,8 @@ from typing import Any
 
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ExecutionTimeout, ReplicasError, ResourceExhausted
+from replicas.limits import DEADLINE
 from replicas.records import HOST, ReplicaState, replicas_text
-from replicas.runtime.bound import BINDING_DEADLINE
 from replicas.runtime.compile import Executable, light, runs_quickly, uses_blas
 from replicas.runtime.interpreter_pool import checkin, checkout
 from replicas.runtime.job import Backend, replica_error
@@ -77,7 +77,7 @@ class ThreadBackend(Backend):
         # One process: every collective meets in-process. A placement given here makes the collectives
         # treat replicas as hosted by those "processes" (their cross-process algorithms, without Ray).
         placement = list(placement) if placement is not None else [0] * n
-        binding = BINDING_DEADLINE.set(deadline)
+        binding = DEADLINE.set(deadline)
         try:
             for r in range(n):
                 # Binding a replica's kernels is the costly part of a job of many replicas (4,096
@@ -102,7 +102,7 @@ class ThreadBackend(Backend):
             self._give_back()
             raise
         finally:
-            BINDING_DEADLINE.reset(binding)
+            DEADLINE.reset(binding)
         # n replicas in this process: BLAS pools of (cores - 1) // n threads while the job runs.
         self._cores = share_cores(n) if uses_blas(executable) else None
         # No thread hand-off for a program that cannot wait and ends at once (nothing needs to stop
