@@ -25,7 +25,6 @@ from replicas.runtime.codegen import straight_line
 from replicas.runtime.compile import Schedule
 from replicas.runtime.ownership import Donation
 
-
 # Generated code -> {line: the instruction whose kernel that line calls}, of every bound computation.
 GENERATED: weakref.WeakKeyDictionary[Any, dict[int, Instruction]] = weakref.WeakKeyDictionary()
 
