@@ -268,3 +268,10 @@ def test_jax_training_step_matches_each_replica(monkeypatch):
     compiled = rp.jax.compile_jax(step, w, x, y, num_replicas=4, in_specs=(P(), P("x"), P("x")),
                                   out_specs=(P(), P(), P("x"), P("x")))
     run_both(monkeypatch, compiled.module, compiled.split((w, x, y)), 4)
+
+
+def test_large_arguments_run_replica_by_replica(monkeypatch):
+    monkeypatch.setattr(batched, "STACK_BYTES", 1000)
+    run_both(monkeypatch, CONDITIONAL, [[x[0], np.array(True)] for x in per_replica(2, (3,), seed=5)], 2)
+    w = np.ones((16, 32), np.float32)  # 2 KB, the same object for every replica: never copied
+    run_both(monkeypatch, MLP, [[x[0], w] for x in per_replica(4, (8, 16))], 4, expect="fallback")

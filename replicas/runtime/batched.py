@@ -47,7 +47,7 @@ from replicas.runtime.batched_kernels import kernel_for
 from replicas.runtime.bound import GENERATED, BoundComputation
 from replicas.runtime.codegen import straight_line
 from replicas.runtime.compile import Executable
-from replicas.runtime.stacks import COLLECTIVES, MEMBER_DEPENDENT, Analysis, Stack, any_stacked, full
+from replicas.runtime.stacks import COLLECTIVES, MEMBER_DEPENDENT, Analysis, Divergent, Stack, any_stacked, full
 from replicas.shapes import Shape
 from replicas.transport import keys
 
@@ -62,6 +62,10 @@ FALLBACK = object()  # the leader's answer when the members are to run on their 
 # REPLICAS_BATCHED=0 runs every replica on its own (a comparison, or a suspected bug).
 ENABLED = os.environ.get("REPLICAS_BATCHED", "1") not in ("0", "off", "false")
 RUNS = {"batched": 0, "fallback": 0}  # leaders' runs, for tests and benchmarks
+# Arguments that would take more than this stacked run replica by replica: stacking copies them (a
+# copy the memory bound of the program does not count), and a replica's numpy work on large arrays
+# runs outside the GIL anyway, beside the others'.
+STACK_BYTES = 64 << 20
 _CALLEES = {"fusion": ("calls",), "call": ("to_apply",), "while": ("condition", "body"),
             "conditional": ("true_computation", "false_computation", "branch_computations")}
 
@@ -263,6 +267,8 @@ class BatchedProgram:
         recorded on their `fabrics`."""
         stacks, values = [], []
         inputs: set[int] = set()
+        if _bytes_to_stack(per_member) > STACK_BYTES:
+            raise Divergent  # each member runs on its own arguments instead of copies of them all
         for j in range(len(per_member[0])):
             s, v = _stacked([args[j] for args in per_member], inputs)
             stacks.append(s)
@@ -277,6 +283,21 @@ class BatchedProgram:
         ctx.replay(fabrics)
         root = ctx.analysis.root(self.entry.name, tuple(stacks))
         return [_member(out, root, k, inputs) for k in range(ctx.size)]
+
+
+def _bytes_to_stack(per_member: Sequence[Sequence[Any]]) -> int:
+    """The bytes the members' arguments that are not shared would take stacked."""
+    total = 0
+    for j in range(len(per_member[0])):
+        values = [args[j] for args in per_member]
+        first = values[0]
+        if not all(v is first for v in values):
+            total += sum(getattr(leaf, "nbytes", 0) for v in values for leaf in _leaves(v))
+    return total
+
+
+def _leaves(value: Any) -> list[Any]:
+    return [x for v in value for x in _leaves(v)] if isinstance(value, tuple) else [value]
 
 
 def _stacked(values: list[Any], inputs: set[int]) -> tuple[Stack, Any]:
