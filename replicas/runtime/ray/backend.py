@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import secrets
 import time
 from collections import Counter
 from typing import Any
@@ -22,7 +21,7 @@ from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable, has_custom_calls
 from replicas.runtime.job import Backend
 from replicas.runtime.memory import check_peak
-from replicas.runtime.ray.driver_process import AUTHKEY, POOL, job_ended
+from replicas.runtime.ray.driver_process import AUTHKEY, POOL, job_ended, new_job_token
 from replicas.runtime.ray.faults import actor_failure, not_started, unplaceable
 from replicas.runtime.ray.persistent import PersistentJob
 from replicas.runtime.ray.placement import actor_options, cluster_resources, default_packing, reachable, wanted
@@ -102,7 +101,7 @@ class RayBackend(PersistentJob, Backend):
         self._finished: dict[int, tuple[dict[int, Any], bytes, dict[int, Any]]] = {}  # actor -> its `finish`
         self._clean = False  # every replica finished, seen by `completed`: the actors need no waited reset
         self.calls: Counter[str] = Counter()  # actor calls this job made, by method (see tests)
-        self._token = secrets.token_hex(8)
+        self._token = new_job_token()
         try:
             addresses = [POOL.note(a).get("address") for a in self._actors]
             if all(pooled) and reachable(addresses):
@@ -213,7 +212,7 @@ class RayBackend(PersistentJob, Backend):
             for r in self._groups[i]:
                 self._actor_of[r] = self._actors[i]
         job_ended(self._token)  # the launch that found an actor dead is abandoned
-        self._token = secrets.token_hex(8)
+        self._token = new_job_token()
         self._finish_refs, self._finished = None, {}
         self._start_cold([i not in died for i in range(len(self._actors))], None)
 

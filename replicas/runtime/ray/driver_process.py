@@ -1,6 +1,7 @@
 """What a driver process keeps across its Ray jobs: the pool of replica actors, the key its
 actors authenticate their direct connections with (transport/wire.py), and the tokens of its
-ended jobs, whose shared-memory segments it removes."""
+jobs, whose shared-memory segments it removes when they end, and its reaper removes if the driver
+is killed (runtime/ray/reaper.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import secrets
 import threading
 from typing import Any
 
+from replicas.runtime.ray import reaper
 from replicas.runtime.ray.actor_pool import ActorPool
 from replicas.runtime.ray.replica_host import ReplicaHost
-from replicas.transport.shm import remove_orphaned_segments, remove_segments_of
+from replicas.transport.shm import PREFIX, SHM_DIR, remove_orphaned_segments, remove_segments_of
 
 # The key this driver's actors authenticate direct connections with (see wire.py).
 AUTHKEY = secrets.token_bytes(32)
@@ -27,12 +29,23 @@ _ended: collections.deque[str] = collections.deque(maxlen=ENDED_KEPT)
 _ended_lock = threading.Lock()
 
 
+def new_job_token() -> str:
+    """A new job's token (the random secret its segments are named by), known to the reaper before
+    any segment of the job exists."""
+    reaper.lease(SHM_DIR, PREFIX)
+    token = secrets.token_hex(8)
+    reaper.job_started(token)
+    return token
+
+
 def job_ended(*tokens: str) -> None:
     """Remove the segments of `tokens` and of the earlier ended jobs on this node."""
     with _ended_lock:
         _ended.extend(tokens)
         ended = list(_ended)
     remove_segments_of(ended)
+    for token in tokens:
+        reaper.job_ended(token)
 
 
 atexit.register(job_ended)

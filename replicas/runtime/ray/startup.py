@@ -44,6 +44,12 @@ def ensure_ray(address: str | None = None, timeout: float | None = None) -> None
             with _loopback_node() if _on_loopback(address) else contextlib.nullcontext():
                 ray.init(address=address, **kwargs)
             quiet_ray_messages()
+            if address == "local":  # this driver's own Ray: its reaper stops what survives a killed driver
+                from replicas.runtime.ray import reaper
+                from replicas.transport.shm import PREFIX, SHM_DIR
+
+                if reaper.lease(SHM_DIR, PREFIX) is not None:
+                    reaper.tell_local_ray(ray._private.worker._global_node)  # noqa: SLF001 - its processes
         except Exception as e:  # noqa: BLE001 - Ray raises many kinds; the user needs one
             message = f"cannot start or join Ray (address={address!r}): {type(e).__name__}: {e}"
             resource = _exhausted(e)
