@@ -215,6 +215,11 @@ def _stop(procs: list[tuple[int, str]]) -> None:
 
 def main(shm_dir: str, prefix: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the driver's terminal is not the driver's end
+    driver = os.getppid()
+    try:
+        gone = os.pidfd_open(driver)
+    except OSError:  # the driver is gone already, or no pidfds: end of file alone says it
+        gone = None
     tokens: set[str] = set()  # jobs running, and the last ENDED_KEPT that ended
     ended: deque[str] = deque()
     procs: list[tuple[int, str]] = []
@@ -233,10 +238,14 @@ def main(shm_dir: str, prefix: str) -> None:
             pid, _, started = value.partition(" ")
             if pid.isdigit() and started.isdigit():
                 procs.append((int(pid), started))
-    # End of file: the driver is gone.
+    # End of file: the driver is gone, or ending (an exiting interpreter closes its files before it is
+    # gone): nothing is stopped before it has exited, and never the driver itself.
+    if gone is not None:
+        select.select([gone], [], [])
+        os.close(gone)
     _sweep(shm_dir, prefix, tokens)
     if procs or sessions:
-        _stop(procs + (_in_sessions(sessions) if sessions else []))
+        _stop([p for p in procs + (_in_sessions(sessions) if sessions else []) if p[0] != driver])
     _sweep(shm_dir, prefix, tokens)
 
 
