@@ -167,6 +167,48 @@ def test_an_actor_that_dies_in_a_custom_call_is_named(action):
     assert_next_job_works()
 
 
+FED_THEN_CALL = """\
+HloModule fed_then_call, replica_count=2
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  tok = token[] after-all()
+  in = (f32[4], token[]) infeed(tok)
+  x = f32[4] get-tuple-element(in), index=0
+  id = u32[] replica-id()
+  y = f32[4] custom-call(x, id), custom_call_target="fault"
+  ROOT z = f32[4] all-reduce(y), replica_groups={}, to_apply=add
+}
+"""
+
+
+@pytest.mark.parametrize("per_actor", [1, 2], ids=["an actor each", "one actor"])
+@pytest.mark.parametrize("action", [_exit, _segfault], ids=["os._exit", "segfault"])
+def test_a_dead_actor_names_the_instruction_each_replica_was_in_not_the_last_poll(action, per_actor):
+    """The driver's last poll saw replica 1 blocked in its infeed; fed, it died in the custom call
+    %y at once: the error names %y for it (read from the slots its process published), and for
+    the other replica of the same actor the infeed it still waits in."""
+    rp.register_custom_call("fault", _replica_one(action))
+    try:
+        job = rp.launch(rp.parse_hlo(FED_THEN_CALL), [], num_replicas=2, replicas_per_actor=per_actor, timeout=60)
+        assert _eventually(lambda: job.states()[1].status == "blocked")  # the last poll: in %in (infeed)
+        job.infeed(1, X)
+        with pytest.raises(rp.ReplicaFailure) as info:
+            job.result()
+    finally:
+        unregister_custom_call("fault")
+    assert info.value.replica == 1 and info.value.instruction.startswith("%y (custom-call"), str(info.value)
+    assert "replica 1 died while running %y (custom-call" in str(info.value)
+    if per_actor == 2:
+        assert "replica 0 while blocked in %in (infeed" in str(info.value), str(info.value)
+    assert_next_job_works()
+
+
 def _raise():
     raise ValueError("the custom call refuses")
 

@@ -10,6 +10,7 @@ import numpy as np
 from replicas.hlo.ir import Computation, Instruction
 from replicas.ops import python_scalars
 from replicas.runtime.ownership import callee, ownership
+from replicas.transport import where
 
 if TYPE_CHECKING:
     from replicas.runtime.bound import BoundComputation
@@ -44,6 +45,10 @@ def straight_line(bound: BoundComputation, comp: Computation,
     name_of = {slot: arg_names[i] for i, slot in enumerate(params)}
     operand_vars: list[list[str]] = []
     env: dict[str, Any] = {"_interp": bound._interp}
+    # An actor's interpreter also publishes each kernel's instruction in shared memory (transport/where.py).
+    codes = getattr(bound._interp, "where_codes", None)
+    if codes is not None:
+        env["_w"] = bound._interp.where
     for k, (fn, operand_slots, result_slot, _, inst) in enumerate(steps):
         operand_vars.append([name_of[s] for s in operand_slots])
         if inst.opcode == "constant":
@@ -113,6 +118,8 @@ def straight_line(bound: BoundComputation, comp: Computation,
                         out = f", out={n}"
                         break
             line = f"_interp.current = i{k}; {var} = k{k}({', '.join(names)}{out})"
+            if codes is not None:
+                line = f"_w[{where.CODE}] = {codes.get(id(inst), where.NOWHERE)}; {line}"
             line_to_inst[len(lines) + 1] = inst
         if line is not None:
             lines.append("    " + line)

@@ -8,6 +8,7 @@ overwrite), `interpreter_pool` (interpreters kept between jobs) and `arguments.c
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from replicas.runtime.bound import BoundComputation, kernel_failure
 from replicas.runtime.compile import Executable, compile_module
 from replicas.runtime.ownership import Donation
 from replicas.shapes import Shape
+from replicas.transport import where
 from replicas.transport.fabric import Fabric, FabricSlot, LocalFabric
 
 _DIVERGED = "batched: diverged"  # kernel_state: a batched run of this job fell back
@@ -47,6 +49,13 @@ class Interpreter:
         self.fabric: Fabric = self.slot.as_fabric()
         self.num_replicas = num_replicas if num_replicas is not None else fabric.num_replicas
         self.current: Instruction | None = None
+        # In an actor process, where this interpreter is (the code of the instruction it runs) is also
+        # published in shared memory the driver can read after the process died (transport/where.py):
+        # the generated code stores it before each kernel call.
+        self.where = where.take()
+        self.where_codes = None if self.where is None else where.codes_of(executable)[0]
+        if self.where is not None:
+            weakref.finalize(self, where.give_back, self.where)
         self.attach(fabric)
         self._binding: Computation | None = None
         self._bound: dict[tuple[str, Donation, frozenset[int]], BoundComputation] = {}
@@ -96,6 +105,13 @@ class Interpreter:
         values = args if checked else check_arguments(self.module.entry_computation, args)
         # XLA semantics define every result (x/0, NaN casts, overflow): numpy's warnings about
         # them are noise. Silenced once here, for this thread, instead of in every kernel call.
+        try:
+            return self._run(values)
+        finally:
+            if self.where is not None:
+                self.where[where.CODE] = where.NOWHERE  # between runs
+
+    def _run(self, values: Sequence[Any]) -> Any:
         with np.errstate(all="ignore"):
             fabric = self.slot.current
             state = fabric.kernel_state

@@ -22,11 +22,12 @@ from replicas.runtime.compile import Executable, has_custom_calls
 from replicas.runtime.job import Backend
 from replicas.runtime.memory import check_peak
 from replicas.runtime.ray.driver_process import AUTHKEY, POOL, job_ended, new_job_token
-from replicas.runtime.ray.faults import actor_failure, not_started, unplaceable
+from replicas.runtime.ray.faults import actor_failure, not_started, published, unplaceable
 from replicas.runtime.ray.persistent import PersistentJob
 from replicas.runtime.ray.placement import actor_options, cluster_resources, default_packing, reachable, wanted
 from replicas.runtime.ray.replica_host import STOP_SECONDS
 from replicas.runtime.ray.startup import ensure_ray
+from replicas.transport import where
 
 # Names other modules, tests and benchmarks import from here (their homes are the modules above).
 _AUTHKEY = AUTHKEY
@@ -123,10 +124,13 @@ class RayBackend(PersistentJob, Backend):
         self.calls["wire_address"] += len(self._actors)
         addresses = self._started(self._first_contact(pooled, across_nodes, self._deadline), self._deadline,
                                   self._timeout)
+        here = self._ray.get_runtime_context().get_node_id()
         for actor, address in zip(self._actors, addresses):
             note = POOL.note(actor)
             note.clear()
             note["address"] = address
+            # Mapped while the actor lives, read if it dies (transport/where.py): this node's actors only.
+            note["where"] = where.watch(address.get("where")) if address.get("node") == here else None
         self._launch(addresses, False)
         self._ensure_launched()
 
@@ -310,7 +314,9 @@ class RayBackend(PersistentJob, Backend):
                 continue
             except RayActorError as e:
                 self._dead.add(index)
-                return actor_failure(self._groups[index], self._last, e)
+                ids = self._groups[index]
+                at = published(POOL.note(self._actors[index]).get("where"), self._token, ids, self._executable.module)
+                return actor_failure(ids, self._last, e, at)
             except Exception as e:  # noqa: BLE001
                 return _unwrap(e)
         return _unwrap(error)

@@ -1,9 +1,10 @@
 """Naming faults: which replica, in which instruction, for what cause.
 
 A replica actor that dies (killed, a segfault in a custom call, out of memory) reaches the driver
-as a Ray error about an actor; the driver knows which replicas that actor ran and what each was
-last seen doing, and says so. Placement that can never succeed (a `resources=` request no node
-has) is found before any actor is started.
+as a Ray error about an actor; the driver knows which replicas that actor ran, and reads the
+instruction each was executing from the slots the process published (transport/where.py; on the
+driver's node), else names what each was last seen doing. Placement that can never succeed (a
+`resources=` request no node has) is found before any actor is started.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from replicas.errors import ReplicaFailure
 from replicas.limits import id_ranges
 from replicas.records import ReplicaState
+from replicas.transport import where
 
 
 def is_memory_error(error: BaseException | None) -> bool:
@@ -47,15 +49,53 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(error).__name__
 
 
-def actor_failure(replicas: list[int], last: dict[int, ReplicaState], error: BaseException) -> ReplicaFailure:
-    """The ReplicaFailure for the death of the actor that ran `replicas`."""
-    r = replicas[0]
-    others = f" (with replicas {replicas[1:]} in the same actor)" if len(replicas) > 1 else ""
+def actor_failure(replicas: list[int], last: dict[int, ReplicaState], error: BaseException,
+                  published: dict[int, str] | None = None) -> ReplicaFailure:
+    """The ReplicaFailure for the death of the actor that ran `replicas`: each named with the
+    instruction it was executing when the process died (`published`, read from the slots the
+    process left, transport/where.py), else with what the last poll saw it doing."""
+    published = published or {}
+    # Named first: a replica in a custom call (foreign code is where a process dies), else the first.
+    r = next((q for q in replicas if "(custom-call" in published.get(q, "")), replicas[0])
+    others = ""
+    if len(replicas) > 1:
+        others = " (with " + ", ".join(f"replica {o} {_doing(o, published, last)}" for o in replicas if o != r) + \
+            " in the same actor)"
     cause = _first_line(error)
-    failure = ReplicaFailure(f"replica {r}{others} died {doing(last.get(r))}: its actor process exited "
+    failure = ReplicaFailure(f"replica {r} died {_doing(r, published, last)}{others}: its actor process exited "
                              f"({type(error).__name__}: {cause})", r, f"{type(error).__name__}: {cause}")
-    failure.instruction = _instruction(last.get(r))
+    failure.instruction = published.get(r) or _instruction(last.get(r))
     return failure
+
+
+def _doing(r: int, published: dict[int, str], last: dict[int, ReplicaState]) -> str:
+    text = published.get(r)
+    if text is None:
+        return doing(last.get(r))
+    state = last.get(r)
+    if state is not None and state.status == "blocked" and state.block is not None and \
+            text.startswith(f"%{state.block.instruction} ("):
+        return f"while blocked in {text}"
+    return f"while running {text}"
+
+
+def published(watch: Any, token: str, replicas: list[int], module: Any) -> dict[int, str]:
+    """Per replica of `replicas` (of job `token`): the instruction its slot in `watch` (an actor's
+    whereabouts, transport/where.py) says it was executing, as errors name it; replicas between runs
+    or without a slot are left out."""
+    if watch is None:
+        return {}
+    try:
+        found = watch.codes_of(token, replicas)
+    except (OSError, ValueError):
+        return {}
+    _, by_code = where.codes(module)
+    out = {}
+    for r, code in found.items():
+        inst = by_code.get(code)
+        if inst is not None:
+            out[r] = f"%{inst.name} ({inst.opcode}" + (f", line {inst.line})" if inst.line is not None else ")")
+    return out
 
 
 def _instruction(state: ReplicaState | None) -> str | None:
@@ -106,4 +146,4 @@ def _ids(replicas: list[int]) -> str:
     return str(replicas[0]) if len(replicas) == 1 else f"{replicas[0]}-{replicas[-1]}"
 
 
-__all__ = ["is_memory_error", "doing", "actor_failure", "unplaceable", "not_started"]
+__all__ = ["is_memory_error", "doing", "actor_failure", "published", "unplaceable", "not_started"]

@@ -27,7 +27,7 @@ from replicas.runtime.compile import Executable, runs_bounded_alone
 from replicas.runtime.ray.faults import is_memory_error
 from replicas.runtime.ray.persistent_host import PersistentCalls
 from replicas.transport import board as shared_board
-from replicas.transport import channel_ring, futex, spin
+from replicas.transport import channel_ring, futex, spin, where
 from replicas.transport.fabric import MailboxFabric, SharedMemoryLink
 from replicas.transport.mailbox import Mailbox
 from replicas.transport.message_bounds import MessageBounds
@@ -116,6 +116,7 @@ class ReplicaHost(PersistentCalls):
 
     def __init__(self) -> None:
         host_output.collect()  # what callbacks print goes to the driver (`printed`), not to this log
+        where.publish_here()  # this process's interpreters publish where they are (transport/where.py)
         self._mailboxes: dict[int, Mailbox] = {}
         self._runners: dict[int, Any] = {}
         self._fabrics: list[RayFabric] = []
@@ -147,7 +148,8 @@ class ReplicaHost(PersistentCalls):
                               on_fault=self._on_wire_fault, check=self._check_frame)
         if across_nodes:
             self._wire.open_tcp(ray.util.get_node_ip_address())
-        return self._wire.address
+        # Beside the sockets: where the driver of this node maps this process's published whereabouts.
+        return dict(self._wire.address, where=where.address())
 
     def _check_frame(self, head: tuple, size: int) -> None:
         """Before a peer's message body is read: refuse one for no replica of this actor, or over
@@ -253,6 +255,7 @@ class ReplicaHost(PersistentCalls):
             self._fabrics.append(fabric)
             self._runners[r] = ReplicaRunner(executable, fabric, recorder)
             self._runners[r].persistent = persistent
+            where.claim(self._runners[r].interpreter.where, token, r)
         self._inline_all = persistent and runs_bounded_alone(executable)  # persistent_host.py
         here = {f.replica_id: f for f in self._fabrics}
         for fabric in self._fabrics:
