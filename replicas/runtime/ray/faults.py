@@ -138,7 +138,10 @@ def not_started(replicas: list[int], wanted: dict[str, float], free: dict[str, f
     else:
         why = "they ask for no resources: their processes were slow to start"
     lost = f"; {dead_nodes} node{'s' if dead_nodes > 1 else ''} of the cluster died" if dead_nodes else ""
-    return (f"replicas {id_ranges(replicas)} did not start within timeout={timeout} s: their actors could not be "
+    # The job's deadline is what is left of the user's `timeout=` once the job was checked: say it
+    # as the user wrote it (1.5, not 1.4987978999997722).
+    said = "None" if timeout is None else f"{timeout:.3g}"
+    return (f"replicas {id_ranges(replicas)} did not start within timeout={said} s: their actors could not be "
             f"placed or started ({why}{lost})")
 
 
