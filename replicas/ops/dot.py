@@ -79,17 +79,16 @@ def make_dot(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]
         return x.reshape(shape3)
 
     def dot(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-        with np.errstate(all="ignore"):
-            a = prepare(lhs, lhs_perm, lhs_identity, (b, m, k))
-            c = prepare(rhs, rhs_perm, rhs_identity, (b, k, n))
-            product = np.matmul(a, c)
-            if is_pred:
-                product = product != 0
-            elif compute.kind == "c" and out_dtype.kind != "c":
-                product = product.real
-            result = product.reshape(out_dims)
-            if result.dtype != out_dtype:
-                result = result.astype(out_dtype)
+        a = prepare(lhs, lhs_perm, lhs_identity, (b, m, k))
+        c = prepare(rhs, rhs_perm, rhs_identity, (b, k, n))
+        product = np.matmul(a, c)
+        if is_pred:
+            product = product != 0
+        elif compute.kind == "c" and out_dtype.kind != "c":
+            product = product.real
+        result = product.reshape(out_dims)
+        if result.dtype != out_dtype:
+            result = result.astype(out_dtype)
         return result
 
     return dot

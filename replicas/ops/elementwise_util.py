@@ -60,6 +60,16 @@ def finish(inst: Instruction, compute: Compute) -> Compute:
     scalar computation (a reducer, a comparator) is also called on whole arrays: then the
     operands pass through as they are.
     """
+    if inst.shape.rank == 0 and isinstance(compute, np.ufunc) and compute.nout == 1:
+        # A ufunc of 0-d arrays gives a numpy scalar: made a 0-d array again (the same loop ran
+        # either way). Called on whole arrays, it gives the array.
+        ndarray, asarray = np.ndarray, np.asarray
+
+        def scalar_ufunc(*args: np.ndarray) -> np.ndarray:
+            r = compute(*args)
+            return r if type(r) is ndarray else asarray(r)
+
+        return scalar_ufunc
     if inst.shape.rank == 0:
         dtype = inst.shape.dtype
         # A ufunc of one output writes a 0-d result into a fresh 0-d array (`out=`: half the cost of

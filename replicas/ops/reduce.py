@@ -155,11 +155,10 @@ def make_reduce(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         ufunc, wide = fast
 
         def reduce_fast(x: np.ndarray, init: np.ndarray) -> np.ndarray:
-            with np.errstate(all="ignore"):
-                if x.dtype != wide:
-                    x = x.astype(wide)
-                r = ufunc.reduce(x, axis=axes, initial=np.asarray(init, wide)[()], dtype=wide)
-                return np.asarray(r, dtype=out_dtype).reshape(out_dims)
+            if x.dtype != wide:
+                x = x.astype(wide)
+            r = ufunc.reduce(x, axis=axes, initial=np.asarray(init, wide)[()], dtype=wide)
+            return np.asarray(r, dtype=out_dtype).reshape(out_dims)
 
         return reduce_fast
 
@@ -174,8 +173,7 @@ def make_reduce(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
             else np.empty(out_dims + (0,), v.dtype)
             for v in operands[:n]
         ]
-        with np.errstate(all="ignore"):
-            out = tree_reduce_last(comp, values, operands[n:], dtypes)
+        out = tree_reduce_last(comp, values, operands[n:], dtypes)
         return out[0] if n == 1 and not inst.shape.is_tuple else tuple(out)
 
     return reduce_tree

@@ -149,16 +149,15 @@ def make_reduce_window(inst: Instruction, ctx: KernelContext) -> Callable[..., A
                       and (window_numel + 1) * out_numel <= max(4 * math.prod(base_dims), ACCUMULATE_ELEMENTS))
 
         def reduce_window_fast(x: np.ndarray, init: np.ndarray) -> np.ndarray:
-            with np.errstate(all="ignore"):
-                base = geometry.pad_base(x, init)
-                if not slices:
-                    return np.full(out_dims, init, dtype=dtype)
-                if accumulate:
-                    return _accumulate_windows(ufunc, geometry, base, init, dtype)
-                acc = np.empty(out_dims, dtype=dtype)
-                ufunc(np.asarray(init, dtype), base[slices[0]], out=acc)
-                for sl in slices[1:]:
-                    ufunc(acc, base[sl], out=acc)
+            base = geometry.pad_base(x, init)
+            if not slices:
+                return np.full(out_dims, init, dtype=dtype)
+            if accumulate:
+                return _accumulate_windows(ufunc, geometry, base, init, dtype)
+            acc = np.empty(out_dims, dtype=dtype)
+            ufunc(np.asarray(init, dtype), base[slices[0]], out=acc)
+            for sl in slices[1:]:
+                ufunc(acc, base[sl], out=acc)
             return acc
 
         return reduce_window_fast
@@ -166,12 +165,11 @@ def make_reduce_window(inst: Instruction, ctx: KernelContext) -> Callable[..., A
     comp = ctx.computation(name)
 
     def reduce_window(*operands: np.ndarray) -> Any:
-        with np.errstate(all="ignore"):
-            bases = [geometry.pad_base(x, init) for x, init in zip(operands[:n], operands[n:])]
-            acc = [np.full(out_dims, init, dtype=d) for init, d in zip(operands[n:], dtypes)]
-            for sl in slices:
-                combined = as_tuple(comp(*acc, *[b[sl] for b in bases]), n)
-                acc = [np.broadcast_to(np.asarray(c, d), out_dims) for c, d in zip(combined, dtypes)]
+        bases = [geometry.pad_base(x, init) for x, init in zip(operands[:n], operands[n:])]
+        acc = [np.full(out_dims, init, dtype=d) for init, d in zip(operands[n:], dtypes)]
+        for sl in slices:
+            combined = as_tuple(comp(*acc, *[b[sl] for b in bases]), n)
+            acc = [np.broadcast_to(np.asarray(c, d), out_dims) for c, d in zip(combined, dtypes)]
         acc = [np.array(a) for a in acc]
         return acc[0] if n == 1 and not inst.shape.is_tuple else tuple(acc)
 
@@ -291,9 +289,8 @@ def make_select_and_scatter(inst: Instruction, ctx: KernelContext) -> Callable[.
         out = np.full(numel, init, dtype=dtype)
         if not slices:
             return out.reshape(dims)
-        with np.errstate(all="ignore"):
-            index, has = select_positions(operand)
-            out = scatter(out, index[has], source.reshape(-1)[has])
+        index, has = select_positions(operand)
+        out = scatter(out, index[has], source.reshape(-1)[has])
         return out.reshape(dims)
 
     return select_and_scatter

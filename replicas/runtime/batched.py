@@ -333,6 +333,8 @@ def plan(executable: Executable, replica_id: int, num_replicas: int, placement: 
          fabric: Any) -> tuple[int, ...] | None:
     """The members this replica runs batched with (itself included), or None: the program runs
     replica by replica (one member here, a program `batchable` refuses, a group leaving the process)."""
+    if num_replicas < 2 or not 0 <= replica_id < len(placement) or len(placement) < num_replicas:
+        return None
     here = placement[replica_id]
     members = tuple(r for r in range(num_replicas) if placement[r] == here)
     if len(members) < 2 or fabric.local_mailbox(members[0]) is None:
