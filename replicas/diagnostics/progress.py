@@ -57,10 +57,15 @@ class Progress:
         return text
 
 
+BATCHED_OPCODE = "batched"  # the block of a replica whose batched run's leader runs it
+
+
 def progress_of(states: list[ReplicaState], elapsed: float, sources: SourceMap = NO_SOURCES) -> Progress:
     counts = {"running": 0, "blocked": 0, "finished": 0, "failed": 0}
     for s in states:
-        if s.status in counts:
+        if s.status == "blocked" and s.block is not None and s.block.opcode == BATCHED_OPCODE:
+            counts["running"] += 1  # its process's batched run computes it (runtime/batched.py)
+        elif s.status in counts:
             counts[s.status] += 1
     active = [s for s in states if s.status in ("running", "blocked")]
     slowest = min(active, key=lambda s: (s.collectives_started, s.replica)) if active else None

@@ -38,6 +38,7 @@ from replicas.collectives.fingerprint import make_fingerprint
 from replicas.collectives.groups import intern, plan_groups, verified_pairs
 from replicas.collectives.kernels import computation_of
 from replicas.collectives.topology import RESULT, RESULT_LANES
+from replicas.diagnostics.progress import BATCHED_OPCODE
 from replicas.diagnostics.recorder import clock_anchor
 from replicas.errors import ReplicasError
 from replicas.hlo.ir import Computation, Instruction, Module
@@ -61,6 +62,9 @@ REFUSED = frozenset({"send", "send-done", "recv", "recv-done", "infeed", "outfee
 FALLBACK = object()  # the leader's answer when the members are to run on their own
 # REPLICAS_BATCHED=0 runs every replica on its own (a comparison, or a suspected bug).
 ENABLED = os.environ.get("REPLICAS_BATCHED", "1") not in ("0", "off", "false")
+# kernel_state flag of a run whose process runs its replicas one after another in one thread (a
+# program that cannot wait, run in the caller's thread): its members can never meet, so none waits.
+IN_TURN = "batched: replicas in turn"
 RUNS = {"batched": 0, "fallback": 0}  # leaders' runs, for tests and benchmarks
 # Arguments that would take more than this stacked run replica by replica: stacking copies them (a
 # copy the memory bound of the program does not count), and a replica's numpy work on large arrays
@@ -362,7 +366,7 @@ def run(executable: Executable, members: tuple[int, ...], fabric: Any, args: Seq
     got = fabric.local_mailbox(first).meet(seq, rank, len(members), _WIRE, me, (list(args), fabric), mailbox,
                                            _never)
     key = keys.collective(seq, RESULT)
-    block = BlockInfo("collective", "batched program", "batched", needs="group", group=members, seq=seq)
+    block = BlockInfo("collective", "batched program", BATCHED_OPCODE, needs="group", group=members, seq=seq)
     if got is None:
         results, leader, boxes = fabric.recv(first, key, block)
         _hand_on(mailbox, first, seq, (results, leader, boxes), rank)

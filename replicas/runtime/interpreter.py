@@ -116,7 +116,8 @@ class Interpreter:
             fabric = self.slot.current
             state = fabric.kernel_state
             members = None
-            if batched.ENABLED and self.every_instruction_recorder is None and not state.get(_DIVERGED):
+            if (batched.ENABLED and self.every_instruction_recorder is None and not state.get(_DIVERGED)
+                    and not state.get(batched.IN_TURN)):
                 members = self._members(fabric)
             if members is not None:
                 out = batched.run(self.executable, members, fabric, values)

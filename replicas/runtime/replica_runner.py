@@ -8,6 +8,7 @@ from typing import Any
 
 from replicas.diagnostics.recorder import FlightRecorder
 from replicas.records import ReplicaState
+from replicas.runtime import batched
 from replicas.runtime.compile import Executable
 from replicas.runtime.interpreter_pool import checkin, checkout
 from replicas.transport.fabric import MailboxFabric
@@ -84,12 +85,15 @@ class ReplicaRunner:
             self._next = None
             go.release()
 
-    def run_here(self, args: Sequence[Any]) -> None:
+    def run_here(self, args: Sequence[Any], in_turn: bool = False) -> None:
         """Run in the calling thread: a program that cannot wait (see `runs_bounded_alone`), or the
         replica a Ray actor's call thread runs itself instead of handing it over. `join` from other
         threads (the monitor's polls) waits for it. Ctrl-C in the caller's thread propagates, after
-        the replica is recorded as failed (the job ends as any interrupted job)."""
+        the replica is recorded as failed (the job ends as any interrupted job). `in_turn`: this
+        thread runs every replica of the process, one after the other (so they never run batched)."""
         done = self._done = _Flag()
+        if in_turn:
+            self.fabric.kernel_state[batched.IN_TURN] = True
         self._run(list(args))
         done.set()
         if type(self.error) is KeyboardInterrupt:
@@ -120,12 +124,12 @@ class ReplicaRunner:
             pin.leave()
         self.mailbox.set_status(status, error)
 
-    def rerun(self, args: Sequence[Any], here: bool = False) -> None:
+    def rerun(self, args: Sequence[Any], here: bool = False, in_turn: bool = False) -> None:
         """Run again with `args` (a persistent job whose every replica finished its last run)."""
         self.result = self.error = None
         self.mailbox.set_status("running")
         if here:
-            self.run_here(args)
+            self.run_here(args, in_turn)
         elif self._go is not None:  # its thread is parked: hand it the arguments
             self._done = _Flag()
             self._next = list(args)

@@ -112,7 +112,7 @@ class ThreadBackend(Backend):
         self._here = (n == 1 or persistent) and runs_quickly(executable)
         if self._here:
             for replica, a in zip(self._replicas, args):
-                replica.run_here(a)
+                replica.run_here(a, in_turn=n > 1)
             return
         # Two replica threads or more: keep them on one core (they serialize on the GIL anyway;
         # see affinity.py). The driver's thread, the monitor, stays free.
@@ -160,7 +160,7 @@ class ThreadBackend(Backend):
     def rerun(self, args: list[list[Any]]) -> None:
         """Run the program again on the same replicas (every one finished its last run cleanly)."""
         for replica, a in zip(self._replicas, args):
-            replica.rerun(a, self._here)
+            replica.rerun(a, self._here, in_turn=self._here and len(self._replicas) > 1)
 
     def finished(self, timeout: float) -> list[Any] | None:
         """The results once every replica finished within `timeout` s; None when one failed or still

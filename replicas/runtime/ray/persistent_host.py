@@ -59,7 +59,7 @@ class PersistentCalls:
     @staticmethod
     def _run_inline(inline: list[Any]) -> None:
         for runner, values in inline:
-            runner.rerun(values, here=True)
+            runner.rerun(values, here=True, in_turn=len(inline) > 1)
 
     def call_and_settle(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]],
                         finish_within: float, seq: int, count: int, fetch_max: int) -> dict[int, list[Any]] | None:
