@@ -57,7 +57,7 @@ class RayBackend(PersistentJob, Backend):
         deadline = None if timeout is None else time.monotonic() + timeout
         n = len(args)
         self.num_replicas = n
-        per = int(replicas_per_actor) if replicas_per_actor else default_packing(n, resources)
+        per = int(replicas_per_actor) if replicas_per_actor else default_packing(n, resources, persistent)
         check_peak(executable, min(per, n))  # an actor's replicas share its memory (runtime/memory.py)
         groups = [list(range(i, min(i + per, n))) for i in range(0, n, per)]
         self._groups = groups

@@ -14,14 +14,23 @@ def reachable(addresses: list[dict[str, Any] | None]) -> bool:
     return len({a["node"] for a in addresses}) == 1 or all(a.get("tcp") for a in addresses)
 
 
-def default_packing(num_replicas: int, resources: list[dict[str, float]] | None) -> int:
+def default_packing(num_replicas: int, resources: list[dict[str, float]] | None, persistent: bool = False) -> int:
     """One replica per actor up to the cluster's CPUs, then two (about one process per CPU: two
     replicas of one actor meet in-process, faster than two processes competing for one core);
-    beyond twice the CPUs, enough per actor for at most twice as many actors as CPUs."""
+    beyond twice the CPUs, enough per actor for at most twice as many actors as CPUs.
+
+    A persistent job (`rp.jax.jit`'s) puts every replica in one actor: a training step is many
+    small collectives between short stretches of interpreted work, and a collective between
+    processes costs each a wake-up that a collective between threads of one process does not,
+    while the replicas' large numpy and BLAS calls run in parallel outside the GIL in one process
+    as well (bench/LOG-2026.md "packing": the 100-step MLP loop at N=4 2.8 ms a step in one actor
+    against 5.2 ms in two, N=8 4.1 against 12.3 ms in four; gpt_dp 98 against 109 ms)."""
     import math
 
     import ray
 
+    if persistent and resources is None:
+        return max(1, num_replicas)
     if resources is not None or num_replicas <= 2:
         return 1  # placement was chosen replica by replica; or one actor each on any cluster
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
