@@ -239,9 +239,9 @@ def interrupted_while_watched(step, args, *, when=lambda: True):
         tick = threading.Event()
         for _ in range(1200):  # 60 s
             if watched() and when():
-                _thread.interrupt_main()
-                return
+                break
             tick.wait(0.05)
+        _thread.interrupt_main()  # (after 60 s anyway: the test then fails instead of hanging)
 
     threading.Thread(target=interrupt, daemon=True).start()
     gc.disable()  # a gc callback (JAX registers one) would swallow an interrupt raised while it runs
@@ -291,12 +291,12 @@ def test_ctrl_c_ends_a_long_call_on_ray_and_progress_shows_it_running():
     step = rp.jax.jit(spin, num_replicas=4, in_specs=P("x"), out_specs=P("x"), timeout=None)
     seen = []
 
-    def running() -> bool:
+    def running() -> bool:  # (its replicas may run batched: one leader running, the others waiting for it)
         progress = step.progress()
         seen.append(progress)
-        return progress.running == 4
+        return progress.running >= 1 and progress.finished == 0
 
     interrupted_while_watched(step, (np.ones(8, np.float32),), when=running)
-    assert seen[-1].running == 4 and seen[-1].elapsed > 0, seen[-1]
+    assert seen[-1].running >= 1 and seen[-1].finished == 0 and seen[-1].elapsed > 0, seen[-1]
     assert session_of(step)._backend is None
     step.close()
