@@ -148,7 +148,7 @@ class BoundComputation:
     def _kernel_failure(self, e: Exception, computations: tuple[BoundComputation, ...]) -> BaseException | None:
         """The error a kernel's `e` becomes, named by the instruction of whichever of `computations`
         raised it; None when `e` is to pass as it is (the project's own errors, or not a kernel's)."""
-        if isinstance(e, ProgramError) or getattr(e, "_replicas_passthrough", False) or _is_replicas_error(e):
+        if isinstance(e, ProgramError) or _is_replicas_error(e):
             return None
         for bound in computations:
             inst = bound._failed_instruction(e)
@@ -177,7 +177,7 @@ class BoundComputation:
         """The same loop, recording every instruction (`record_every_instruction=True`): kept apart so
         the usual path pays nothing for it."""
         interp = self._interp
-        observe = getattr(recorder, "observe", None)  # each value too (a divergence hunt)
+        observe = recorder.observe  # each value too (a divergence hunt), or None
         for fn, operand_slots, result_slot, release, inst in self._steps:
             interp.current = inst
             event = recorder.begin("op", inst.name, inst.opcode, computation=self.name)
@@ -188,7 +188,7 @@ class BoundComputation:
                 raise
             except Exception as e:
                 recorder.end(event, error=True)
-                if getattr(e, "_replicas_passthrough", False) or _is_replicas_error(e):
+                if _is_replicas_error(e):
                     raise
                 raise kernel_failure(interp.replica_id, inst, e) from e
             recorder.end(event)
