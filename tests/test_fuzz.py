@@ -31,7 +31,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import replicas as rp
-from replicas.hlo.serialize import DECODE_EXPANSION, _ModuleReader, module_from_bytes, module_to_bytes
+from replicas.hlo.msgpack_bounds import DECODE_EXPANSION
+from replicas.hlo.msgpack_bounds import ModuleReader as _ModuleReader
+from replicas.hlo.serialize import module_from_bytes, module_to_bytes
 from replicas.limits import check_module
 from replicas.runtime.compile import compile_module
 from replicas.runtime.job import prepare

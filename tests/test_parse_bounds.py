@@ -14,7 +14,7 @@ import pytest
 
 import replicas as rp
 from replicas import limits
-from replicas.hlo.serialize import _ModuleReader
+from replicas.hlo.msgpack_bounds import ModuleReader as _ModuleReader
 
 # Each case builds its input (`n` bytes, about) in the subprocess, so that the input is not counted:
 # the peak resident memory is reset (/proc/self/clear_refs) after the input is built.
