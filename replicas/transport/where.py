@@ -80,7 +80,9 @@ class _Slots:
         self.words = memoryview(self.map).cast("q")
         self._free = list(range(SLOTS - 1, -1, -1))
         self._taken: dict[int, int] = {}  # id of a slot handed out -> its index
-        self._lock = threading.Lock()
+        # Reentrant: `give_back` runs from an interpreter's finalizer, which the collector may run
+        # in this very thread while `take` holds the lock (it allocates).
+        self._lock = threading.RLock()
 
     def take(self) -> memoryview | None:
         with self._lock:

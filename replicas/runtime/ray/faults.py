@@ -64,14 +64,21 @@ def actor_failure(replicas: list[int], last: dict[int, ReplicaState], error: Bas
     cause = _first_line(error)
     failure = ReplicaFailure(f"replica {r} died {_doing(r, published, last)}{others}: its actor process exited "
                              f"({type(error).__name__}: {cause})", r, f"{type(error).__name__}: {cause}")
-    failure.instruction = published.get(r) or _instruction(last.get(r))
+    at = published.get(r)
+    failure.instruction = at if at is not None and at is not BETWEEN_RUNS else _instruction(last.get(r))
     return failure
+
+
+# What `published` says of a replica whose interpreter ran nothing (a persistent job between calls).
+BETWEEN_RUNS = "between runs"
 
 
 def _doing(r: int, published: dict[int, str], last: dict[int, ReplicaState]) -> str:
     text = published.get(r)
     if text is None:
         return doing(last.get(r))
+    if text is BETWEEN_RUNS:
+        return "between runs (it had returned from its last one)"
     state = last.get(r)
     if state is not None and state.status == "blocked" and state.block is not None and \
             text.startswith(f"%{state.block.instruction} ("):
@@ -95,6 +102,8 @@ def published(watch: Any, token: str, replicas: list[int], module: Any) -> dict[
         inst = by_code.get(code)
         if inst is not None:
             out[r] = f"%{inst.name} ({inst.opcode}" + (f", line {inst.line})" if inst.line is not None else ")")
+        elif code == where.NOWHERE:
+            out[r] = BETWEEN_RUNS
     return out
 
 
