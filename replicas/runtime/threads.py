@@ -15,7 +15,6 @@ from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ExecutionTimeout, ReplicasError, ResourceExhausted
 from replicas.limits import DEADLINE
 from replicas.records import HOST, ReplicaState, replicas_text
-from replicas.runtime import batched
 from replicas.runtime.compile import Executable, light, runs_quickly, uses_blas
 from replicas.runtime.interpreter_pool import checkin, checkout
 from replicas.runtime.job import Backend, replica_error
@@ -110,9 +109,9 @@ class ThreadBackend(Backend):
         # it): its replicas run one after the other in the caller's thread (one replica; or a
         # persistent job's, whose calls would pay the hand-offs again and again, most of a small
         # call's time). Any other runs where the deadline can leave it.
-        # Not several replicas when they may run batched (runtime/batched.py): its members meet, and
-        # one after the other in one thread the first would wait for the others for ever.
-        self._here = (n == 1 or (persistent and not batched.ENABLED)) and runs_quickly(executable)
+        # Several replicas run so never meet for a batched run (runtime/batched.py: `in_turn` tells
+        # their interpreters that the others come after them, not beside them).
+        self._here = (n == 1 or persistent) and runs_quickly(executable)
         if self._here:
             for replica, a in zip(self._replicas, args):
                 replica.run_here(a, in_turn=n > 1)
