@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from replicas.caching import Cache
 from replicas.collectives.fingerprint import make_fingerprint
 from replicas.collectives.groups import intern, plan_groups, verified_pairs
 from replicas.collectives.kernels import computation_of
@@ -328,9 +329,9 @@ def _member(value: Any, stack: Stack, k: int, inputs: set[int]) -> Any:
 # -- the members' meeting ----------------------------------------------------------------------------
 
 _WIRE = ("batched program",)  # the meeting's fingerprint: the same tuple for every member
-_plans: dict[tuple, Any] = {}
-_plans_lock = threading.Lock()
-_programs: dict[tuple, list[BatchedProgram]] = {}
+_plans: Cache[Any] = Cache("batched plans", 1024)  # (program, members, replicas) -> members, or ()
+_plans_lock = threading.Lock()  # a program's list of free BatchedPrograms changes under it
+_programs: Cache[list[BatchedProgram]] = Cache("batched programs", 64)
 
 
 def plan(executable: Executable, replica_id: int, num_replicas: int, placement: Sequence[int],
@@ -349,8 +350,7 @@ def plan(executable: Executable, replica_id: int, num_replicas: int, placement: 
         module = executable.module
         ok = batchable(module) and groups_within(module, members, num_replicas)
         found = intern(members) if ok else ()
-        with _plans_lock:
-            _plans[key] = found
+        _plans.put(key, found)
     return found or None
 
 
@@ -409,7 +409,9 @@ def _lead(executable: Executable, members: tuple[int, ...], deposits: list[Any],
           num_replicas: int) -> Any:
     key = (executable.fingerprint, members, num_replicas)
     with _plans_lock:
-        free = _programs.setdefault(key, [])
+        free = _programs.get(key)
+        if free is None:
+            free = _programs.put(key, [])
         program = free.pop() if free else None
     try:
         if program is None:
@@ -423,7 +425,7 @@ def _lead(executable: Executable, members: tuple[int, ...], deposits: list[Any],
         results = FALLBACK
     if program is not None:
         with _plans_lock:
-            _programs[key].append(program)
+            free.append(program)
     RUNS["fallback" if results is FALLBACK else "batched"] += 1
     return results
 

@@ -129,9 +129,7 @@ class Interpreter:
     def _members(self, fabric: Fabric) -> tuple[int, ...] | None:
         """The replicas of this process running this program batched with this one (`runtime/batched`),
         or None. Decided once per placement (a pooled interpreter's next job may place them otherwise)."""
-        placement = getattr(fabric, "placement", None)
-        if placement is None or not hasattr(fabric, "local_mailbox"):
-            return None
+        placement = fabric.placement
         if self._batch[0] is not placement:
             self._batch = (placement, batched.plan(self.executable, self.replica_id, self.num_replicas, placement,
                                                    fabric))
