@@ -164,7 +164,7 @@ def test_divergent_collectives_fall_back_and_report_as_before(monkeypatch):
 
 
 CONDITIONAL = """HloModule cond, replica_count=2
-
+""" + ADD + """
 double {
   x = f32[3] parameter(0)
   ROOT y = f32[3] add(x, x)
@@ -178,7 +178,8 @@ negate {
 ENTRY main {
   x = f32[3] parameter(0)
   p = pred[] parameter(1)
-  ROOT c = f32[3] conditional(p, x, x), true_computation=double, false_computation=negate
+  c = f32[3] conditional(p, x, x), true_computation=double, false_computation=negate
+  ROOT s = f32[3] all-reduce(c), replica_groups={}, to_apply=add
 }
 """
 
@@ -188,10 +189,11 @@ def test_conditional_agreed_runs_batched_divergent_falls_back(monkeypatch):
     run_both(monkeypatch, CONDITIONAL, [[x[0], np.array(True)] for x in xs], 2)
     out = run_both(monkeypatch, CONDITIONAL, [[x[0], np.array(r == 0)] for r, x in enumerate(xs)], 2,
                    expect="fallback")
-    np.testing.assert_array_equal(out[1], -xs[1][0])
+    np.testing.assert_array_equal(out[1], xs[0][0] * 2 - xs[1][0])
 
 
 MIXED = """HloModule mixed, replica_count=3
+""" + ADD + """
 
 max {
   a = f32[] parameter(0)
@@ -225,7 +227,8 @@ ENTRY main {
   lo = f32[] constant(-0.5)
   hi = f32[] constant(0.5)
   cl = f32[4,6] clamp(lo, x, hi)
-  ROOT out = (f32[5], f32[37], f32[4], f32[4,3], f32[4,6], f32[4,6]) tuple(ds, up, m, win, sorted, cl)
+  total = f32[4] all-reduce(m), replica_groups={}, to_apply=add
+  ROOT out = (f32[5], f32[37], f32[4], f32[4,3], f32[4,6], f32[4,6]) tuple(ds, up, total, win, sorted, cl)
 }
 """
 
@@ -275,3 +278,30 @@ def test_large_arguments_run_replica_by_replica(monkeypatch):
     run_both(monkeypatch, CONDITIONAL, [[x[0], np.array(True)] for x in per_replica(2, (3,), seed=5)], 2)
     w = np.ones((16, 32), np.float32)  # 2 KB, the same object for every replica: never copied
     run_both(monkeypatch, MLP, [[x[0], w] for x in per_replica(4, (8, 16))], 4, expect="fallback")
+
+
+def test_programs_that_cannot_wait_run_alone(monkeypatch):
+    """Their replicas may run one after the other in one thread (a persistent job's quick calls):
+    they never meet, so they are never batched."""
+    quick = """HloModule quick, replica_count=2
+ENTRY main {
+  x = f32[3] parameter(0)
+  r = u32[] replica-id()
+  f = f32[] convert(r)
+  b = f32[3] broadcast(f), dimensions={}
+  ROOT y = f32[3] add(x, b)
+}
+"""
+    run_both(monkeypatch, quick, [[x[0]] for x in per_replica(2, (3,), seed=5)], 2, expect="none")
+    jax = pytest.importorskip("jax")
+    from jax.sharding import PartitionSpec as P
+
+    step = rp.jax.jit(lambda x: x * 2 + 1, num_replicas=2, in_specs=(P("x"),), out_specs=P("x"),
+                      backend="threads")
+    try:
+        for _ in range(3):
+            np.testing.assert_array_equal(np.asarray(step(np.arange(4, dtype=np.float32))),
+                                          np.arange(4, dtype=np.float32) * 2 + 1)
+    finally:
+        step.close()
+    del jax

@@ -48,7 +48,7 @@ from replicas.records import BlockInfo
 from replicas.runtime.batched_kernels import kernel_for
 from replicas.runtime.bound import GENERATED, BoundComputation
 from replicas.runtime.codegen import straight_line
-from replicas.runtime.compile import Executable
+from replicas.runtime.compile import Executable, runs_bounded_alone
 from replicas.runtime.stacks import COLLECTIVES, MEMBER_DEPENDENT, Analysis, Divergent, Stack, any_stacked, full
 from replicas.shapes import Shape
 from replicas.transport import keys
@@ -348,7 +348,10 @@ def plan(executable: Executable, replica_id: int, num_replicas: int, placement: 
     found = _plans.get(key)
     if found is None:
         module = executable.module
-        ok = batchable(module) and groups_within(module, members, num_replicas)
+        # A program that cannot wait may run its replicas one after the other in one thread (threads:
+        # `runs_quickly`; a Ray actor's persistent calls): its members would never meet.
+        ok = (batchable(module) and not runs_bounded_alone(executable)
+              and groups_within(module, members, num_replicas))
         found = intern(members) if ok else ()
         _plans.put(key, found)
     return found or None
