@@ -235,3 +235,32 @@ def test_a_body_whose_layout_does_not_add_up_is_a_fault(pair):
     assert inbox.wait_for(lambda: len(inbox.faults) == 1)
     assert "does not add up" in str(inbox.faults[0]) and not inbox.messages
     client.close()
+
+
+def test_two_actors_that_connect_to_each_other_at_once_both_get_through():
+    """Each end's first send connects while it holds its connection table; the other end's accept
+    of that connection must not wait for the same table (both would wait for each other)."""
+    inboxes = [Inbox(), Inbox()]
+    wires = [Wire(inbox.deliver, KEY, "node", on_fault=inbox.fault) for inbox in inboxes]
+    both = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def send(mine: int) -> None:
+        both.wait()
+        try:
+            wires[mine].send(wires[1 - mine].address, (f"from {mine}",))
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    try:
+        senders = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join()
+        assert not errors, errors
+        assert inboxes[0].wait_for(lambda: inboxes[0].messages == [("from 1",)])
+        assert inboxes[1].wait_for(lambda: inboxes[1].messages == [("from 0",)])
+    finally:
+        for wire in wires:
+            wire.close()

@@ -160,7 +160,11 @@ class Wire:
         self._lock = threading.Lock()
         self._conns: dict[str, tuple[socket.socket, threading.Lock]] = {}
         self._served: set[socket.socket] = set()  # accepted connections, closed with the wire
-        self._pending: dict[Any, int] = {}  # peer -> its connections in their handshake (under `_lock`)
+        # peer -> its connections in their handshake. A lock of its own: `send` holds `_lock` while it
+        # connects, and a peer connecting to us at the same moment must still be accepted (two actors
+        # that connect to each other at once would otherwise wait for each other's accept forever).
+        self._pending: dict[Any, int] = {}
+        self._pending_lock = threading.Lock()
         self._listeners: list[socket.socket] = []
         self._dir: str | None = None
         self.address: dict[str, Any] = {"node": node, "unix": self._listen_unix(), "tcp": None}
@@ -225,7 +229,7 @@ class Wire:
                 peer = ("host", conn.getpeername()[0])
         except (OSError, struct.error):
             return None
-        with self._lock:
+        with self._pending_lock:
             mine = self._pending.get(peer, 0)
             if mine >= MAX_PENDING_PER_PEER or sum(self._pending.values()) >= MAX_PENDING:
                 return None
@@ -233,7 +237,7 @@ class Wire:
         return peer
 
     def _done_pending(self, peer: Any) -> None:
-        with self._lock:
+        with self._pending_lock:
             left = self._pending[peer] - 1
             if left:
                 self._pending[peer] = left
