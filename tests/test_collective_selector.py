@@ -11,6 +11,7 @@ import pytest
 from collective_kit import Comp, module, reducer
 
 from replicas.collectives import algorithms, selector  # noqa: F401  (algorithms registers the units)
+from replicas.runtime import batched
 from replicas.runtime.compile import compile_module
 from replicas.runtime.job import Job
 from replicas.runtime.threads import ThreadBackend
@@ -52,6 +53,7 @@ def _recorded(placement: list[int], size: int) -> tuple[list, list[dict]]:
                              "reduce-scatter": "recursive doubling", "all-to-all": "direct"}),
 ])
 def test_the_unit_that_ran_is_in_every_members_event(placement, sharded_from, want, monkeypatch):
+    monkeypatch.setattr(batched, "ENABLED", False)  # the engine's units, not one batched interpreter
     if sharded_from is not None:
         monkeypatch.setattr(selector, "THRESHOLDS", replace(selector.THRESHOLDS, small_bytes=sharded_from))
     _, chosen = _recorded(placement, 3)
