@@ -173,7 +173,12 @@ def test_a_failing_custom_call_names_its_source() -> None:
     assert info.value.instruction in str(info.value) and "no luck" in str(info.value)
 
 
-def test_a_timeout_report_progress_and_trace_name_the_source(tmp_path: Path) -> None:
+def test_a_timeout_report_progress_and_trace_name_the_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from replicas.runtime import batched
+
+    # Each replica on its own, so they wait in the psum for each other (run batched, one thread runs
+    # them all and none ever waits in it).
+    monkeypatch.setattr(batched, "ENABLED", False)
     trace = tmp_path / "t.json"
     with rp.launch(FOREVER, [np.zeros(4, np.float32)], backend="threads", timeout=60, trace=str(trace)) as job:
         progress = job.progress()

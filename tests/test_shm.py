@@ -312,21 +312,11 @@ sys.stdin.readline()  # killed here
 """
 
 
-def _mapped_anywhere(token: str) -> bool:
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                if any(f"/rpl-{token}-" in line for line in f):
-                    return True
-        except OSError:
-            continue
-    return False
-
-
 @pytest.mark.usefixtures("ray_session")
-def test_the_segments_of_a_killed_driver_are_removed_by_the_next_driver():
-    """A driver killed mid-job cannot remove its segments and its actors die with it: the next
-    driver's first job on the node removes what no process maps any more."""
+def test_the_segments_of_a_killed_driver_that_joined_a_running_ray_are_removed_by_its_reaper():
+    """A driver killed mid-job cannot remove its segments: its reaper (runtime/ray/reaper.py) does,
+    within seconds, though the Ray it joined lives on (an older leftover, of a node the reaper is
+    not on, is the next driver's sweep: the test below)."""
     import ray
 
     driver = subprocess.Popen([sys.executable, "-c", KILLED_DRIVER, ray.get_runtime_context().gcs_address,
@@ -339,17 +329,11 @@ def test_the_segments_of_a_killed_driver_are_removed_by_the_next_driver():
     finally:
         driver.kill()
         driver.wait()
-    deadline = time.monotonic() + 60
-    while _mapped_anywhere(token):  # until Ray has ended the dead driver's actors
-        assert time.monotonic() < deadline, "the killed driver's actors still run after 60 s"
-        threading.Event().wait(0.1)
-    left = job_segments(token)
-    assert len(left) == 2
-    an_hour_ago = time.time() - 3600  # as if the next driver came later (young segments are spared)
-    for path in left:
-        os.utime(path, (an_hour_ago, an_hour_ago))
-    removed = remove_orphaned_segments()
-    assert job_segments(token) == [] and len([p for p in removed if f"/rpl-{token}-" in p]) == 2
+    deadline = time.monotonic() + 5
+    while job_segments(token):
+        assert time.monotonic() < deadline, f"the killed driver's segments are left: {job_segments(token)}"
+        threading.Event().wait(0.05)
+    assert ray.is_initialized() and ray.cluster_resources()  # the Ray it joined was left alone
 
 
 def test_only_old_segments_that_no_process_maps_are_removed():

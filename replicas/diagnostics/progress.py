@@ -60,14 +60,20 @@ class Progress:
 BATCHED_OPCODE = "batched"  # the block of a replica whose batched run's leader runs it
 
 
+def _in_batched_run(s: ReplicaState) -> bool:
+    return s.status == "blocked" and s.block is not None and s.block.opcode == BATCHED_OPCODE
+
+
 def progress_of(states: list[ReplicaState], elapsed: float, sources: SourceMap = NO_SOURCES) -> Progress:
     counts = {"running": 0, "blocked": 0, "finished": 0, "failed": 0}
     for s in states:
-        if s.status == "blocked" and s.block is not None and s.block.opcode == BATCHED_OPCODE:
+        if _in_batched_run(s):
             counts["running"] += 1  # its process's batched run computes it (runtime/batched.py)
         elif s.status in counts:
             counts[s.status] += 1
     active = [s for s in states if s.status in ("running", "blocked")]
+    # A batched run's members are where their leader is: the slowest is chosen among the others.
+    active = [s for s in active if not _in_batched_run(s)] or active
     slowest = min(active, key=lambda s: (s.collectives_started, s.replica)) if active else None
     instruction = None
     started = slowest.collectives_started if slowest is not None else \
