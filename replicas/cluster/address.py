@@ -59,7 +59,8 @@ def probe(address: str, timeout: float | None) -> ClusterProbe:
                 return ClusterProbe(address, grpc_h2.authentication(s, address, deadline))
         except (TimeoutError, ConnectionError, OSError) as e:
             if time.monotonic() + 0.5 >= deadline:
-                raise ReplicaFailure(f"no Ray cluster answered at {address} within {seconds:g} s "
+                # What is left of the job's timeout by now, as a person would write it.
+                raise ReplicaFailure(f"no Ray cluster answered at {address} within {round(seconds, 1):g} s "
                                      f"({type(e).__name__}: {e})") from None
             time.sleep(0.5)  # a cluster still starting: Ray's own join retries the same way
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ProgramError
-from replicas.runtime.arguments import check_launch_options
+from replicas.runtime.arguments import check_launch_options, check_timeout
 
 BACKENDS = ("ray", "threads")
 DEFAULT_TIMEOUT = 60.0  # seconds of work before ExecutionTimeout (run, launch, check and jit alike)
@@ -54,6 +54,7 @@ class LaunchOptions:
         against the one timeout. None: no timeout."""
         if self.timeout is None:
             return None
+        check_timeout(self.timeout)  # before it is used: a bad one is named, not a float() error
         return (time.monotonic() if begun is None else begun) + float(self.timeout)
 
     def checked(self, num_replicas: Any, infeed: Sequence[Sequence[Any]] | None = None) -> int:
