@@ -106,7 +106,7 @@ ENTRY e {
 x = np.ones(4, np.float32)
 case = sys.argv[1]
 target = "opens" if case in ("file descriptors", "program file") else "spawns"
-path = "/tmp/exhaustion-%d.hlo" % os.getpid()
+path = "program.hlo"  # in the test's own temporary directory, the cwd
 with open(path, "w") as f:
     f.write(text % target)
 m = rp.parse_hlo(text % target)
