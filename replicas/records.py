@@ -39,6 +39,9 @@ def replicas_text(replicas: Iterable[int]) -> str:
     return (f"replica {ids[0]}" if len(ids) == 1 else f"replicas {replica_ranges(ids)}") + host
 
 
+BATCHED_OPCODE = "batched"  # the block of a replica whose process's batched run computes it
+
+
 @dataclass
 class BlockInfo:
     """Why a replica is blocked.

@@ -9,7 +9,7 @@ from typing import Any, TextIO
 
 from replicas.diagnostics.report import where, with_source
 from replicas.hlo.source import NO_SOURCES, SourceMap
-from replicas.records import HOST, ReplicaState, replicas_text
+from replicas.records import BATCHED_OPCODE, HOST, ReplicaState, replicas_text
 
 
 def host_waits(states: list[ReplicaState], sources: SourceMap = NO_SOURCES) -> list[str]:
@@ -55,9 +55,6 @@ class Progress:
         if self.waiting_for_host:
             text += "  (" + "; ".join(self.waiting_for_host) + ")"
         return text
-
-
-BATCHED_OPCODE = "batched"  # the block of a replica whose batched run's leader runs it
 
 
 def _in_batched_run(s: ReplicaState) -> bool:

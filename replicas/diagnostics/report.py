@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replicas.hlo.source import NO_SOURCES, SourceMap
-from replicas.records import HOST, BlockInfo, ReplicaState, replica_ranges, replicas_text
+from replicas.records import BATCHED_OPCODE, HOST, BlockInfo, ReplicaState, replica_ranges, replicas_text
 
 
 def _who(r: int) -> str:
@@ -19,6 +19,8 @@ def _who(r: int) -> str:
 def where(b: BlockInfo, sources: SourceMap = NO_SOURCES, computation: bool = False) -> str:
     """`%r (all-reduce #0)`, `%got (recv-done, channel 3)`, `%in (infeed)`; `computation`: and
     ` in body`; then, when the module has metadata, ` from psum at train.py:42 in step (...)`."""
+    if b.opcode == BATCHED_OPCODE:  # not an instruction of the program: one thread runs the group's
+        return f"the batched run of {replicas_text(b.group or ())} (one thread runs their program)"
     text = f"%{b.instruction} ({b.opcode}"
     if b.kind == "collective" and b.seq is not None:
         text += f" #{b.seq}"

@@ -39,12 +39,11 @@ from replicas.collectives.fingerprint import make_fingerprint
 from replicas.collectives.groups import intern, plan_groups, verified_pairs
 from replicas.collectives.kernels import computation_of
 from replicas.collectives.topology import RESULT, RESULT_LANES
-from replicas.diagnostics.progress import BATCHED_OPCODE
 from replicas.diagnostics.recorder import clock_anchor
 from replicas.errors import ReplicasError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.ops.elementwise_util import SUB_BYTE_WIDE
-from replicas.records import BlockInfo
+from replicas.records import BATCHED_OPCODE, BlockInfo
 from replicas.runtime.batched_kernels import kernel_for
 from replicas.runtime.bound import GENERATED, BoundComputation
 from replicas.runtime.codegen import straight_line
