@@ -124,8 +124,9 @@ def real_dtype_of(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype == np.complex64 else np.dtype(np.float64)
 
 
-class _WideContext:
-    """The kernel context with sub-byte operand shapes widened to 8 bits."""
+class WithOperandShapes:
+    """A kernel context whose operands have the shapes given (sub-byte ones widened to 8 bits, a
+    batched run's stacked ones) while a kernel is bound; everything else is the context's."""
 
     def __init__(self, ctx: KernelContext, shapes: list[Shape]) -> None:
         self._ctx = ctx
@@ -170,7 +171,7 @@ def sub_byte_kernel(inst: Instruction, ctx: KernelContext, factory: KernelFactor
     if not any(s.is_array and s.element_type in SUB_BYTE_WIDE for s in [*shapes, inst.shape]):
         return None
     wide_inst = Instruction(inst.name, inst.opcode, _widen(inst.shape), inst.operands, inst.attrs, inst.line)
-    wide = factory(wide_inst, _WideContext(ctx, [_widen(s) for s in shapes]))
+    wide = factory(wide_inst, WithOperandShapes(ctx, [_widen(s) for s in shapes]))
     to_wide = [_widen(s).dtype if s.is_array and s.element_type in SUB_BYTE_WIDE else None for s in shapes]
     out = inst.shape.dtype if inst.shape.element_type in SUB_BYTE_WIDE else None
     first = shapes[0].element_type

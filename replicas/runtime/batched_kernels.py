@@ -26,6 +26,7 @@ from replicas.collectives.kernels import make_combine
 from replicas.collectives.reduction import reduce_into
 from replicas.hlo.ir import Instruction
 from replicas.hlo.opcodes import OPCODES
+from replicas.ops.elementwise_util import WithOperandShapes
 from replicas.ops.registry import lookup
 from replicas.runtime.stacks import (
     COLLECTIVES,
@@ -71,20 +72,6 @@ def kernel_for(inst: Instruction, ctx: BatchedContext, stacks: list[Stack], out:
 
 def _stacked_shape(shape: Shape, size: int) -> Shape:
     return Shape.array(shape.element_type, (size, *shape.dimensions))
-
-
-class _StackedShapes:
-    """The context with the operands' shapes given (the stacked ones) while a kernel is bound."""
-
-    def __init__(self, ctx: BatchedContext, shapes: list[Shape]) -> None:
-        self._ctx = ctx
-        self._shapes = shapes
-
-    def operand_shapes(self, inst: Instruction) -> list[Shape]:
-        return self._shapes
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ctx, name)
 
 
 def _default_layout(shape: Shape) -> bool:
@@ -169,7 +156,7 @@ def _shifted(inst: Instruction, ctx: BatchedContext, stacks: list[Stack]) -> Ker
         first = 1 if op == "dynamic-slice" else 2
         stacked_shapes = [*stacked_shapes[:first], Shape.scalar("s32"), *stacked_shapes[first:]]
     shifted = Instruction(inst.name, op, out_shape, list(inst.operands), attrs, line=inst.line)
-    fn = lookup(inst)(shifted, _StackedShapes(ctx, stacked_shapes))
+    fn = lookup(inst)(shifted, WithOperandShapes(ctx, stacked_shapes))
     if not any(widen) and not any(lift) and not extra_index:
         return fn
     lifted = {k: (size,) + (1,) * (rank - shapes[k].rank) + shapes[k].dimensions for k, lf in enumerate(lift) if lf}
