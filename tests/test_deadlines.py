@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from test_runtime_ray import FOREVER
 
 import replicas as rp
 from replicas.runtime import threads
@@ -84,23 +85,6 @@ def test_a_small_program_still_runs_in_the_callers_thread():
     assert runs_quickly(compile_module(m))
     np.testing.assert_array_equal(rp.run(m, [np.ones(8, np.float32)], backend="threads", timeout=TIMEOUT)[0],
                                   -np.ones(8, np.float32))
-
-
-FOREVER = """HloModule forever
-cond {
-  s = s32[] parameter(0)
-  ROOT t = pred[] constant(true)
-}
-body {
-  s = s32[] parameter(0)
-  one = s32[] constant(1)
-  ROOT n = s32[] add(s, one)
-}
-ENTRY e {
-  zero = s32[] constant(0)
-  ROOT w = s32[] while(zero), condition=cond, body=body
-}
-"""
 
 
 def test_the_run_is_under_the_deadline_on_threads():
