@@ -74,7 +74,24 @@ class _Limit:
     def restore_original_limits(self) -> None:
         for pool, threads in self._original:
             if threads is not None:
-                pool.set_num_threads(threads)
+                try:
+                    pool.set_num_threads(threads)
+                except KeyboardInterrupt:
+                    # OpenBLAS answers a thread it cannot start (a process or thread limit) by raising
+                    # SIGINT in this process: not the user's Ctrl-C, and the pools stay as they are.
+                    if _a_thread_can_start():
+                        raise
+                    return
+
+
+def _a_thread_can_start() -> bool:
+    try:
+        probe = threading.Thread(target=int, daemon=True, name="replicas-thread-probe")
+        probe.start()
+    except RuntimeError:  # "can't start new thread"
+        return False
+    probe.join()
+    return True
 
 
 _sized: list[int | None] = [None]
