@@ -144,14 +144,22 @@ def launch(module: Program, args: Sequence[Any] | None = None, num_replicas: int
     progress: while `result()` waits, a live status line on stderr when it is a terminal
         (`job.progress()` gives the same as data at any time).
     """
-    begun = time.monotonic()  # every phase, from checking the arguments on, counts against `timeout`
-    options = LaunchOptions.of(timeout=timeout, address=address, trace=trace, strict=strict, backend=backend,
-                               replicas_per_actor=replicas_per_actor, resources=resources,
-                               record_every_instruction=record_every_instruction, trace_events=trace_events,
-                               progress=progress)
-    deadline = options.deadline(begun)
-    executable, per_replica = _prepared(module, args, num_replicas, options, infeed, deadline)
+    options, deadline, executable, per_replica = _checked(
+        module, args, num_replicas, infeed, timeout=timeout, address=address, trace=trace, strict=strict,
+        backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
+        record_every_instruction=record_every_instruction, trace_events=trace_events, progress=progress)
     return start(executable, per_replica, options, infeed, deadline=deadline)
+
+
+def _checked(module: Program, args: Sequence[Any] | None, num_replicas: int | None,
+             infeed: Sequence[Sequence[Any]] | None,
+             **options: Any) -> tuple[LaunchOptions, float | None, Executable, list[list[Any]]]:
+    """The options, the job's deadline (every phase, from checking the arguments on, counts against
+    `timeout`), the executable and each replica's checked arguments."""
+    begun = time.monotonic()
+    checked = LaunchOptions.of(**options)
+    deadline = checked.deadline(begun)
+    return (checked, deadline, *_prepared(module, args, num_replicas, checked, infeed, deadline))
 
 
 def _prepared(module: Program, args: Sequence[Any] | None, num_replicas: int | None, options: LaunchOptions,
@@ -221,13 +229,10 @@ def run(module: Program, args: Sequence[Any] | None = None, num_replicas: int | 
     seconds, a disagreement between the members of a collective raises CollectiveMismatchError,
     and `timeout` seconds of work raise ExecutionTimeout naming what each replica was doing.
     """
-    begun = time.monotonic()  # every phase, from checking the arguments on, counts against `timeout`
-    options = LaunchOptions.of(timeout=timeout, address=address, trace=trace, strict=strict, backend=backend,
-                               replicas_per_actor=replicas_per_actor, resources=resources,
-                               record_every_instruction=record_every_instruction, trace_events=trace_events,
-                               progress=progress)
-    deadline = options.deadline(begun)
-    executable, per_replica = _prepared(module, args, num_replicas, options, infeed, deadline)
+    options, deadline, executable, per_replica = _checked(
+        module, args, num_replicas, infeed, timeout=timeout, address=address, trace=trace, strict=strict,
+        backend=backend, replicas_per_actor=replicas_per_actor, resources=resources,
+        record_every_instruction=record_every_instruction, trace_events=trace_events, progress=progress)
     if (backend == "threads" and len(per_replica) == 1 and infeed is None and trace is None and not progress
             and not record_every_instruction and runs_quickly(executable)):
         # Nothing of a job is needed by a replica that cannot wait and ends at once, and nobody can
