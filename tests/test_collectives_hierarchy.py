@@ -47,8 +47,9 @@ def inputs(n: int, groups: list[list[int]], seed: int = 0) -> list[list[np.ndarr
     return [[rand((4, 6 * g), np.float32, rng), rand((4, 6 * g), np.int32, rng)] for _ in range(n)]
 
 
-def run_placed(m: rp.Module, args: list[list[np.ndarray]], placement: list[int]) -> list:
-    backend = ThreadBackend(compile_module(m), args, placement=placement)
+def run_placed(m: rp.Module, args: list[list[np.ndarray]], placement: list[int],
+               nodes: list[int] | None = None) -> list:
+    backend = ThreadBackend(compile_module(m), args, placement=placement, nodes=nodes)
     return Job(backend, None, timeout=60, host_may_send=False).result()
 
 
@@ -91,6 +92,47 @@ def test_every_collective_under_every_placement(n, groups, placement):
     check_against_numpy(out, args, groups)
     again = run_placed(m, args, placement)
     assert [bits(o[0]) for o in again] == [bits(o[0]) for o in out]  # the same bits from run to run
+
+
+NODE_CASES = [  # (n, groups, placement, the node of each process): collectives/nodes.py, and beyond 8 nodes
+    (6, [], list(range(6)), [0, 1, 0, 1, 0, 1]),
+    (6, [], [0, 0, 1, 1, 2, 2], [0, 1, 0]),
+    (8, [], [r // 2 for r in range(8)], [0, 1, 0, 1]),  # N=8 packed two per process over 2 nodes
+    (8, [], [r // 2 for r in range(8)], [0, 0, 1, 1]),
+    (6, [[4, 0, 2], [1, 5, 3]], [0, 0, 1, 1, 2, 2], [0, 1, 1]),
+    (9, [], list(range(9)), [0, 1, 2] * 3),
+    (12, [], list(range(12)), [k % 2 for k in range(12)]),  # 12 processes on 2 nodes
+    (10, [], list(range(10)), list(range(10))),  # 10 nodes: recursive doubling
+]
+
+
+@pytest.mark.parametrize("n,groups,placement,process_nodes", NODE_CASES)
+def test_every_collective_across_nodes(n, groups, placement, process_nodes):
+    m = program(n, groups)
+    args = inputs(n, groups, seed=3)
+    nodes = [process_nodes[placement[r]] for r in range(n)]
+    out = run_placed(m, args, placement, nodes)
+    check_against_numpy(out, args, groups)
+    again = run_placed(m, args, placement, nodes)
+    assert [[bits(v) for v in o] for o in again] == [[bits(v) for v in o] for o in out]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_large_all_reduce_across_nodes_is_reduced_in_node_order(streamed, monkeypatch):
+    """Streamed in chunks or sent whole, the sum is ((x0 + x2) + (x1 + x3)) with replicas 0, 2 on
+    node 0 and 1, 3 on node 1 (one process each): process order in a node, then node order."""
+    n, size = 4, 150_001
+    chunk = 64 << 10 if streamed else 64 << 20
+    monkeypatch.setattr(selector, "THRESHOLDS", replace(selector.THRESHOLDS, stream_chunk_bytes=chunk))
+    c = Comp("main")
+    x = c.param(f"f32[{size}]")
+    ar = c.op("all-reduce", f"f32[{size}]", [x], to_apply="add_f32", replica_groups=[])
+    m = module(c.done(ar), reducer("add", "f32"))
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal(size).astype(np.float32) for _ in range(n)]
+    out = run_placed(m, [[x] for x in xs], [0, 1, 2, 3], [0, 1, 0, 1])
+    want = (xs[0] + xs[2]) + (xs[1] + xs[3])
+    assert all(bits(o) == bits(want) for o in out)
 
 
 @pytest.mark.parametrize("placement", [[0, 0, 0, 0], [0, 1, 2, 3], [0, 0, 1, 1], [0, 1, 0, 1]])

@@ -1,8 +1,8 @@
 """Replicas on separate (simulated) hosts: two network, mount and UTS namespaces on a private bridge,
 each its own Ray node with token authentication (replicas/cluster/hosts.py). The driver runs inside
-host 0, as on a real head node. Values equal the threads backend's byte for byte with replicas
-spread over the hosts (one per actor; two per actor: the same bits every run, close to
-the threads backend's); `resources=` places them per host; a cut link, a
+host 0, as on a real head node. Values equal the threads backend's byte for byte when it is told
+the same placement over the same nodes (one and two replicas per actor, N=4 and N=8, every
+collective, a streamed all-reduce), the same bits every run; `resources=` places them per host; a cut link, a
 frozen host and a killed node end a running job naming that host's replicas, no hang, nothing of
 Ray's on the driver's stdout, and the next job runs on the host that is left; no host's /dev/shm
 keeps anything. Skipped, with one line saying why, where namespaces cannot be made (not root, no
@@ -17,6 +17,7 @@ import sys
 import textwrap
 
 import pytest
+from test_collectives_hierarchy import program
 from test_runtime_ray import ALL_REDUCE
 from test_shm_cluster import CHANNELS
 
@@ -53,49 +54,58 @@ CORRECT = textwrap.dedent("""
     import ray
     import replicas as rp
     from replicas.cluster.address import gcs_address, probe
+    from replicas.runtime.compile import compile_module
+    from replicas.runtime.job import Job
+    from replicas.runtime.threads import ThreadBackend
 
     report = {"auth": probe(gcs_address("auto"), 30).auth}
     rng = np.random.default_rng(5)
-    cases = {"all_reduce": (sys.argv[1], [{"host0": 1}, {"host1": 1}] * 2, 1),
-             "packed": (sys.argv[1], [{"host0": 1}] * 2 + [{"host1": 1}] * 2, 2),
-             "channels": (sys.argv[2], [{"host0": 1}, {"host1": 1}] * 2, 1),
-             "large": (sys.argv[3], [{"host0": 1}, {"host1": 1}] * 2, 1)}
-    for name, (text, placement, per_actor) in cases.items():
+    for name, text, hosts_of, per_actor in json.loads(sys.argv[1]):
         m = rp.parse_hlo(text)
-        shape = m.entry_computation.parameters[0].shape.dimensions
-        xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
-        want = rp.run(m, [[x] for x in xs], num_replicas=4, backend="threads")
+        n = len(hosts_of)
+        placement = [r // per_actor for r in range(n)]  # the actors, in replica order
+        xs = [[rng.standard_normal(p.shape.dimensions).astype(p.shape.dtype) for p in m.entry_computation.parameters]
+              for _ in range(n)]
+        # The threads backend told the same placement over the same nodes: the same reduction order.
+        want = Job(ThreadBackend(compile_module(m), xs, placement=placement, nodes=hosts_of), None,
+                   timeout=120, host_may_send=False).result()
+        one = rp.run(m, xs, num_replicas=n, backend="threads")
         runs = []
         for _ in range(2):  # twice: the same bits every time
-            job = rp.launch(m, [[x] for x in xs], num_replicas=4, address="auto", resources=placement,
+            job = rp.launch(m, xs, num_replicas=n, address="auto", resources=[{f"host{h}": 1} for h in hosts_of],
                             replicas_per_actor=per_actor, timeout=180)
             nodes = {s.replica: s.node for s in job.states()}
             runs.append(job.result())
         got = runs[0]
         where = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-        report[name] = {"equal": all(a.tobytes() == b.tobytes() for r in range(4) for a, b in zip(got[r], want[r])),
-                        "close": all(np.allclose(a, b, rtol=1e-5) for r in range(4) for a, b in zip(got[r], want[r])),
-                        "repeat": all(a.tobytes() == b.tobytes() for r in range(4) for a, b in zip(got[r], runs[1][r])),
-                        "hosts": [where[nodes[r]] for r in range(4)]}
+        report[name] = {"equal": all(a.tobytes() == b.tobytes() for r in range(n) for a, b in zip(got[r], want[r])),
+                        "close": all(np.allclose(a, b, rtol=1e-4, atol=1e-4) for r in range(n)
+                                     for a, b in zip(got[r], one[r])),
+                        "repeat": all(a.tobytes() == b.tobytes() for r in range(n) for a, b in zip(got[r], runs[1][r])),
+                        "hosts": [where[nodes[r]] for r in range(n)]}
     print(json.dumps(report))
 """)
 
 
 def test_values_across_hosts_equal_one_machines(cluster: hosts.Cluster) -> None:
-    large = 1 << 19  # 2 MiB a replica (8 MiB gathered): streamed between the hosts' actors over their own sockets
-    out = run_driver(cluster, CORRECT, ALL_REDUCE.format(n=4, size=4096, gsize=4 * 4096), CHANNELS,
-                     ALL_REDUCE.format(n=4, size=large, gsize=4 * large))
+    """Every collective across the hosts gives the bits of the threads backend told the same placement
+    over the same nodes (a node's processes meet first: collectives/nodes.py), the same bits every
+    run, close to one process's; one and two replicas per actor, N=4 and N=8."""
+    large = 3 << 19  # 6 MiB a replica: streamed between the hosts' node leaders in chunks
+    everything = program(8, []).to_hlo_text()  # all-reduce, all-gather, reduce-scatter, all-to-all, broadcast
+    cases = [("all_reduce", ALL_REDUCE.format(n=4, size=4096, gsize=4 * 4096), [0, 1, 0, 1], 1),
+             ("packed", ALL_REDUCE.format(n=4, size=4096, gsize=4 * 4096), [0, 0, 1, 1], 2),
+             ("channels", CHANNELS, [0, 1, 0, 1], 1),
+             ("large", ALL_REDUCE.format(n=4, size=large, gsize=4 * large), [0, 1, 0, 1], 1),
+             ("every_8_packed", everything, [0, 0, 1, 1] * 2, 2),
+             ("every_8", everything, [0, 1] * 4, 1)]
+    out = run_driver(cluster, CORRECT, json.dumps(cases), timeout=600)
     report = json.loads(out.strip().splitlines()[-1])
-    h0, h1 = (h.address for h in cluster.hosts)
-    assert report["auth"] == "token"
-    assert report["all_reduce"] == {"equal": True, "close": True, "repeat": True, "hosts": [h0, h1, h0, h1]}
-    assert report["channels"] == {"equal": True, "close": True, "repeat": True, "hosts": [h0, h1, h0, h1]}
-    assert report["large"] == {"equal": True, "close": True, "repeat": True, "hosts": [h0, h1, h0, h1]}
-    # Two replicas per actor: the same bits every run, but not the threads backend's (each actor sums
-    # its pair first: another order of the float additions), so close to them, not equal.
-    packed = report["packed"]
-    assert (packed["close"], packed["repeat"], packed["hosts"]) == (True, True, [h0, h0, h1, h1])
-    assert [hosts.shm_left(h) for h in cluster.hosts] == [[], []]
+    h = [x.address for x in cluster.hosts]
+    assert report.pop("auth") == "token"
+    for name, _, hosts_of, _ in cases:
+        assert report[name] == {"equal": True, "close": True, "repeat": True, "hosts": [h[k] for k in hosts_of]}, name
+    assert [hosts.shm_left(x) for x in cluster.hosts] == [[], []]
 
 
 LONG = """HloModule loop, replica_count=4

@@ -14,7 +14,9 @@ member gets bitwise the same result on every run of the same placement:
   processes (one round, or reduce-scatter + all-gather: each shard is still reduced in process
   order); with more processes, recursive doubling: partials are combined pairwise, lower process
   position first, in a binary tree (processes beyond the largest power of two first fold into
-  process `pos - 2**m`).
+  process `pos - 2**m`);
+- across nodes (hosts, `Fabric.nodes`; 2 to `direct_max_processes` of them), the partials of one
+  node's processes in process order, then those of the nodes in node order (`nodes.py`).
 On one process (the threads backend, or a job packed into one actor) this is the group order.
 """
 
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 
 # The units register themselves with the selector when imported (the order breaks cost ties).
-from replicas.collectives import board_round, doubling, in_process, sharded  # noqa: F401
+from replicas.collectives import board_round, doubling, in_process, nodes, sharded  # noqa: F401
 from replicas.collectives.direct import addressed
 from replicas.collectives.exchange import Exchange
 from replicas.collectives.in_process import ASSEMBLE, GatherResult, assembled

@@ -28,6 +28,7 @@ from replicas.records import BlockInfo
 from replicas.transport import board as shared_board
 from replicas.transport import futex, keys, shm
 from replicas.transport.wire import payload_bytes
+from replicas.tuning import workers
 
 if TYPE_CHECKING:
     from replicas.transport.fabric import Fabric
@@ -71,14 +72,48 @@ class Exchange:
         key = (collective, nbytes, ufunc)
         units = self._plans.get(key)
         if units is None:
-            p = len(self.topo.layout.leaders)
+            layout = self.topo.layout
+            p = len(layout.leaders)
             units = self._plans[key] = plan(collective, Situation(p, nbytes, p > 1 and self.leaders_share_board(),
-                                                                  ufunc))
+                                                                  ufunc, len(layout.nodes)))
         self.algorithm = units[0].name
         return units
 
     def send(self, dst: int, round_: int, payload: Any) -> None:
         self.fabric.send(dst, keys.collective(self.seq, round_), (self.fingerprint.wire, payload))
+
+    def send_stream(self, targets: Sequence[int], rounds: Sequence[int], pieces: Sequence[Any]) -> Callable[[], None]:
+        """Send `pieces[k]` under `rounds[k]` to every one of `targets`, piece by piece, from a worker
+        thread, so this replica meanwhile receives and reduces what its peers stream to it; the
+        returned `finish()` waits until every piece was handed to the transport and raises what a
+        send raised (an abort of the replica ends the wait). A single piece is sent here and now."""
+        if len(pieces) == 1:
+            for t in targets:
+                self.send(t, rounds[0], pieces[0])
+            return _nothing
+        fabric, wire, seq = self.fabric, self.fingerprint.wire, self.seq
+        mailbox = fabric.mailbox
+        for _ in range(len(targets) * len(pieces)):  # counted here: only the replica's thread counts
+            mailbox.count_sent()
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                for round_, piece in zip(rounds, pieces):
+                    key = keys.collective(seq, round_)
+                    for t in targets:
+                        fabric.send_counted(t, key, (wire, piece))
+            except BaseException as e:  # noqa: BLE001 - raised by `finish`, in the replica's thread
+                failed.append(e)
+
+        task = workers.submit(run, f"replica {self.me}: stream")
+
+        def finish() -> None:
+            mailbox.wait_external(None, task.is_set, task.wait, _nothing)
+            if failed:
+                raise failed[0]
+
+        return finish
 
     def recv(self, sources: Sequence[int], round_: int) -> list[Any]:
         """The payloads `sources` sent in `round_`, in that order, each fingerprint checked first."""
@@ -441,6 +476,10 @@ class Exchange:
             self.send(dst, RESULT, payload)
         results, shared = payload
         return shared if results is None else results[topo.rank]
+
+
+def _nothing(*_: Any) -> None:
+    pass
 
 
 def _raw(arrays: tuple) -> bool:

@@ -83,7 +83,7 @@ class Collective:
         # again when a pooled interpreter runs in a job of another placement.
         placement = self.fabric.placement
         if self.index is not None and (self._topology is None or placement is not self._placement):
-            self._topology = topology(self.group, self.index, placement)
+            self._topology = topology(self.group, self.index, placement, self.fabric.nodes)
             self._placement = placement
         return self._topology
 

@@ -15,6 +15,10 @@ collective: a name, where it applies, what it costs, and its implementation. Uni
   buffers of `small_bytes` or more.
 - `recursive doubling` (`doubling.py`; all-reduce, all-gather, reduce-scatter): P >
   `direct_max_processes`.
+- `node leaders` (`nodes.py`; all four): the group spans 2 to `direct_max_processes` nodes
+  (hosts); a node's processes meet its node leader, node leaders exchange one transfer per pair of
+  nodes, large buffers as a stream of `stream_chunk_bytes` chunks. Across nodes it is always the
+  cheapest: the network's bytes, which the other units' rules leave out, are fewest with it.
 
 (Ring and tree are not implemented: a new unit registers with `register` and states its cost rule;
 see "Adding a collective algorithm" in docs/architecture.md.)
@@ -82,6 +86,9 @@ class Thresholds:
     # (the other processes' members keep a result until their next iteration, so the first process
     # may need a third while they do; more would exceed the pool's lease budget).
     shared_results: int = 16
+    # Across nodes, a node leader sends a buffer larger than this as a stream of chunks of this size
+    # from a thread of its own, and reduces each chunk it receives while the next ones travel.
+    stream_chunk_bytes: int = 2 << 20
 
 
 THRESHOLDS = Thresholds()  # tests replace it (`dataclasses.replace`) to reach a unit at small sizes
@@ -95,6 +102,7 @@ class Situation:
     nbytes: int  # a member's operands, in bytes
     board: bool  # every leader is an actor of this node with the board (`Exchange.leaders_share_board`)
     ufunc: bool  # the reduction is a numpy ufunc (`combine.into`): it can sum into a buffer in place
+    nodes: int = 1  # nodes (hosts) hosting those processes (`Layout.nodes`)
 
 
 # A round's fixed cost and a byte's cost, per transport, in one unit (roughly: the bytes one could

@@ -23,6 +23,11 @@ Who leads a process's members:
 - **The first local member** (a fixed leader) otherwise: each member hands its operand to it as a
   message delivered by reference; leaders' rounds addressed to a leader's mailbox (other nodes,
   more than `Thresholds.board_readers` processes, payloads larger than a board slot, recursive doubling) need it.
+
+Across nodes (hosts: `Fabric.nodes`), the processes of one node form a third level: their
+leaders meet the node's first process's leader (its *node leader*, in *node order*: the order of
+each node's first process in process order), and only node leaders talk across the network, one
+transfer per pair of nodes and step (`collectives/nodes.py`).
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ class Layout:
     leaders: tuple[int, ...]  # per process, in process order: its leader's replica id
     process_of_index: tuple[int, ...]  # group index -> position of its process in `processes`
     rank_of_index: tuple[int, ...]  # group index -> its position among its process's members
+    # Per node, in node order: its processes' positions (in process order). One node when the
+    # fabric knows no nodes (threads, one machine).
+    nodes: tuple[tuple[int, ...], ...] = ()
+    node_of_process: tuple[int, ...] = ()  # process position -> position of its node in `nodes`
 
 
 class Topology:
@@ -82,14 +91,15 @@ class Topology:
 
 # Per group and placement (each job brings a new placement, so a pooled actor adds entries job after
 # job: the bound keeps that growth small; bench/soak.py watches it).
-_layouts: Cache[tuple[Sequence[int], Layout]] = Cache("layouts", 512, by_identity=True)
+_layouts: Cache[tuple[Sequence[int], Sequence[int] | None, Layout]] = Cache("layouts", 512, by_identity=True)
 
 
-def layout_of(group: Group, placement: Sequence[int]) -> Layout:
-    """The layout of `group` under `placement`, computed once per process (O(group) the first time)."""
+def layout_of(group: Group, placement: Sequence[int], nodes: Sequence[int] | None = None) -> Layout:
+    """The layout of `group` under `placement` (and `nodes`: replica -> its node, None for one node),
+    computed once per process (O(group) the first time)."""
     found = _layouts.get(group)
-    if found is not None and found[0] is placement:
-        return found[1]
+    if found is not None and found[0] is placement and found[1] is nodes:
+        return found[2]
     position: dict[int, int] = {}
     processes: list[list[int]] = []
     leaders: list[int] = []
@@ -105,14 +115,25 @@ def layout_of(group: Group, placement: Sequence[int]) -> Layout:
         rank_of_index.append(len(processes[k]))
         processes[k].append(i)
         process_of_index.append(k)
+    node_position: dict[int, int] = {}
+    by_node: list[list[int]] = []
+    node_of_process = []
+    for k, r in enumerate(leaders):
+        node = nodes[r] if nodes is not None else 0
+        j = node_position.get(node)
+        if j is None:
+            j = node_position[node] = len(by_node)
+            by_node.append([])
+        by_node[j].append(k)
+        node_of_process.append(j)
     layout = Layout(group, tuple(tuple(p) for p in processes), tuple(leaders), tuple(process_of_index),
-                    tuple(rank_of_index))
-    _layouts.put(group, (placement, layout))
+                    tuple(rank_of_index), tuple(tuple(n) for n in by_node), tuple(node_of_process))
+    _layouts.put(group, (placement, nodes, layout))
     return layout
 
 
-def topology(group: Group, index: int, placement: Sequence[int]) -> Topology:
-    layout = layout_of(group, placement)
+def topology(group: Group, index: int, placement: Sequence[int], nodes: Sequence[int] | None = None) -> Topology:
+    layout = layout_of(group, placement, nodes)
     position = layout.process_of_index[index]
     return Topology(layout, index, position, layout.processes[position], layout.rank_of_index[index])
 

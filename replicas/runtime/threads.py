@@ -54,7 +54,7 @@ class ThreadBackend(Backend):
 
     def __init__(self, executable: Executable, args: list[list[Any]], *, strict: bool = True,
                  record_every_instruction: bool = False, placement: list[int] | None = None,
-                 trace_events: int = DEFAULT_CAPACITY, persistent: bool = False,
+                 nodes: list[int] | None = None, trace_events: int = DEFAULT_CAPACITY, persistent: bool = False,
                  deadline: float | None = None) -> None:
         """`persistent`: a job run again and again (runtime/session.py): its replicas keep their
         interpreters bound after a clean run, for `rerun`. `deadline`: the `time.monotonic()` by
@@ -76,6 +76,7 @@ class ThreadBackend(Backend):
         self._pin: Pin | None = None
         # One process: every collective meets in-process. A placement given here makes the collectives
         # treat replicas as hosted by those "processes" (their cross-process algorithms, without Ray).
+        # `nodes` (replica -> node) makes them treat those processes as spread over nodes too.
         placement = list(placement) if placement is not None else [0] * n
         binding = DEADLINE.set(deadline)
         try:
@@ -86,6 +87,7 @@ class ThreadBackend(Backend):
                     raise ExecutionTimeout(_not_ready("setting up", r, n))
                 recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
                 fabric = ThreadFabric(r, self._mailboxes, strict=strict, recorder=recorder, placement=placement)
+                fabric.nodes = nodes
                 runner = ReplicaRunner(executable, fabric, recorder)
                 runner.persistent = persistent
                 self._replicas.append(runner)
@@ -319,6 +321,7 @@ class _Alone:
     replica_id = 0
     num_replicas = 1
     placement = (0,)
+    nodes = None
     strict = True
     mailbox = None
     recorder = None

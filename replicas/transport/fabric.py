@@ -8,6 +8,8 @@ process) and `RayFabric` (replicas in actors). Message keys come from `replicas.
 
 `placement[r]` is the process hosting replica r (0 for every thread of the threads backend,
 the actor's index under Ray): collectives meet in-process first and cross processes once.
+`nodes[r]` is the node (host) of replica r, or None where every replica is on one node: across
+nodes, a node's processes meet first and only one of them talks to each other node.
 `shared` is the replica's link to the job's other processes on its node through shared memory
 (`SharedMemoryLink`: the board, the arenas, the spinner of its waits), or None where there is
 none (threads, one replica, an actor without peers on its node); collectives take the faster
@@ -66,12 +68,14 @@ class Fabric(Protocol):
     # outlive one kernel call and belong to the replica, not to a module-level table.
     kernel_state: dict[str, Any]
     placement: Sequence[int]  # replica -> the process hosting it
+    nodes: Sequence[int] | None  # replica -> its node; None: one node
     shared: SharedMemoryLink | None  # the same-node shared memory, where the transport has it
 
     def next_seq(self, counter: Hashable) -> int: ...
     def next_collective(self) -> int: ...
     def collectives_started(self) -> int: ...
     def send(self, dst: int, key: Hashable, value: Any) -> None: ...
+    def send_counted(self, dst: int, key: Hashable, value: Any) -> None: ...
     def recv(self, src: int, key: Hashable, block: BlockInfo) -> Any: ...
     def recv_all(self, wanted: list[tuple[int, Hashable]], block: BlockInfo) -> list[Any]: ...
     def poll(self, src: int, key: Hashable) -> bool: ...
@@ -87,6 +91,7 @@ class MailboxFabric:
     """`Fabric` over the replica's mailbox. Subclasses implement `_post(dst, key, value)`."""
 
     shared: SharedMemoryLink | None = None  # `RayFabric` sets it for a job's actors
+    nodes: Sequence[int] | None = None  # `RayFabric` sets it for a job spanning nodes
 
     def __init__(self, replica_id: int, num_replicas: int, mailbox: Mailbox | None = None, *,
                  strict: bool = True, recorder: FlightRecorder | None = None,
@@ -119,6 +124,14 @@ class MailboxFabric:
     def send(self, dst: int, key: Hashable, value: Any) -> None:
         """Post `value` to replica `dst` under `key`. Never blocks."""
         self.mailbox.count_sent()  # before the post: the monitor never sees it received but not sent
+        if dst == self.replica_id:
+            self.mailbox.deliver(self.replica_id, key, value)
+        else:
+            self._post(dst, key, value)
+
+    def send_counted(self, dst: int, key: Hashable, value: Any) -> None:
+        """`send` from another thread than the replica's (a stream's sender), the message counted
+        already (`mailbox.count_sent`, in the replica's thread: only it counts)."""
         if dst == self.replica_id:
             self.mailbox.deliver(self.replica_id, key, value)
         else:

@@ -339,6 +339,7 @@ class ReplicaHost(PersistentCalls):
         same_node = frozenset(r for r, address in wire_routes.items() if address["node"] == node)
         # The job's processes on this node: when each can have a core, waits on shared memory spin first.
         processes = len({placement[r] for r in same_node}) if placement is not None else 0
+        nodes = _nodes_of(wire_routes, len(placement)) if placement is not None else None
         budget = spin.budget_for(processes) if processes > 1 else 0.0
         for fabric in self._fabrics:
             if fabric.shared is not None:
@@ -348,6 +349,7 @@ class ReplicaHost(PersistentCalls):
             fabric.wire_routes = wire_routes
             if placement is not None:
                 fabric.placement = placement
+                fabric.nodes = nodes
         if self._board is not None and placement is not None:
             self._board.locate(placement)
         if placement is not None and self._fabrics:
@@ -518,3 +520,16 @@ def _picklable(e: BaseException) -> bool:
         return True
     except Exception:  # noqa: BLE001
         return False
+
+
+def _nodes_of(wire_routes: dict[int, dict[str, Any]], num_replicas: int) -> list[int] | None:
+    """Replica -> its node (numbered by first replica), or None when the job is on one node (or a
+    replica has no route): collectives/topology.py."""
+    numbers: dict[Any, int] = {}
+    nodes = []
+    for r in range(num_replicas):
+        address = wire_routes.get(r)
+        if address is None:
+            return None
+        nodes.append(numbers.setdefault(address["node"], len(numbers)))
+    return nodes if len(numbers) > 1 else None

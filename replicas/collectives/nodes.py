@@ -1,0 +1,240 @@
+"""The `node leaders` unit: the leaders' step of a group spread over several nodes (hosts), in two
+levels, so that each pair of nodes exchanges one transfer per step, never one per pair of
+processes (all-reduce, all-gather, reduce-scatter, all-to-all).
+
+The process leaders of a node hand their part to the node's leader (the leader of its first
+process, `Layout.nodes`) as messages on the node (through the shared-memory arena: a descriptor
+over the Unix socket); the node leaders exchange one message per pair of nodes over the network;
+each node leader hands its node's other process leaders what they need. A buffer larger than
+`Thresholds.stream_chunk_bytes` goes between node leaders as a stream of chunks sent by a thread
+of their own (`Exchange.send_stream`) while the receiver reduces each chunk that arrived: the
+reduction overlaps the transfer.
+
+Rounds: `IN` (process leader -> node leader), `ACROSS` (node leader -> node leader; a stream's
+first chunk, so every unit's first message across nodes is compared on the same key), `OUT`
+(node leader -> process leaders), `STREAM + k` (a stream's chunk k > 0).
+
+Reduction order: in a process, group order; in a node, the processes' partials in process order;
+across nodes, the nodes' partials in node order (the order of each node's first process). It
+depends on the placement only, and every member gets the same bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replicas.collectives.buffers import pool_of
+from replicas.collectives.direct import place_items
+from replicas.collectives.exchange import Exchange
+from replicas.collectives.in_process import (
+    GatherResult,
+    hand_out_all_to_all,
+    local_addressed,
+    reduce_pooled,
+    shared,
+)
+from replicas.collectives.reduction import Combine, Values, chunks_of, index_runs, reduce_into
+from replicas.collectives.selector import THRESHOLDS, Algorithm, Situation, Thresholds, register
+from replicas.collectives.topology import LEADER_ROUND, Topology
+
+IN = LEADER_ROUND
+ACROSS = LEADER_ROUND + 1
+OUT = LEADER_ROUND + 2
+STREAM = LEADER_ROUND + 3
+MAX_PIECES = 4096  # a stream's chunks at most (their rounds stay below `topology.RESULT`)
+
+
+class _Node:
+    """This process's place among the nodes: its node's processes, their leaders, the node leaders."""
+
+    __slots__ = ("topo", "node", "processes", "is_leader", "leader", "peers", "others", "leaders")
+
+    def __init__(self, topo: Topology) -> None:
+        layout = topo.layout
+        self.topo = topo
+        self.node = layout.node_of_process[topo.position]
+        self.processes = layout.nodes[self.node]  # positions, in process order (the first leads)
+        self.is_leader = self.processes[0] == topo.position
+        self.leader = layout.leaders[self.processes[0]]  # replica id of this node's leader
+        self.peers = [layout.leaders[q] for q in self.processes[1:]]  # the node's other process leaders
+        # Per node, in node order: its leader's replica id.
+        self.leaders = [layout.leaders[procs[0]] for procs in layout.nodes]
+        self.others = [m for m in range(len(layout.nodes)) if m != self.node]
+
+
+def _frozen(values: Values, peers: list[int]) -> list[int]:
+    """`peers`, with `values` made read-only first when there are any: every process of the node
+    then holds the very same arrays (by reference on threads, in place in the arena under Ray)."""
+    if peers:
+        for v in values:
+            v.setflags(write=False)
+    return peers
+
+
+def _members(topo: Topology, node: int) -> list[int]:
+    """Group indices of `node`'s members, process by process in process order."""
+    layout = topo.layout
+    return [i for q in layout.nodes[node] for i in layout.processes[q]]
+
+
+# -- all-reduce ------------------------------------------------------------------------------------
+
+def _pieces(values: Values, count: int) -> list[Values]:
+    """`values` cut into `count` pieces of about equal bytes (flat views of contiguous arrays; the
+    values themselves when one piece)."""
+    if count == 1:
+        return [values]
+    flat = [np.ascontiguousarray(v).reshape(-1) for v in values]
+    cut = [np.array_split(f, count) for f in flat]
+    return [tuple(c[k] for c in cut) for k in range(count)]
+
+
+def _rounds(count: int) -> list[int]:
+    return [ACROSS if k == 0 else STREAM + k for k in range(count)]
+
+
+def _across_reduced(ex: Exchange, node: _Node, partial: Values, combine: Combine) -> Values:
+    """On a node leader: every node's partial reduced in node order, streamed in pieces where large
+    (piece k of the others' partials is reduced while the next ones travel)."""
+    pool = pool_of(ex.fabric)
+    out = tuple(pool.empty(v.shape, v.dtype) for v in partial)
+    total = sum(v.nbytes for v in partial)
+    count = 1
+    if hasattr(combine, "into"):  # an elementwise ufunc: any cut gives the same bits
+        count = max(1, min(MAX_PIECES, -(-total // THRESHOLDS.stream_chunk_bytes)))
+    mine = _pieces(partial, count)
+    outs = _pieces(out, count)
+    rounds = _rounds(count)
+    peers = [node.leaders[m] for m in node.others]
+    finish = ex.send_stream(peers, rounds, mine)
+    for k in range(count):
+        got = ex.recv(peers, rounds[k])
+        got.insert(node.node, mine[k])
+        reduce_into(outs[k], got, combine)
+    finish()
+    return out
+
+
+def all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> Values:
+    topo = ex.topo
+    node = _Node(topo)
+    acc = reduce_pooled(ex, parts, combine)
+    if not node.is_leader:
+        ex.send(node.leader, IN, acc)
+        return ex.scatter_local(None, shared(ex.recv_one(node.leader, OUT), topo))
+    partial = reduce_pooled(ex, [acc, *ex.recv(node.peers, IN)], combine) if node.peers else acc
+    out = _across_reduced(ex, node, partial, combine)
+    for r in _frozen(out, node.peers):
+        ex.send(r, OUT, out)
+    return ex.scatter_local(None, shared(out, topo))
+
+
+# -- all-gather ------------------------------------------------------------------------------------
+
+def all_gather(ex: Exchange, parts: list[Values], result: GatherResult) -> Values:
+    """The node leader gathers its node's operands into its result, exchanges the node's places with
+    the other node leaders, and hands its node's other processes the whole result (a leased buffer
+    goes as a descriptor of where it is: the node shares one result)."""
+    topo = ex.topo
+    node = _Node(topo)
+    if not node.is_leader:
+        ex.send(node.leader, IN, [(i, 1, part) for i, part in zip(topo.local, parts)])
+        return ex.scatter_local(None, shared(ex.recv_one(node.leader, OUT), topo))
+    result.own()
+    for items in ex.recv(node.peers, IN):
+        place_items(result, items, topo.local)
+    width = len(parts[0])
+    mine = [(first, count, tuple(result.place(k, first, count) for k in range(width)))
+            for first, count in index_runs(sorted(_members(topo, node.node)))]
+    peers = [node.leaders[m] for m in node.others]
+    for r in peers:
+        ex.send(r, ACROSS, mine)
+    for items in ex.recv(peers, ACROSS):
+        place_items(result, items, ())
+    out = result.out
+    for r in _frozen(out, node.peers):
+        ex.send(r, OUT, out)
+    return ex.scatter_local(None, shared(out, topo))
+
+
+# -- reduce-scatter --------------------------------------------------------------------------------
+
+def reduce_scatter(ex: Exchange, parts: list[Values], dim: int, combine: Combine) -> Values:
+    """The node leader reduces its node's partial of the whole buffer, sends each other node leader
+    the chunks of that node's members, and reduces its node's members' chunks in node order."""
+    topo = ex.topo
+    layout = topo.layout
+    node = _Node(topo)
+    acc = reduce_pooled(ex, parts, combine)
+    if not node.is_leader:
+        ex.send(node.leader, IN, acc)
+        return ex.scatter_local(ex.recv_one(node.leader, OUT))
+    partial = reduce_pooled(ex, [acc, *ex.recv(node.peers, IN)], combine) if node.peers else acc
+    chunks = chunks_of(partial, len(topo.group), dim)
+    peers = [node.leaders[m] for m in node.others]
+    for m, r in zip(node.others, peers):
+        ex.send(r, ACROSS, [chunks[i] for i in _members(topo, m)])
+    got = ex.recv(peers, ACROSS)
+    pool = pool_of(ex.fabric)
+    results: dict[int, Values] = {}
+    for j, i in enumerate(_members(topo, node.node)):
+        specs = [g[j] for g in got]
+        specs.insert(node.node, chunks[i])
+        results[i] = reduce_into(tuple(pool.empty(c.shape, c.dtype) for c in chunks[i]), specs, combine)
+    for q, r in zip(node.processes[1:], node.peers):
+        ex.send(r, OUT, [results[i] for i in layout.processes[q]])
+    return ex.scatter_local([results[i] for i in topo.local])
+
+
+# -- all-to-all ------------------------------------------------------------------------------------
+
+def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], dim: int) -> Values:
+    """Every process's chunks for other processes go through the node leaders: the node's processes
+    hand theirs to their node leader, which sends each other node leader one bundle (what its node
+    sends that node) and hands each of its processes what the others sent it."""
+    topo = ex.topo
+    layout = topo.layout
+    node = _Node(topo)
+    pos = topo.position
+    # To process q: this process's members' chunks for q's members, member by member.
+    outgoing = {q: [c[j] for c in chunks for j in layout.processes[q]] for q in range(len(layout.leaders))
+                if q != pos}
+    if not node.is_leader:
+        ex.send(node.leader, IN, outgoing)
+        got = ex.recv_one(node.leader, OUT)
+    else:
+        sent = {pos: outgoing}
+        for q, items in zip(node.processes[1:], ex.recv(node.peers, IN)):
+            sent[q] = items
+        peers = [node.leaders[m] for m in node.others]
+        for m, r in zip(node.others, peers):
+            targets = layout.nodes[m]
+            ex.send(r, ACROSS, {(p, q): sent[p][q] for p in node.processes for q in targets})
+        arrived = {(p, q): sent[p][q] for p in node.processes for q in node.processes if p != q}
+        for bundle in ex.recv(peers, ACROSS):
+            arrived.update(bundle)
+        for q, r in zip(node.processes[1:], node.peers):
+            ex.send(r, OUT, {p: items for (p, q2), items in arrived.items() if q2 == q})
+        got = {p: items for (p, q2), items in arrived.items() if q2 == pos}
+    out = local_addressed(topo, chunks, lambda c, j: c[j])
+    for q, items in got.items():
+        it = iter(items)
+        for i_src in layout.processes[q]:
+            for k_dst in range(len(topo.local)):
+                out[k_dst][i_src] = next(it)
+    return hand_out_all_to_all(ex, parts, out, dim)
+
+
+# -- the unit ------------------------------------------------------------------------------------------
+
+def _applies(s: Situation, t: Thresholds) -> bool:
+    return 1 < s.nodes <= t.direct_max_processes
+
+
+def _cost(s: Situation, t: Thresholds) -> float:
+    return -1.0  # across nodes, always first (see the selector's docstring)
+
+
+for _collective, _run in (("all-reduce", all_reduce), ("all-gather", all_gather),
+                          ("reduce-scatter", reduce_scatter), ("all-to-all", all_to_all)):
+    register(_collective, Algorithm("node leaders", _applies, _cost, _run))
