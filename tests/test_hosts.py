@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -106,6 +107,35 @@ def test_values_across_hosts_equal_one_machines(cluster: hosts.Cluster) -> None:
     for name, _, hosts_of, _ in cases:
         assert report[name] == {"equal": True, "close": True, "repeat": True, "hosts": [h[k] for k in hosts_of]}, name
     assert [hosts.shm_left(x) for x in cluster.hosts] == [[], []]
+
+
+def dropped(host: hosts.Host) -> int:
+    """Packets the host's loss rule dropped so far."""
+    rules = subprocess.run(["ip", "netns", "exec", host.name, "iptables", "-L", "INPUT", "-v", "-x", "-n"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    return sum(int(line.split()[0]) for line in rules if " DROP " in f" {line} ")
+
+
+def test_shaped_lossy_links_give_the_same_values(cluster: hosts.Cluster) -> None:
+    """5% of the packets lost each way on links of 1 gbit: the values are the same bits (TCP resends);
+    a delay is refused, naming netem, where the kernel has no netem."""
+    if shutil.which("iptables") is None:
+        pytest.skip("no iptables here (apt-get install iptables): lossy links cannot be made")
+    try:
+        hosts.reshape(cluster, delay="1ms")
+    except hosts.HostsError as e:
+        assert "netem" in str(e), e
+    hosts.reshape(cluster, rate="1gbit", loss="5%")
+    try:
+        size = 1 << 18  # 1 MiB a replica
+        cases = [("lossy", ALL_REDUCE.format(n=4, size=size, gsize=4 * size), [0, 1, 0, 1], 1)]
+        report = json.loads(run_driver(cluster, CORRECT, json.dumps(cases), timeout=600).strip().splitlines()[-1])
+        h0, h1 = (x.address for x in cluster.hosts)
+        assert report["lossy"] == {"equal": True, "close": True, "repeat": True, "hosts": [h0, h1, h0, h1]}
+        assert all(dropped(x) > 0 for x in cluster.hosts)
+    finally:
+        hosts.reshape(cluster)
+    assert all(dropped(x) == 0 for x in cluster.hosts)  # the rule is gone
 
 
 LONG = """HloModule loop, replica_count=4

@@ -25,8 +25,8 @@ def add_cluster_parser(sub: Any, **kw: Any) -> None:
     start.add_argument("--hosts", type=int, default=2, help="how many hosts (1-16)")
     start.add_argument("--cpus", type=int, default=1, help="Ray CPUs per host")
     start.add_argument("--rate", default=None, help="each link's bandwidth, as tc says it (1gbit, 100mbit)")
-    start.add_argument("--delay", default=None, help="each link's one-way delay (tc netem: 1ms)")
-    start.add_argument("--loss", default=None, help="each link's packet loss (tc netem: 5%%)")
+    start.add_argument("--delay", default=None, help="each link's one-way delay (1ms; needs the kernel's netem)")
+    start.add_argument("--loss", default=None, help="each link's packet loss, per direction (5%%; iptables)")
     for name, text in (("stop", "end every process of the hosts and remove them"),
                        ("status", "the hosts, their addresses, processes and links")):
         actions.add_parser(name, help=text, **kw)
@@ -50,6 +50,10 @@ def cluster_command(ns: argparse.Namespace) -> int:
     from replicas.cluster import hosts, local
 
     if ns.local:
+        if ns.action == "start" and (ns.rate or ns.delay or ns.loss):
+            print("replicas cluster start --local: --rate, --delay and --loss shape the links of simulated hosts "
+                  "(--hosts); the loopback is not shaped", file=sys.stderr)
+            return 2
         if ns.action == "start":
             print(local.start(ns.port, ns.dir, cpus=ns.cpus))
         elif ns.action == "stop":

@@ -1,6 +1,13 @@
 """Simulated hosts on one Linux machine: each host is a network, mount and UTS namespace (its own
 address on a private bridge, its own /dev/shm, its own hostname) running its own Ray node, all
-joined to the head on host 0; links optionally shaped with `tc`. Needs root and iproute2.
+joined to the head on host 0; links optionally shaped (`shape`). Needs root and iproute2.
+
+Shaping, with what a kernel may lack: `rate` is a token bucket (`tc` tbf) on both ends of each
+link; `loss` drops that share of the packets arriving at each host (iptables' `statistic` match in
+the host's namespace: the kernel's netfilter, not netem), so each direction loses it; `delay`
+needs the kernel's netem qdisc (`sch_netem`), and nothing else can hold packets back (the fq
+qdisc, for pacing by departure time, is a module such kernels often lack too): without it,
+`delay` is refused naming what is missing.
 
 Only the namespaces' private addresses (10.213.0.2 ...) are used: the bridge has no address in
 the machine's own namespace and the hosts have no route beyond it, so nothing they start is
@@ -126,7 +133,8 @@ def _ray() -> str:
 def start(name: str, count: int = 2, *, cpus: int = 1, rate: str | None = None, delay: str | None = None,
           loss: str | None = None, object_store_bytes: int = 200 << 20) -> Cluster:
     """`count` hosts named `<name>-h<k>` (k from 0; the head on h0) with custom resources `host<k>`,
-    linked through a bridge, each link shaped by `rate` (tbf), `delay`/`loss` (netem) if given."""
+    linked through a bridge, each link shaped by `rate` (tbf), `delay` (netem) and `loss`
+    (iptables) if given (see the module doc)."""
     reason = why_not_possible()
     if reason is not None:
         raise HostsError(reason)
@@ -136,14 +144,15 @@ def start(name: str, count: int = 2, *, cpus: int = 1, rate: str | None = None, 
         raise HostsError(f"a cluster name is 1-8 letters or digits (interface names are short), got {name!r}")
     if (BASE / name / "state.json").exists():
         raise HostsError(f"simulated cluster {name!r} exists: `replicas cluster stop --name {name}` first")
+    shaping = {k: v for k, v in (("rate", rate), ("delay", delay), ("loss", loss)) if v}
+    _check_shaping(shaping)
     directory = BASE / name
     directory.mkdir(parents=True, exist_ok=True)
     token = directory / "token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
     cluster = Cluster(name, f"rpb{name}", [Host(f"{name}-h{k}", f"{SUBNET}.{k + 2}", f"rpv{name}{k}")
-                                            for k in range(count)], str(token),
-                      {k: v for k, v in (("rate", rate), ("delay", delay), ("loss", loss)) if v})
+                                            for k in range(count)], str(token), shaping)
     cluster.save()
     try:
         _sh("ip", "link", "add", cluster.bridge, "type", "bridge")
@@ -187,15 +196,49 @@ def shape(cluster: Cluster, host: Host) -> None:
     for where in (["ip", "netns", "exec", host.name, "tc"], ["tc"]):
         device = "eth0" if len(where) > 1 else host.veth
         _sh(*where, "qdisc", "del", "dev", device, "root", check=False)
-        if delay or loss:
-            netem = [*(["delay", delay] if delay else []), *(["loss", loss] if loss else []),
-                     *(["rate", rate] if rate else [])]
+        if delay:
+            netem = ["delay", delay, *(["rate", rate] if rate else [])]
             done = _sh(*where, "qdisc", "add", "dev", device, "root", "netem", *netem, check=False)
             if done.returncode != 0:
-                raise HostsError(f"tc netem (delay, loss) is not available here: {done.stderr.strip()}")
+                raise HostsError(f"a link delay needs the kernel's netem qdisc (sch_netem), which this kernel "
+                                 f"does not have (tc: {done.stderr.strip()}); nothing else here holds packets back")
         elif rate:
             _sh(*where, "qdisc", "add", "dev", device, "root", "tbf", "rate", rate, "burst", "256kb",
                 "latency", "50ms")
+    inside = ["ip", "netns", "exec", host.name, "iptables"]
+    if loss or shutil.which("iptables") is not None:
+        _sh(*inside, "-F", "INPUT", check=bool(loss))
+    if loss:
+        _sh(*inside, "-A", "INPUT", "-i", "eth0", "-m", "statistic", "--mode", "random", "--probability",
+            f"{loss_fraction(loss):.6f}", "-j", "DROP")
+
+
+def loss_fraction(text: str) -> float:
+    """`5%` (or `0.05`) as a fraction; HostsError for anything else or outside [0, 1)."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise HostsError(f"a packet loss is a share like 5% (or 0.05), got {text!r}")
+    return value
+
+
+def reshape(cluster: Cluster, rate: str | None = None, delay: str | None = None, loss: str | None = None) -> None:
+    """Every link of a running cluster shaped anew (all None: unshaped), as `start` would."""
+    cluster.shaping = {k: v for k, v in (("rate", rate), ("delay", delay), ("loss", loss)) if v}
+    _check_shaping(cluster.shaping)
+    for host in cluster.hosts:
+        shape(cluster, host)
+    cluster.save()
+
+
+def _check_shaping(shaping: dict[str, str]) -> None:
+    """Refuse, before anything is made, shaping this machine cannot do."""
+    if "loss" in shaping:
+        loss_fraction(shaping["loss"])
+        if shutil.which("iptables") is None:
+            raise HostsError("a packet loss needs iptables (apt-get install iptables) and the kernel's statistic match")
 
 
 def _start_ray(cluster: Cluster, cpus: int, object_store_bytes: int) -> None:
