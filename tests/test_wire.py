@@ -264,3 +264,24 @@ def test_two_actors_that_connect_to_each_other_at_once_both_get_through():
     finally:
         for wire in wires:
             wire.close()
+
+
+def test_large_arrays_are_received_into_buffers_nothing_refers_to_any_more(pair) -> None:
+    """A reader receives a large array into a buffer of an earlier message once nothing holds that
+    message's arrays (no fresh pages per message), never into one still held."""
+    inbox, receiver, sender = pair
+    size = 1 << 19  # 2 MiB of float32
+    sender.send(receiver.address, ("a", np.full(size, 1, np.float32)))
+    assert inbox.wait_for(lambda: len(inbox.messages) == 1)
+    held = inbox.messages[0][1]
+    sender.send(receiver.address, ("b", np.full(size, 2, np.float32)))
+    assert inbox.wait_for(lambda: len(inbox.messages) == 2)
+    second = inbox.messages[1][1]
+    assert not np.shares_memory(held, second) and (held == 1).all()  # the first is still held
+    address = second.__array_interface__["data"][0]
+    del inbox.messages[1], second  # nothing refers to the second any more
+    sender.send(receiver.address, ("c", np.full(size, 3, np.float32)))
+    assert inbox.wait_for(lambda: len(inbox.messages) == 2)
+    third = inbox.messages[1][1]
+    assert third.__array_interface__["data"][0] == address and (third == 3).all() and (held == 1).all()
+    assert third.flags.writeable

@@ -110,7 +110,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(_recv_into(sock, bytearray(n)))
 
 
-def _recv_into(sock: socket.socket, buffer: bytearray) -> bytearray:
+def _recv_into(sock: socket.socket, buffer: Any) -> Any:
     """Fill `buffer` from the socket (a large body lands where it will be used: no second copy)."""
     view, got = memoryview(buffer), 0
     while got < len(buffer):
@@ -271,6 +271,7 @@ class Wire:
 
     def _read(self, conn: socket.socket) -> None:
         """Deliver the peer's messages until it closes; raise on the first one refused."""
+        buffers = _Buffers()
         while True:
             try:
                 head_size, body_size = _LENGTHS.unpack(_recv_exact(conn, _LENGTHS.size))
@@ -290,10 +291,11 @@ class Wire:
             if self._check is not None:
                 self._check(head, body_size)
             try:
-                body = decode_body(view[head_size:]) if together else _read_body(conn, body_size)
+                body = decode_body(view[head_size:]) if together else _read_body(conn, body_size, buffers)
             except (OSError, EOFError):
                 return
             self._deliver(head + (body,))
+            del body  # held here until the next message, its buffers could not serve that one
 
     def _fault(self, conn: socket.socket, error: BaseException) -> None:
         if self._on_fault is not None and not self._closed:
@@ -426,15 +428,51 @@ def decode_body(view: memoryview) -> Any:
     return pickle.loads(meta, buffers=buffers)  # noqa: S301 - an authenticated peer's (module doc)
 
 
-def _read_body(conn: socket.socket, body_size: int) -> Any:
-    """A large body read from the socket: each array straight into its own buffer."""
+# A reader keeps at most this many received arrays' buffers to receive into again, once nothing
+# refers to them: a fresh buffer is fresh pages (a bytearray is also zeroed first), which cost
+# more than receiving the bytes into pages already mapped.
+KEPT_BUFFERS = 4
+KEPT_MIN_BYTES = 1 << 20
+_FREE_REFS = 2  # references to a free kept buffer as `_Buffers.take` looks: the list's and getrefcount's argument
+
+
+class _Buffers:
+    """One reader's buffers for the arrays of large bodies (a reader thread per connection: no lock)."""
+
+    __slots__ = ("kept",)
+
+    def __init__(self) -> None:
+        self.kept: list[np.ndarray] = []
+
+    def take(self, size: int) -> np.ndarray:
+        if size < KEPT_MIN_BYTES:
+            return np.empty(size, np.uint8)
+        kept = self.kept
+        free = -1
+        for k in range(len(kept)):
+            if sys.getrefcount(kept[k]) == _FREE_REFS:
+                if kept[k].size == size:
+                    return kept[k]
+                free = k
+        buffer = np.empty(size, np.uint8)
+        if len(kept) < KEPT_BUFFERS:
+            kept.append(buffer)
+        elif free >= 0:  # a free one of another size makes room (its pages go back)
+            kept[free] = buffer
+        return buffer
+
+
+def _read_body(conn: socket.socket, body_size: int, buffers: _Buffers | None = None) -> Any:
+    """A large body read from the socket: each array straight into its own buffer (one of
+    `buffers` that nothing refers to any more, where one of the size is)."""
     if body_size < _BODY.size:
         raise WireError(f"a message body of {body_size} bytes has no layout")
     meta_size, count = _body_layout(_recv_exact(conn, _BODY.size), body_size)
     sizes = _buffer_sizes(_recv_exact(conn, count * _LENGTH.size), count, meta_size, body_size)
     meta = _recv_exact(conn, meta_size)
-    buffers = [_recv_into(conn, bytearray(size)) for size in sizes]
-    return pickle.loads(meta, buffers=buffers)  # noqa: S301 - an authenticated peer's (module doc)
+    kept = buffers if buffers is not None else _Buffers()
+    arrays = [_recv_into(conn, kept.take(size)) for size in sizes]
+    return pickle.loads(meta, buffers=arrays)  # noqa: S301 - an authenticated peer's (module doc)
 
 
 def _peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
