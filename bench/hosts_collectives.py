@@ -3,19 +3,21 @@ benchmark, never a test; needs root and iproute2, as `replicas cluster` does).
 
     sudo python bench/hosts_collectives.py [--replicas 4,8] [--sizes 4KiB,1MiB,16MiB,64MiB]
                                            [--ops all-reduce,...] [--repeat 3] [--skip gloo,mpi]
-                                           [--rate 1gbit] [--delay 1ms]
+                                           [--rate 1gbit] [--delay 1ms] [--loss 5%]
 
 Two hosts (replicas/cluster/hosts.py: each its own network, mount and UTS namespace and Ray node);
-replica r runs on host r % 2, one replica per actor. The driver runs inside host 0 and times the
-op K times in a While loop, differenced ((T(K2) - T(K1)) / (K2 - K1): the job's start and its
-results cancel), `--repeat` times, median and spread. Anchors in the same run, half the ranks on
-each host, in that host's namespaces: torch.distributed gloo (one process per rank, rank r on
-host r % 2, over the hosts' addresses) and MPI (mpi4py under MPICH's mpiexec, pip's `mpich`,
-whose launcher enters the hosts' namespaces, so each host's ranks share a hostname and a
-/dev/shm as on real hosts and MPICH uses shared memory within a host, TCP between them). ratio = replicas / the best
-of gloo and MPI. With `--rate`/`--delay` the links are shaped (`tc`; delay needs the kernel's
-netem) and a model column gives the link's bound for the op: its bytes over the busiest host's
-link at the shaped rate, plus one delay per message round (stated per op in `model_seconds`).
+replica r runs on host r % 2, one replica per actor. The driver runs inside host 0 and times the op
+K times in a While loop, differenced ((T(K2) - T(K1)) / (K2 - K1): the job's start and its results
+cancel), `--repeat` times, median and spread. Anchors in the same run, half the ranks on each host,
+in that host's namespaces: torch.distributed gloo (one process per rank, rank r on host r % 2, over
+the hosts' addresses) and MPI (mpi4py under MPICH's mpiexec, pip's `mpich`, whose launcher enters
+the hosts' namespaces, so each host's ranks share a hostname and a /dev/shm as on real hosts and
+MPICH uses shared memory within a host, TCP between them: UCX's own shared-memory transports, which
+reach across simulated hosts of one kernel, are turned off). ratio = replicas / the best of gloo and
+MPI. With `--rate`/`--delay`/`--loss` the links are shaped (replicas/cluster/hosts.py: tbf, netem
+where the kernel has it, iptables) and a model column gives the link's bound for the op: its bytes
+over the busiest host's link at the shaped rate, plus one delay per message round (stated per op in
+`model_seconds`; loss is not in the model).
 """
 
 from __future__ import annotations
@@ -140,7 +142,11 @@ def mpi_anchor(cluster, n: int, ops: list[str], sizes: list[int], timeout: float
                 "-hosts", f"{h0}:1,{h1}:1", "-n", str(n),  # half the ranks on each host
                 sys.executable, os.path.join(BENCH_DIR, "anchors_mpi.py"), "--ops", ",".join(ops),
                 "--sizes", ",".join(str(s) for s in sizes)]
-        proc = hosts.run_in(cluster, 0, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # The simulated hosts share one kernel (and its PID and IPC namespaces): UCX's shared-memory
+        # transports (cma, sysv) reach across them and MPI's bytes between hosts would never cross the
+        # network. TCP only between hosts, as ours and gloo's; within a host MPICH keeps its own.
+        env = dict(os.environ, UCX_TLS="tcp,self")
+        proc = hosts.run_in(cluster, 0, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -203,6 +209,7 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="anchors to leave out: gloo,mpi")
     parser.add_argument("--rate", default=None, help="shape each link: its bandwidth, as tc says it (1gbit)")
     parser.add_argument("--delay", default=None, help="shape each link: one-way delay (tc netem: 1ms)")
+    parser.add_argument("--loss", default=None, help="shape each link: packet loss each way (5%%; iptables)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -223,7 +230,7 @@ def main() -> None:
     name = f"b{secrets.token_hex(2)}"
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = load_average()
-    cluster = hosts.start(name, 2, cpus=max(ns) // 2, rate=a.rate, delay=a.delay)
+    cluster = hosts.start(name, 2, cpus=max(ns) // 2, rate=a.rate, delay=a.delay, loss=a.loss)
     try:
         for n in ns:
             argv = [sys.executable, os.path.abspath(__file__), "--child", "--n", str(n), "--ops", a.ops,
@@ -236,9 +243,9 @@ def main() -> None:
             mine = json.loads(lines[-1])["results"]
             gloo, gloo_note = (None, "skipped") if "gloo" in skip else gloo_anchor(cluster, n, ops, sizes, a.timeout)
             mpi, mpi_note = (None, "skipped") if "mpi" in skip else mpi_anchor(cluster, n, ops, sizes, a.timeout)
-            print(f"\nN={n} over 2 hosts ({started}; load {load_before} -> {load_average()}; links "
-                  f"{a.rate or 'unshaped'}{', ' + a.delay if a.delay else ''}); gloo: {gloo_note or 'ran'}; "
-                  f"MPI: {mpi_note or 'ran'}")
+            links = ", ".join(filter(None, (a.rate, a.delay, a.loss and f"loss {a.loss}"))) or "unshaped"
+            print(f"\nN={n} over 2 hosts ({started}; load {load_before} -> {load_average()}; links {links}); "
+                  f"gloo: {gloo_note or 'ran'}; MPI: {mpi_note or 'ran'}")
             print("| op | size | replicas | gloo | MPI | ratio | link model |")
             print("|---|---|---|---|---|---|---|")
             for op in ops:

@@ -196,9 +196,10 @@ def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], di
     layout = topo.layout
     node = _Node(topo)
     pos = topo.position
-    # To process q: this process's members' chunks for q's members, member by member.
-    outgoing = {q: [c[j] for c in chunks for j in layout.processes[q]] for q in range(len(layout.leaders))
-                if q != pos}
+    # To process q: this process's members' chunks for q's members, member by member. (Lists and
+    # tuples, never dicts: a message's arrays go through the node's shared memory only inside those.)
+    outgoing = [None if q == pos else [c[j] for c in chunks for j in layout.processes[q]]
+                for q in range(len(layout.leaders))]
     if not node.is_leader:
         ex.send(node.leader, IN, outgoing)
         got = ex.recv_one(node.leader, OUT)
@@ -208,16 +209,15 @@ def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], di
             sent[q] = items
         peers = [node.leaders[m] for m in node.others]
         for m, r in zip(node.others, peers):
-            targets = layout.nodes[m]
-            ex.send(r, ACROSS, {(p, q): sent[p][q] for p in node.processes for q in targets})
-        arrived = {(p, q): sent[p][q] for p in node.processes for q in node.processes if p != q}
+            ex.send(r, ACROSS, [(p, q, sent[p][q]) for p in node.processes for q in layout.nodes[m]])
+        arrived = [(p, q, sent[p][q]) for p in node.processes for q in node.processes if p != q]
         for bundle in ex.recv(peers, ACROSS):
-            arrived.update(bundle)
+            arrived.extend(bundle)
         for q, r in zip(node.processes[1:], node.peers):
-            ex.send(r, OUT, {p: items for (p, q2), items in arrived.items() if q2 == q})
-        got = {p: items for (p, q2), items in arrived.items() if q2 == pos}
+            ex.send(r, OUT, [(p, items) for p, q2, items in arrived if q2 == q])
+        got = [(p, items) for p, q2, items in arrived if q2 == pos]
     out = local_addressed(topo, chunks, lambda c, j: c[j])
-    for q, items in got.items():
+    for q, items in got:
         it = iter(items)
         for i_src in layout.processes[q]:
             for k_dst in range(len(topo.local)):
