@@ -8,6 +8,7 @@ The only timed assertions are these "ended within the deadline plus the grace" b
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -122,3 +123,28 @@ def test_starting_actors_that_cannot_be_placed_is_under_the_deadline_on_ray():
     text = _timed_out(lambda: rp.run(m, [], num_replicas=2, timeout=2 * TIMEOUT,
                                      resources=[{"CPU": cpus}, {"CPU": cpus}]), 2 * TIMEOUT, RAY_GRACE)
     assert "did not start" in text, text
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_an_actor_that_stops_answering_on_the_drivers_node_is_under_the_deadline():
+    # A frozen actor process (SIGSTOP; or one whose thread holds the GIL in a long call) answers no
+    # poll: the driver's polls, result collection and clean-up wait no longer than the job's deadline.
+    import os
+    import signal
+
+    import ray
+
+    m = rp.parse_hlo(FOREVER)
+    rp.run(rp.parse_hlo("HloModule w\nENTRY e {\n  ROOT c = f32[] constant(1)\n}\n"), [], num_replicas=2)  # warm
+    job = rp.launch(m, [], num_replicas=2, timeout=TIMEOUT)
+    actors = list(job._backend._actors)  # noqa: SLF001 - the fault under test
+    pids = ray.get([a.__ray_call__.remote(lambda self: os.getpid()) for a in actors])
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        text = _timed_out(job.result, TIMEOUT, RAY_GRACE)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert "did not answer" in text and "%" in text, text  # what they were doing, from their published slots

@@ -19,10 +19,13 @@ from replicas.records import replicas_text
 LIVENESS_SECONDS = float(os.environ.get("REPLICAS_LIVENESS_SECONDS", "3"))
 
 
-def silent(ray: Any, refs: list[Any], nodes: list[str | None], here: str | None) -> list[int]:
+def silent(ray: Any, refs: list[Any], nodes: list[str | None], here: str | None,
+           limit: float | None = None) -> list[int]:
     """Indexes of the calls `refs` (one per actor, on `nodes`) to actors of another node than
-    `here` that did not answer within LIVENESS_SECONDS while some other actor did."""
-    _, pending = ray.wait(refs, num_returns=len(refs), timeout=LIVENESS_SECONDS)
+    `here` that did not answer within LIVENESS_SECONDS (or `limit`, the job's time left, when
+    shorter) while some other actor did."""
+    wait = LIVENESS_SECONDS if limit is None else min(LIVENESS_SECONDS, limit)
+    _, pending = ray.wait(refs, num_returns=len(refs), timeout=wait)
     if not pending or len(pending) == len(refs):
         return []
     waiting = set(pending)

@@ -235,13 +235,10 @@ def module_fingerprint(module: Module) -> bytes:
     parts = [repr((module.name, module.entry, sorted(attrs.items(), key=str) if attrs else []))]
     append = parts.append
     literals = []
-    shape_texts = _SHAPE_TEXT
     for comp in module.computations.values():
         append(f"{comp.name}|{comp.root}|{comp.is_fusion}|{len(comp.instructions)}")
         for inst in comp.instructions:
-            shape = inst.shape
-            known = shape_texts.get(id(shape))
-            shape_text = known[1] if known is not None and known[0] is shape else _shape_text(shape)
+            shape_text = _shape_text(inst.shape)
             attrs = inst.attrs
             if not attrs:
                 append(f"{inst.name}|{inst.opcode}|{shape_text}|{inst.operands}|")

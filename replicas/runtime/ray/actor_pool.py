@@ -63,13 +63,17 @@ class ActorPool:
     def fresh(self, options: dict[str, Any]) -> Any:
         return self._actor_class().options(**options).remote()
 
-    def release(self, actors_with_options: list[tuple[Any, dict[str, Any]]], stop_timeout: float = 2.0) -> None:
+    def release(self, actors_with_options: list[tuple[Any, dict[str, Any]]], stop_timeout: float = 2.0,
+                within: float | None = None) -> None:
+        """Reset the actors for the next job; those that do not answer within `stop_timeout` plus a
+        margin (or `within`, what is left of the job's deadline, when sooner) are killed."""
         import ray
 
         self._check_session()
         resets = [a.reset.remote(stop_timeout) for a, _ in actors_with_options]
         # One deadline for all: a stuck actor costs the job's end at most this, however many there are.
-        ready, _ = ray.wait(resets, num_returns=len(resets), timeout=stop_timeout + 5) if resets else ([], [])
+        wait = stop_timeout + 5 if within is None else min(stop_timeout + 5, within)
+        ready, _ = ray.wait(resets, num_returns=len(resets), timeout=wait) if resets else ([], [])
         ready_set = set(ready)
         stale = []
         for (actor, options), ref in zip(actors_with_options, resets):

@@ -17,12 +17,12 @@ from replicas.cluster.liveness import host_lost, silent, silent_failure
 from replicas.diagnostics import host_output
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError, ResourceExhausted, exhausted_resource
-from replicas.records import HOST, ReplicaState
+from replicas.records import HOST, ReplicaState, replicas_text
 from replicas.runtime.compile import Executable, has_custom_calls
 from replicas.runtime.job import Backend
 from replicas.runtime.memory import check_peak
 from replicas.runtime.ray.driver_process import AUTHKEY, POOL, job_ended, new_job_token
-from replicas.runtime.ray.faults import actor_failure, not_started, published, unplaceable
+from replicas.runtime.ray.faults import actor_failure, doing_at, not_started, published, unplaceable
 from replicas.runtime.ray.persistent import PersistentJob
 from replicas.runtime.ray.placement import actor_options, cluster_resources, default_packing, reachable, wanted
 from replicas.runtime.ray.replica_host import STOP_SECONDS
@@ -32,6 +32,10 @@ from replicas.transport import where
 # Names other modules, tests and benchmarks import from here (their homes are the modules above).
 _AUTHKEY = AUTHKEY
 _default_packing = default_packing
+# Seconds past the job's deadline an actor call may take: the poll that notices the deadline, then the
+# report's and the abort's calls.
+ANSWER_GRACE = 1.0
+
 __all__ = ["POOL", "RayBackend", "_AUTHKEY", "_default_packing", "ensure_ray"]
 
 
@@ -228,7 +232,8 @@ class RayBackend(PersistentJob, Backend):
             return None
         index = {ref: i for i, ref in enumerate(refs)}
         pending = refs
-        deadline = time.monotonic() + timeout + 1.0  # the actors answer after `timeout` at the latest
+        left = self._left()  # the actors answer after `timeout` at the latest, unless stopped
+        deadline = time.monotonic() + (timeout + 1.0 if left is None else min(timeout + 1.0, left))
         while pending:
             ready, pending = self._ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
@@ -297,11 +302,39 @@ class RayBackend(PersistentJob, Backend):
                                                timeout))
         return self._get(refs)
 
+    def _left(self) -> float | None:
+        """How long an actor call may still take: until the job's deadline plus ANSWER_GRACE (None
+        without a timeout)."""
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic()) + ANSWER_GRACE
+
     def _get(self, refs: list[Any], indexes: list[int] | None = None) -> list[Any]:
+        """The answers of `refs` (one call per actor of `indexes`), never waited for past the job's
+        deadline: an actor that does not answer by then (its process stopped, or a call in it holding
+        the GIL) ends the job with ExecutionTimeout naming its replicas."""
+        indexes = indexes if indexes is not None else list(range(len(refs)))
+        left = self._left()
+        if left is not None:
+            _, pending = self._ray.wait(refs, num_returns=len(refs), timeout=left)
+            if pending:
+                raise self._unanswered([i for ref, i in zip(refs, indexes) if ref in set(pending)])
         try:
             return self._ray.get(refs)
         except Exception as e:  # noqa: BLE001 - named below: which actor, which replicas
-            raise self._named(refs, indexes if indexes is not None else list(range(len(refs))), e) from None
+            raise self._named(refs, indexes, e) from None
+
+    def _unanswered(self, indexes: list[int]) -> ExecutionTimeout:
+        """The actors of `indexes` answered nothing by the deadline: never asked again (killed at the
+        job's end, never pooled)."""
+        self._dead.update(indexes)
+        ids = sorted(r for i in indexes for r in self._groups[i])
+        at: dict[int, str] = {}
+        for i in indexes:
+            at.update(published(POOL.note(self._actors[i]).get("where"), self._token, self._groups[i],
+                                self._executable.module))
+        doing = "; ".join(f"replica {r} {doing_at(r, at, self._last)}" for r in ids[:4])
+        return ExecutionTimeout(
+            f"still running after {self._timeout:g} s: {replicas_text(ids)} did not answer the driver "
+            f"{ANSWER_GRACE:g} s after it (their actor process is stopped, or a call in it holds the GIL): {doing}")
 
     def _named(self, refs: list[Any], indexes: list[int], error: BaseException) -> BaseException:
         """The error of the first actor whose call failed, naming its replicas if it died."""
@@ -336,7 +369,7 @@ class RayBackend(PersistentJob, Backend):
         refs = [a.states.remote() for a in self._actors]
         nodes = [(POOL.note(a).get("address") or {}).get("node") for a in self._actors]
         here = self._ray.get_runtime_context().get_node_id()
-        quiet = silent(self._ray, refs, nodes, here)
+        quiet = silent(self._ray, refs, nodes, here, self._left())
         if quiet:  # a host cut off or frozen: Ray would take a minute to say so (cluster/liveness.py)
             self._dead.update(quiet)
             raise silent_failure(self._ray, self._groups, quiet, nodes)
@@ -389,7 +422,7 @@ class RayBackend(PersistentJob, Backend):
             POOL.hand_back([(self._actors[i], self._options[i]) for i in live])
         else:  # (several actors: each holds shared memory its peers may still read until all finished)
             self.calls["reset"] += len(live)
-            POOL.release([(self._actors[i], self._options[i]) for i in live])
+            POOL.release([(self._actors[i], self._options[i]) for i in live], within=self._left())
         POOL.discard([self._actors[i] for i in self._dead])
         job_ended(self._token)  # what killed actors of this node left behind, and late launches
 
@@ -418,9 +451,7 @@ class RayBackend(PersistentJob, Backend):
             return merged
         self._touch("drain", quiet=True)
         live = [i for i in range(len(self._actors)) if i not in self._dead]
-        refs = [self._actors[i].drain.remote() for i in live]
-        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=5)
-        for ref in ready:
+        for ref in self._answered([self._actors[i].drain.remote() for i in live], live, 5.0):
             try:
                 for r, values in self._ray.get(ref).items():
                     if values[0] or values[1] or r not in merged:
@@ -438,13 +469,22 @@ class RayBackend(PersistentJob, Backend):
                 merged.update(pickle.loads(events))  # noqa: S301 - our own actors' bytes
             return merged
         self._touch("events", quiet=True)
-        try:
-            live = [a for i, a in enumerate(self._actors) if i not in self._dead]  # the dead never answer
-            for part in self._ray.get([a.events.remote() for a in live], timeout=10):
-                merged.update(pickle.loads(part))  # noqa: S301 - our own actors' bytes
-        except Exception:  # noqa: BLE001 - events are a best-effort addition to a report
-            pass
+        live = [i for i in range(len(self._actors)) if i not in self._dead]  # the dead never answer
+        for ref in self._answered([self._actors[i].events.remote() for i in live], live, 10.0):
+            try:
+                merged.update(pickle.loads(self._ray.get(ref)))  # noqa: S301 - our own actors' bytes
+            except Exception:  # noqa: BLE001 - events are a best-effort addition to a report
+                pass
         return merged
+
+    def _answered(self, refs: list[Any], indexes: list[int], most: float) -> list[Any]:
+        """The calls of `refs` (to the actors of `indexes`) answered within `most` s and the job's
+        deadline (`_left`); the actors that did not answer are never asked again (killed at the end)."""
+        left = self._left()
+        _, pending = self._ray.wait(refs, num_returns=len(refs), timeout=most if left is None else min(most, left))
+        waiting = set(pending)
+        self._dead.update(i for ref, i in zip(refs, indexes) if ref in waiting)
+        return [ref for ref in refs if ref not in waiting]
 
 
 def _died(ray: Any, ref: Any) -> bool:

@@ -59,10 +59,10 @@ def actor_failure(replicas: list[int], last: dict[int, ReplicaState], error: Bas
     r = next((q for q in replicas if "(custom-call" in published.get(q, "")), replicas[0])
     others = ""
     if len(replicas) > 1:
-        others = " (with " + ", ".join(f"replica {o} {_doing(o, published, last)}" for o in replicas if o != r) + \
+        others = " (with " + ", ".join(f"replica {o} {doing_at(o, published, last)}" for o in replicas if o != r) + \
             " in the same actor)"
     cause = _first_line(error)
-    failure = ReplicaFailure(f"replica {r} died {_doing(r, published, last)}{others}: its actor process exited "
+    failure = ReplicaFailure(f"replica {r} died {doing_at(r, published, last)}{others}: its actor process exited "
                              f"({type(error).__name__}: {cause})", r, f"{type(error).__name__}: {cause}")
     at = published.get(r)
     failure.instruction = at if at is not None and at is not BETWEEN_RUNS else _instruction(last.get(r))
@@ -73,7 +73,8 @@ def actor_failure(replicas: list[int], last: dict[int, ReplicaState], error: Bas
 BETWEEN_RUNS = "between runs"
 
 
-def _doing(r: int, published: dict[int, str], last: dict[int, ReplicaState]) -> str:
+def doing_at(r: int, published: dict[int, str], last: dict[int, ReplicaState]) -> str:
+    """What replica `r` was doing: its published slot's instruction, else the last poll's state."""
     text = published.get(r)
     if text is None:
         return doing(last.get(r))
