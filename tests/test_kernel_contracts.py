@@ -26,6 +26,8 @@ ALLOWED_RAISES: dict[tuple[str, str], tuple[int, str]] = {
     ("collectives/algorithms.py", "_lead"): (1, "an internal invariant: the selector's last unit never declines"),
     ("collectives/exchange.py", "_check"): (1, "a peer's fingerprint, seen at run time (a collective mismatch)"),
     ("collectives/exchange.py", "publish_on_board"): (1, "an internal invariant of the board's acting leader"),
+    ("collectives/exchange.py", "send_stream"): (1, "what the stream's sending thread raised (the transport's error), "
+                                                     "raised again in the replica's thread"),
     ("collectives/groups.py", "parse_pairs"): (4, "Send/Recv's routing, a frontend attribute the verifier does "
                                                   "not read"),
     ("collectives/ragged.py", "make_ragged_all_to_all"): (5, "offsets and sizes are run-time values"),
