@@ -14,6 +14,11 @@ Layout: line 0 holds the request word (the driver's) and a stop word; line 1+i t
 actor i (its own); then the request (u64 length, bytes) and one reply slot per actor (u64 length,
 bytes). Each word has one writer, and x86-64 keeps stores in order (transport/futex.py), so a
 reader that sees a word sees the bytes written before it.
+
+Both waits spin first when the driver and the node's actors of the job fit the cores
+(transport/spin.py): the driver for the replies of a short call, an actor's call thread for the
+next request after it replied (a loop calls again within tens of microseconds). A futex sleep and
+its wake-up cost each side a scheduler round, about as much as a small program's whole run.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import struct
 import time
 from typing import Any
 
-from replicas.transport import futex, shm
+import numpy as np
+
+from replicas.transport import futex, shm, spin
 from replicas.transport.segment import Mapping
 
 _LINE = 64
@@ -36,6 +43,40 @@ SLICE = 0.25  # seconds of one futex wait: stops and the driver's Ctrl-C are not
 
 def available() -> bool:
     return futex.available() and shm.available()
+
+
+_RAW_MAX = 1 << 16  # bytes of an array packed raw; larger ones keep numpy's pickle (no extra copy)
+
+
+def pack(values: list[Any]) -> list[Any]:
+    """`values` (a call's arguments or outputs) for a request or reply: each small array as
+    (dtype, shape, its bytes), pickled as plain bytes (numpy's own pickle of a small array costs a
+    few microseconds each way, most of a small call's encoding); a tuple is escaped as (tuple,)."""
+    out = []
+    for v in values:
+        t = type(v)
+        if t is np.ndarray:
+            dtype = v.dtype
+            if dtype.isbuiltin == 1 and not dtype.hasobject and v.nbytes <= _RAW_MAX and v.flags.c_contiguous:
+                v = (dtype.str, v.shape, pickle.PickleBuffer(v))
+        elif t is tuple:
+            v = (v,)
+        out.append(v)
+    return out
+
+
+def unpack(values: list[Any]) -> list[Any]:
+    """The values `pack` packed (arrays writable when they were: backed by the unpickled bytearray)."""
+    out = []
+    for v in values:
+        if type(v) is tuple:
+            v = np.frombuffer(v[2], v[0]).reshape(v[1]) if len(v) == 3 else v[0]
+        out.append(v)
+    return out
+
+
+def _always() -> bool:
+    return True
 
 
 def segment_name(token: str) -> str:
@@ -73,12 +114,16 @@ class Doorbell:
         futex.wake(self.base)
         return seq
 
-    def replies(self, seq: int, actors: list[int], timeout: float) -> list[bytes] | None:
-        """Each of `actors`' reply to request `seq` once all replied within `timeout` s, else None."""
+    def replies(self, seq: int, actors: list[int], timeout: float,
+                spinner: spin.Spinner = spin.NEVER) -> list[bytes] | None:
+        """Each of `actors`' reply to request `seq` once all replied within `timeout` s, else None
+        (`spinner`: how long to watch a reply word before sleeping on it)."""
         deadline = time.monotonic() + timeout
         words = self.words
         for i in actors:
             word = (1 + i) * (_LINE // 4)
+            if int(words[word]) != seq:
+                spinner.watch(self.map, word, lambda word=word: int(words[word]) == seq)
             while int(words[word]) != seq:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -93,9 +138,10 @@ class Doorbell:
         futex.wake(self.base)
 
     # -- an actor's side ------------------------------------------------------------------------------
-    def wait_request(self, last: int, timeout: float = SLICE) -> int | None:
-        """The request number once it differs from `last` (None after `timeout` s, or once stopped)."""
-        if int(self.words[0]) == last:
+    def wait_request(self, last: int, timeout: float = SLICE, spinner: spin.Spinner = spin.NEVER) -> int | None:
+        """The request number once it differs from `last` (None after `timeout` s, or once stopped;
+        `spinner`: how long to watch the request word before sleeping on it)."""
+        if int(self.words[0]) == last and not spinner.watch(self.map, 0, _always):
             futex.wait(self.base, last, timeout)
         if self.words[1]:
             return None

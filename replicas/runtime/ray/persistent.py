@@ -9,7 +9,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from replicas.transport import doorbell
+from replicas.transport import doorbell, spin
 
 
 class PersistentJob:
@@ -29,6 +29,7 @@ class PersistentJob:
     _bell_tried = False
     _call_refs: list[Any] | None = None
     _bell_seq: int | None = None
+    _bell_spinner: spin.Spinner = spin.NEVER
 
     def _open_doorbell(self) -> None:
         """The job's doorbell, for the actors on the driver's node (none when shared memory or
@@ -45,8 +46,11 @@ class PersistentJob:
         except OSError:  # no room or no rights under /dev/shm: actor calls remain
             return
         self.calls["open_doorbell"] += len(here)
-        self._get([self._actors[i].open_doorbell.remote(self._token, i, len(self._actors)) for i in here], here)
+        processes = len(here) + 1  # and this driver: each side's waits spin when they fit the cores
+        self._get([self._actors[i].open_doorbell.remote(self._token, i, len(self._actors), processes)
+                   for i in here], here)
         self._bell, self._bell_actors = bell, here
+        self._bell_spinner = spin.Spinner(spin.budget_for(processes))
 
     def _close_doorbell(self) -> None:
         bell, self._bell = self._bell, None
@@ -65,10 +69,11 @@ class PersistentJob:
         by_call = range(len(self._actors))
         self._bell_seq = None
         if self._bell is not None:
-            rung: Any = {r: args[r] for i in self._bell_actors for r in self._groups[i]}
             first = args[0]
             if all(a is first or (len(a) == len(first) and all(x is y for x, y in zip(a, first))) for a in args):
-                rung = first  # every replica takes the same values (resident names, a replicated array): once
+                rung: Any = doorbell.pack(first)  # every replica takes the same values (resident names, ...): once
+            else:
+                rung = {r: doorbell.pack(args[r]) for i in self._bell_actors for r in self._groups[i]}
             self._bell_seq = self._bell.ring((rung, forget, seq, count, fetch_max))
             if self._bell_seq is not None:
                 by_call = [i for i in by_call if i not in self._bell_actors]
@@ -85,10 +90,12 @@ class PersistentJob:
         refs, self._call_refs = self._call_refs or [], None
         parts: list[Any] = []
         if self._bell_seq is not None:
-            replies = self._bell.replies(self._bell_seq, self._bell_actors, timeout)
+            replies = self._bell.replies(self._bell_seq, self._bell_actors, timeout, self._bell_spinner)
             if replies is None:
                 return None
-            parts.extend(pickle.loads(reply) for reply in replies)  # noqa: S301 - our own actors' bytes
+            for reply in replies:
+                part = pickle.loads(reply)  # noqa: S301 - our own actors' bytes
+                parts.append(part if part is None else {r: doorbell.unpack(v) for r, v in part.items()})
         if refs:
             ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout + 1.0)
             if len(ready) < len(refs):

@@ -16,7 +16,8 @@ from typing import Any
 
 from replicas.errors import ReplicaFailure
 from replicas.runtime.resident import Kept
-from replicas.transport.doorbell import Doorbell
+from replicas.transport import spin
+from replicas.transport.doorbell import Doorbell, pack, unpack
 
 
 class PersistentCalls:
@@ -95,21 +96,24 @@ class PersistentCalls:
 
 
     # -- calls through the driver's doorbell (transport/doorbell.py) -----------------------------------
-    def open_doorbell(self, token: str, index: int, actors: int) -> None:
+    def open_doorbell(self, token: str, index: int, actors: int, processes: int = 0) -> None:
         """Serve the calls of job `token` that the driver rings on its doorbell (this actor is
-        number `index` of `actors`) in a thread of this actor, until the job ends."""
+        number `index` of `actors`; the driver and the actors it rings are `processes` processes)
+        in a thread of this actor, until the job ends."""
         bell = Doorbell(token, actors)
         self._doorbell = bell
-        threading.Thread(target=self._serve, args=(bell, index, token), name="replicas-doorbell", daemon=True).start()
+        spinner = spin.Spinner(spin.budget_for(processes)) if processes > 1 else spin.NEVER
+        threading.Thread(target=self._serve, args=(bell, index, token, spinner), name="replicas-doorbell",
+                         daemon=True).start()
 
     def close_doorbell(self) -> None:
         self._doorbell = None  # its thread ends within a slice
 
-    def _serve(self, bell: Doorbell, index: int, token: str) -> None:
+    def _serve(self, bell: Doorbell, index: int, token: str, spinner: spin.Spinner) -> None:
         last = bell.request_seq()
         try:
             while self._doorbell is bell and self._token == token:
-                seq = bell.wait_request(last)
+                seq = bell.wait_request(last, spinner=spinner)
                 if seq is None:
                     if bell.stopped():
                         return
@@ -127,7 +131,11 @@ class PersistentCalls:
         try:
             args, forget, seq, count, fetch_max = bell.request()
             # (a list: the values of every replica; a dict: each replica's own)
-            mine = {r: args for r in self._runners} if type(args) is list else {r: args[r] for r in self._runners}
+            if type(args) is list:
+                values = unpack(args)
+                mine = {r: values for r in self._runners}
+            else:
+                mine = {r: unpack(args[r]) for r in self._runners}
             self.call(token, mine, forget)  # the first replica runs here
             runners = list(self._runners.values())
             for runner in runners:
@@ -136,7 +144,7 @@ class PersistentCalls:
                         return None
             if self._faults or any(r.error is not None for r in runners):
                 return None
-            return self.settle(token, seq, count, fetch_max)
+            return {r: pack(v) for r, v in self.settle(token, seq, count, fetch_max).items()}
         except Exception:  # noqa: BLE001 - the driver's monitor finds and names what failed
             return None
 

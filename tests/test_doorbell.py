@@ -1,0 +1,70 @@
+"""The doorbell of a persistent job on Ray (transport/doorbell.py): a call's arguments and outputs
+packed for shared memory come back as they went (dtype, shape, values, writability), and a jitted
+function whose values take every form the packing knows matches JAX through real actors."""
+
+from __future__ import annotations
+
+import pickle
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from replicas.runtime.resident import Kept
+from replicas.transport.doorbell import pack, unpack
+
+
+def round_trip(values):
+    return unpack(pickle.loads(pickle.dumps(pack(values), protocol=pickle.HIGHEST_PROTOCOL)))
+
+
+def test_packed_values_come_back_as_they_went():
+    frozen = np.arange(6, dtype=np.int16).reshape(2, 3)
+    frozen.flags.writeable = False
+    values = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array(7, np.int32), np.zeros(0, np.float64),
+              np.array([True, False]), np.arange(4, dtype=np.complex64), np.arange(8)[::2],
+              np.ones(3, ml_dtypes.bfloat16), np.ones(1 << 15, np.float32), frozen,
+              None, Kept(3, 1), (1, 2, 3), ("<f4", (2,), b"12345678"), np.float32(2.5)]
+    got = round_trip(values)
+    assert len(got) == len(values)
+    for want, have in zip(values, got):
+        assert type(have) is type(want)
+        if isinstance(want, np.ndarray):
+            assert have.dtype == want.dtype and have.shape == want.shape
+            np.testing.assert_array_equal(have, want)
+            assert have.flags.writeable == want.flags.writeable
+        else:
+            assert have == want or (want is None and have is None)
+    a = got[0]
+    a += 1  # a writable argument is the actor's own copy, never a view of shared memory
+    np.testing.assert_array_equal(a, values[0] + 1)
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_jitted_function_of_every_packed_form_matches_jax_through_the_doorbell():
+    jax = pytest.importorskip("jax")
+    from jax.sharding import PartitionSpec as P
+
+    import replicas as rp
+
+    if len(jax.devices()) < 4:
+        pytest.skip("needs --xla_force_host_platform_device_count >= 4")
+
+    def f(x, m, k, s):  # x split over the replicas (each its own request), the rest replicated
+        return x * 2 + s, (m & (x > 0)), k.astype(jax.numpy.bfloat16) + 1, s * 3
+
+    step = rp.jax.jit(f, num_replicas=4, in_specs=(P("x"), P("x"), P(), P()), out_specs=(P("x"), P("x"), P(), P()))
+    x = np.linspace(-1, 1, 16, dtype=np.float32)
+    m = np.arange(16) % 3 == 0
+    k = np.arange(5, dtype=np.int8)
+    want = jax.jit(f)(x, m, k, np.float32(0.5))
+    for _ in range(3):  # the first call starts the job; the next ones ring its doorbell
+        got = step(x, m, k, np.float32(0.5))
+    for g, w in zip(got, want):
+        assert np.asarray(g).dtype == np.asarray(w).dtype
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    backend = next(iter(step._cache.values())).session._backend
+    assert backend.calls["doorbell"] == 3 and backend.calls["call"] == 0, backend.calls
+    kept = step(got[0], m, k, np.float32(0.5))[0]  # a resident argument: a name in the request
+    np.testing.assert_array_equal(np.asarray(kept), np.asarray(want[0]) * 2 + 0.5)
+    step.close()
