@@ -9,6 +9,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+from replicas.diagnostics import host_output
 from replicas.transport import doorbell, spin
 
 
@@ -24,6 +25,7 @@ class PersistentJob:
     _get: Any
     _note: Any  # the actor pool's note on an actor (its wire address)
     _show_printed: Any  # RayBackend's: what the replicas printed, on the driver's stdout
+    _prints: bool  # RayBackend's: the program may print (custom calls)
     _bell: doorbell.Doorbell | None = None
     _bell_actors: list[int] = []  # indexes of the actors the doorbell reaches
     _bell_tried = False
@@ -89,13 +91,18 @@ class PersistentJob:
         one failed or still runs (the monitor's turn: `settle` after it)."""
         refs, self._call_refs = self._call_refs or [], None
         parts: list[Any] = []
+        asked = range(len(self._actors))  # the actors whose printed lines are asked for
         if self._bell_seq is not None:
             replies = self._bell.replies(self._bell_seq, self._bell_actors, timeout, self._bell_spinner)
             if replies is None:
                 return None
+            printed = []
             for reply in replies:
-                part = pickle.loads(reply)  # noqa: S301 - our own actors' bytes
+                part, lines = pickle.loads(reply)  # noqa: S301 - our own actors' bytes
                 parts.append(part if part is None else {r: doorbell.unpack(v) for r, v in part.items()})
+                printed.append(lines or ())
+            host_output.show(printed)  # (a reply too large to travel left its lines for `settle`)
+            asked = [i for i in asked if i not in self._bell_actors]
         if refs:
             ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout + 1.0)
             if len(ready) < len(refs):
@@ -107,7 +114,9 @@ class PersistentJob:
                     return None
         if any(part is None for part in parts):
             return None
-        self._show_printed()
+        if self._prints and asked:
+            self.calls["printed"] += len(asked)
+            host_output.show(self._get([self._actors[i].printed.remote() for i in asked], list(asked)))
         merged: dict[int, list[Any]] = {}
         for part in parts:
             merged.update(part)

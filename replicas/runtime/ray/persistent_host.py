@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from replicas.diagnostics import host_output
 from replicas.errors import ReplicaFailure
 from replicas.runtime.resident import Kept
 from replicas.transport import spin
@@ -120,8 +121,12 @@ class PersistentCalls:
                     continue
                 last = seq
                 reply = self._serve_one(token, bell)
-                if not bell.reply(index, seq, pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)):
-                    bell.reply(index, seq, pickle.dumps(None))  # too large to travel: the driver settles
+                printed = host_output.take()  # what the call printed travels with its reply, not by a Ray call
+                if not bell.reply(index, seq, pickle.dumps((reply, printed), protocol=pickle.HIGHEST_PROTOCOL)):
+                    # Too large to travel: the driver settles, and asks for the lines (kept here, in order).
+                    for replica, text in printed:
+                        host_output.write(replica, text)
+                    bell.reply(index, seq, pickle.dumps((None, None)))
         finally:
             bell.close()
 
