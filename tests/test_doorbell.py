@@ -68,3 +68,31 @@ def test_a_jitted_function_of_every_packed_form_matches_jax_through_the_doorbell
     kept = step(got[0], m, k, np.float32(0.5))[0]  # a resident argument: a name in the request
     np.testing.assert_array_equal(np.asarray(kept), np.asarray(want[0]) * 2 + 0.5)
     step.close()
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_outputs_kept_on_the_actors_are_fetched_through_the_doorbell_or_by_actor_calls_when_large():
+    jax = pytest.importorskip("jax")
+    from jax.sharding import PartitionSpec as P
+
+    import replicas as rp
+
+    if len(jax.devices()) < 4:
+        pytest.skip("needs --xla_force_host_platform_device_count >= 4")
+
+    def f(x, y):
+        return x * 2, jax.lax.psum(y, "x")
+
+    step = rp.jax.jit(f, num_replicas=4, in_specs=(P("x"), P()), out_specs=(P("x"), P()))
+    x = np.arange(4 * 4096, dtype=np.float32)  # 16 KiB shards: kept on the actors, not in the reply
+    y = np.ones(1 << 18, np.float32)  # a 1 MiB replicated output: more than a doorbell reply holds
+    backend = None
+    for _ in range(2):
+        a, b = step(x, y)
+        backend = next(iter(step._cache.values())).session._backend
+        np.testing.assert_array_equal(np.asarray(a), x * 2)
+    assert backend.calls["doorbell_fetch"] == 2 and backend.calls["fetch"] == 0, backend.calls
+    np.testing.assert_array_equal(np.asarray(b), y * 4)
+    assert backend.calls["fetch"] == 1, backend.calls  # one actor holds the replica it reads
+    np.testing.assert_array_equal(np.asarray(step(a, y)[0]), x * 4)  # a fetched array is still resident
+    step.close()

@@ -7,6 +7,7 @@ with the outputs small enough to travel (the others stay on the actors: persiste
 from __future__ import annotations
 
 import pickle
+import threading
 from typing import Any
 
 from replicas.diagnostics import host_output
@@ -32,6 +33,10 @@ class PersistentJob:
     _call_refs: list[Any] | None = None
     _bell_seq: int | None = None
     _bell_spinner: spin.Spinner = spin.NEVER
+    # A call rung and its replies not read yet (its actors may still be reading the request: nothing
+    # else may be rung meanwhile), and the lock of ringing (`fetch` may come from any thread).
+    _bell_pending = False
+    _bell_lock: threading.Lock
 
     def _open_doorbell(self) -> None:
         """The job's doorbell, for the actors on the driver's node (none when shared memory or
@@ -51,6 +56,7 @@ class PersistentJob:
         processes = len(here) + 1  # and this driver: each side's waits spin when they fit the cores
         self._get([self._actors[i].open_doorbell.remote(self._token, i, len(self._actors), processes)
                    for i in here], here)
+        self._bell_lock = threading.Lock()
         self._bell, self._bell_actors = bell, here
         self._bell_spinner = spin.Spinner(spin.budget_for(processes))
 
@@ -76,7 +82,9 @@ class PersistentJob:
                 rung: Any = doorbell.pack(first)  # every replica takes the same values (resident names, ...): once
             else:
                 rung = {r: doorbell.pack(args[r]) for i in self._bell_actors for r in self._groups[i]}
-            self._bell_seq = self._bell.ring((rung, forget, seq, count, fetch_max))
+            with self._bell_lock:
+                self._bell_seq = self._bell.ring((rung, forget, seq, count, fetch_max))
+                self._bell_pending = self._bell_seq is not None
             if self._bell_seq is not None:
                 by_call = [i for i in by_call if i not in self._bell_actors]
                 self.calls["doorbell"] += 1
@@ -96,6 +104,7 @@ class PersistentJob:
             replies = self._bell.replies(self._bell_seq, self._bell_actors, timeout, self._bell_spinner)
             if replies is None:
                 return None
+            self._bell_pending = False
             printed = []
             for reply in replies:
                 part, lines = pickle.loads(reply)  # noqa: S301 - our own actors' bytes
@@ -132,15 +141,44 @@ class PersistentJob:
         return [merged[r] for r in range(self.num_replicas)]
 
     def fetch(self, key: tuple[int, int], replicas: list[int]) -> list[Any]:
-        """The kept shards of output `key` of `replicas`, in that order."""
+        """The kept shards of output `key` of `replicas`, in that order: through the doorbell when
+        it reaches every actor holding them and no call is in flight on it, else by actor calls."""
         wanted = set(replicas)
-        refs, indexes = [], []
-        for i, (actor, ids) in enumerate(zip(self._actors, self._groups)):
-            mine = [r for r in ids if r in wanted]
-            if mine:
-                refs.append(actor.fetch.remote(key, mine))
-                indexes.append(i)
-        merged: dict[int, Any] = {}
-        for part in self._get(refs, indexes):
-            merged.update(part)
+        holders = [i for i, ids in enumerate(self._groups) if any(r in wanted for r in ids)]
+        merged: dict[int, Any] | None = None
+        if self._bell is not None and not self._bell_pending and all(i in self._bell_actors for i in holders):
+            merged = self._fetch_by_bell(tuple(key), replicas, holders)
+        if merged is None:
+            self.calls["fetch"] += len(holders)
+            refs = [self._actors[i].fetch.remote(key, [r for r in self._groups[i] if r in wanted]) for i in holders]
+            merged = {}
+            for part in self._get(refs, holders):
+                merged.update(part)
         return [merged[r] for r in replicas]
+
+    def _fetch_by_bell(self, key: tuple[int, int], replicas: list[int], holders: list[int]) -> dict[int, Any] | None:
+        """The shards from the doorbell's replies; None when it cannot say (busy, an actor that does
+        not answer within a second, a shard too large for a reply, an output it no longer holds):
+        the actor calls then fetch them, or name what went wrong."""
+        bell = self._bell
+        if bell is None or not self._bell_lock.acquire(blocking=False):  # another thread rings
+            return None
+        try:
+            if self._bell_pending:
+                return None
+            seq = bell.ring((key, replicas))
+            if seq is None:
+                return None
+            self.calls["doorbell_fetch"] += 1
+            replies = bell.replies(seq, holders, max(1.0, self.poll_interval), self._bell_spinner)
+        finally:
+            self._bell_lock.release()
+        if replies is None:
+            return None
+        merged: dict[int, Any] = {}
+        for reply in replies:
+            part, _ = pickle.loads(reply)  # noqa: S301 - our own actors' bytes
+            if part is None:
+                return None
+            merged.update((r, doorbell.unpack(v)[0]) for r, v in part.items())
+        return merged

@@ -18,7 +18,7 @@ from replicas.diagnostics import host_output
 from replicas.errors import ReplicaFailure
 from replicas.runtime.resident import Kept
 from replicas.transport import spin
-from replicas.transport.doorbell import Doorbell, pack, unpack
+from replicas.transport.doorbell import REPLY_BYTES, Doorbell, pack, unpack
 
 
 class PersistentCalls:
@@ -134,7 +134,14 @@ class PersistentCalls:
         """One call rung on the doorbell: the outcome `call_and_settle` gives, without a limit on
         how long the call runs (None as soon as a replica failed: the driver's monitor names it)."""
         try:
-            args, forget, seq, count, fetch_max = bell.request()
+            request = bell.request()
+            if len(request) == 2:  # (output, replicas): the shards kept here, asked for by `np.asarray`
+                key, replicas = request
+                shards = self.fetch(key, [r for r in replicas if r in self._runners])
+                if sum(getattr(v, "nbytes", 0) for v in shards.values()) > REPLY_BYTES // 2:
+                    return None  # more than a reply holds: the driver asks by an actor call
+                return {r: pack([v]) for r, v in shards.items()}
+            args, forget, seq, count, fetch_max = request
             # (a list: the values of every replica; a dict: each replica's own)
             if type(args) is list:
                 values = unpack(args)
