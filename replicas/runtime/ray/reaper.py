@@ -15,8 +15,10 @@ for those processes to exit, unlinks the segments once more (an actor may have m
 dying) and exits: within a second or two of the driver's death.
 
 On a clean exit the driver has removed its segments and shut Ray down itself, so the reaper finds
-nothing to do. Segments on other nodes of a cluster are not reached from here: a later driver's
-sweep on that node removes them (`shm.remove_orphaned_segments`).
+nothing to do. Segments on other nodes of a cluster are not reached from here: there each actor
+that makes segments holds a lease of its own (`detached`: its reaper leaves the actor's process
+tree, since Ray kills a worker's children with it), and when Ray ends the actors of a dead driver,
+their reapers unlink their jobs' segments on their nodes.
 
 This file runs as a script (`python reaper.py <shm dir> <prefix>`) with the standard library only:
 importing the package would cost the reaper numpy's start-up.
@@ -41,11 +43,16 @@ ENDED_KEPT = 256  # ended jobs whose segments the reaper still sweeps (as the dr
 class Lease:
     """The driver's end: the pipe to its reaper (started once per driver process)."""
 
-    def __init__(self, shm_dir: str, prefix: str) -> None:
+    def __init__(self, shm_dir: str, prefix: str, *, detached: bool = False) -> None:
+        """`detached`: the reaper leaves this process's tree at once (a Ray worker's children are
+        killed with it: its reaper must outlive it)."""
         self._lock = threading.Lock()
-        self._proc = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), shm_dir, prefix],
+        argv = [sys.executable, "-I", os.path.abspath(__file__), shm_dir, prefix]
+        self._proc = subprocess.Popen(argv + ([str(os.getpid())] if detached else []),
                                       stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                       start_new_session=True, close_fds=True)
+        if detached:
+            self._proc.wait()  # its first process ends once the reaper forked away from it
         self._pipe: IO[bytes] | None = self._proc.stdin
         # A child forked without exec (multiprocessing) must not hold the lease: the reaper would
         # wait for that child's end too.
@@ -81,13 +88,13 @@ _lease: Lease | None = None
 _lease_lock = threading.Lock()
 
 
-def lease(shm_dir: str, prefix: str) -> Lease | None:
-    """This driver's lease (its reaper started at the first call); None where it cannot run."""
+def lease(shm_dir: str, prefix: str, *, detached: bool = False) -> Lease | None:
+    """This process's lease (its reaper started at the first call); None where it cannot run."""
     global _lease
     with _lease_lock:
         if _lease is None and sys.platform.startswith("linux"):
             try:
-                _lease = Lease(shm_dir, prefix)
+                _lease = Lease(shm_dir, prefix, detached=detached)
             except OSError:
                 return None
         return _lease
@@ -213,9 +220,13 @@ def _stop(procs: list[tuple[int, str]]) -> None:
         os.close(fd)
 
 
-def main(shm_dir: str, prefix: str) -> None:
+def main(shm_dir: str, prefix: str, holder: str | None = None) -> None:
+    """Reap for the process `holder` (a pid), or for the parent; with `holder` the reaper first forks
+    away from the process that started it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the driver's terminal is not the driver's end
-    driver = os.getppid()
+    if holder is not None and os.fork() > 0:
+        os._exit(0)
+    driver = int(holder) if holder is not None else os.getppid()
     try:
         gone = os.pidfd_open(driver)
     except OSError:  # the driver is gone already, or no pidfds: end of file alone says it
@@ -250,4 +261,4 @@ def main(shm_dir: str, prefix: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

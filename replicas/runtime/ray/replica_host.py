@@ -24,6 +24,7 @@ from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable, runs_bounded_alone
+from replicas.runtime.ray import reaper
 from replicas.runtime.ray.faults import is_memory_error
 from replicas.runtime.ray.persistent_host import PersistentCalls
 from replicas.transport import board as shared_board
@@ -31,7 +32,7 @@ from replicas.transport import channel_ring, futex, spin, where
 from replicas.transport.fabric import MailboxFabric, SharedMemoryLink
 from replicas.transport.mailbox import Mailbox
 from replicas.transport.message_bounds import MessageBounds
-from replicas.transport.shm import Inbox, Outbox, Shared, remove_job_segments
+from replicas.transport.shm import PREFIX, SHM_DIR, Inbox, Outbox, Shared, remove_job_segments
 from replicas.transport.shm import available as shm_available
 from replicas.transport.wire import WIRE_MAX_BYTES, RefusedMessage, Wire, WireError, payload_bytes
 
@@ -235,6 +236,11 @@ class ReplicaHost(PersistentCalls):
         self._fabrics = []
         self._shm_report = {}
         self._inbox = Inbox(token)
+        if len(replica_ids) < num_replicas:
+            # This process's own reaper unlinks the job's segments on this node if the process dies
+            # without doing so (killed with its driver, which may be on another node).
+            if reaper.lease(SHM_DIR, PREFIX, detached=True) is not None:
+                reaper.job_started(token)
         if len(replica_ids) < num_replicas and shm_available():
             try:
                 self._outbox = Outbox(token, replica_ids[0])
@@ -301,6 +307,8 @@ class ReplicaHost(PersistentCalls):
         if self._rings is not None:
             self._rings.close()  # values read from a ring were copied out: nothing keeps a view
         remove_job_segments(token)
+        if token:
+            reaper.job_ended(token)
         self._outbox = self._inbox = self._board = self._rings = None
         if used:
             # Received arrays left in the finished job's reference cycles (interpreter, kernels,
