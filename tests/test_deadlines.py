@@ -16,7 +16,7 @@ import pytest
 from test_runtime_ray import FOREVER
 
 import replicas as rp
-from replicas.runtime import threads
+from replicas.runtime import codegen, threads
 from replicas.runtime.compile import compile_module, runs_quickly
 
 GRACE = 1.0  # seconds a threads job may take beyond its timeout to report and stop
@@ -148,3 +148,25 @@ def test_an_actor_that_stops_answering_on_the_drivers_node_is_under_the_deadline
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
     assert "did not answer" in text and "%" in text, text  # what they were doing, from their published slots
+
+
+def test_a_long_straight_line_replica_stops_soon_after_the_deadline():
+    # No loop, no communication, a thousand slow kernels in a row: the replica's thread notices the
+    # job's end between kernels (every codegen.ABORT_CHECK_EVERY), not only at the end of its program.
+    calls = []
+
+    def slow(x):
+        calls.append(1)
+        time.sleep(0.01)
+        return x
+
+    rp.register_custom_call("test_slow", slow)
+    try:
+        lines = ["HloModule m\nENTRY e {\n  x0 = f32[] parameter(0)\n"]
+        lines += [f'  x{i} = f32[] custom-call(x{i - 1}), custom_call_target="test_slow"\n' for i in range(1, 1000)]
+        m = rp.parse_hlo("".join(lines) + "  ROOT r = f32[] negate(x999)\n}\n")
+        _timed_out(lambda: rp.run(m, [np.float32(1)], num_replicas=1, backend="threads", timeout=TIMEOUT), TIMEOUT)
+        threads._wait_for_unwinding()
+        assert len(calls) < 999 - codegen.ABORT_CHECK_EVERY, len(calls)  # it did not run to its end
+    finally:
+        rp.unregister_custom_call("test_slow")

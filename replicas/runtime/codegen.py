@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 # temporaries of `(a + b) * c`): below it, a fresh allocation is cheaper than the bookkeeping.
 DONATE_MIN_ELEMENTS = 1 << 16
 
+# Long straight-line code notices a cancel, timeout or deadlock abort every this many kernel calls
+# (a computation call and each loop iteration notice it at their start anyway).
+ABORT_CHECK_EVERY = 64
+
 
 def straight_line(bound: BoundComputation, comp: Computation,
                   stacked: set[str] | None = None) -> tuple[Callable[..., Any], dict[int, Instruction]]:
@@ -81,6 +85,7 @@ def straight_line(bound: BoundComputation, comp: Computation,
         for n in names:
             last_use[n] = k
     lines = [f"def run({', '.join(arg_names)}):"]
+    calls = 0
     line_to_inst: dict[int, Instruction] = {}
     defined = set(arg_names)
     for k, (fn, _, _, _, inst) in enumerate(steps):
@@ -118,6 +123,10 @@ def straight_line(bound: BoundComputation, comp: Computation,
                         out = f", out={n}"
                         break
             line = f"_interp.current = i{k}; {var} = k{k}({', '.join(names)}{out})"
+            calls += 1
+            if not calls % ABORT_CHECK_EVERY:
+                lines.append("    if _interp.mailbox is not None and _interp.mailbox.aborted is not None: "
+                             "raise _interp.mailbox.aborted")
             if codes is not None:
                 line = f"_w[{where.CODE}] = {codes.get(id(inst), where.NOWHERE)}; {line}"
             line_to_inst[len(lines) + 1] = inst
