@@ -167,3 +167,36 @@ def test_a_replica_refused_a_descriptor_or_a_process_ends_the_job_naming_it(case
     if case != "program file" and out["resource"] != "threads":  # a replica's kernel: named with its instruction
         assert out["replica"] in (0, 1) and out["instruction"].startswith("%r (custom-call"), out
     assert out["after"] == out["before"], out  # the threads it started ended
+
+
+FULL_SHM = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import replicas as rp
+from test_runtime_ray import ALL_REDUCE
+
+n, size = 4, 1 << 18  # 1 MiB a replica: four boards' worth of writes into a /dev/shm of 2 MiB
+m = rp.parse_hlo(ALL_REDUCE.format(n=n, size=size, gsize=n * size))
+xs = [[np.random.default_rng(r).standard_normal(size).astype(np.float32)] for r in range(n)]
+want = rp.run(m, xs, num_replicas=n, backend="threads")
+got = rp.run(m, xs, num_replicas=n, replicas_per_actor=1, timeout=120)
+print(json.dumps({"equal": all(np.array_equal(a, b) for r in range(n) for a, b in zip(got[r], want[r]))}))
+'''
+
+
+def test_a_full_dev_shm_is_no_crash_on_ray(tmp_path):
+    # /dev/shm backs the board's sparse segments page by page: a page first written when it is full
+    # killed the actor with SIGBUS. Now each page is allocated before it is written, and a collective
+    # that finds no room sends its bytes over the fabric (its own memory) instead.
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("mounts a small /dev/shm of its own in a mount namespace (needs root and unshare)")
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                           'mount -t tmpfs -o size=2m tmpfs /dev/shm && exec "$0" -c "$1" "$2"',
+                           sys.executable, FULL_SHM, here], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"equal": True}, done.stdout[-2000:]

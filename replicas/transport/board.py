@@ -32,6 +32,7 @@ the bytes are whatever their size, and a fingerprint mismatch is always found on
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import pickle
@@ -58,6 +59,7 @@ _HEADER = 128  # tag, flags, lengths, READERS release words
 _TAG, _FLAGS, _FP_LEN, _META_LEN, _NBUF, _WRITER_WAITS = 0, 1, 2, 3, 4, 5
 _FIELDS = struct.Struct("<5I")  # tag, flags, fingerprint length, meta length, number of arrays
 _RELEASE = 8  # first release word (u32 index in the header)
+_FINGERPRINT_ROOM = 4096  # bytes after a header allocated with it (a fingerprint fits, usually)
 FABRIC = 1  # flag: the payload was too large, it follows over the fabric
 ARRAYS = 2  # flag: the payload is a tuple of arrays, its layout pickled alone
 
@@ -119,6 +121,16 @@ class Board:
         self.capacity = slot_bytes(len(replica_ids))
         self.path = os.path.join(SHM_DIR, segment_name(token, self.first))
         self._own = Mapping(self.path, _slot_stride(self.capacity) * len(replica_ids))
+        # Each slot's counter line and both buffers' headers (with room for a fingerprint) now; the
+        # buffers' data when written (`_reserved`). No room in /dev/shm: no board (OSError).
+        header = _HEADER + min(self.capacity, _FINGERPRINT_ROOM)
+        for k in range(len(replica_ids)):
+            slot = k * _slot_stride(self.capacity)
+            if not (self._own.reserve(slot, _LINE + header)
+                    and self._own.reserve(slot + _LINE + _HEADER + self.capacity, header)):
+                self._own.close()
+                os.unlink(self.path)
+                raise OSError(errno.ENOSPC, "no room in /dev/shm for the board's slots", self.path)
         self._peers: dict[str, tuple[Mapping, int]] = {}
         self._lock = threading.Lock()
         # Per hosted replica: the next buffer it writes, and per buffer the readers still to release it.
@@ -210,6 +222,10 @@ class Board:
         for raw in raws:
             offsets.append(end)
             end = (end + raw.nbytes + 63) // 64 * 64
+        if not (announce_only or end > capacity or mapping.reserve(base, _HEADER + end)):
+            announce_only = True  # no room in /dev/shm for the bytes: they go over the fabric
+        if not mapping.reserve(base, _HEADER + fp_len):
+            raise OSError(errno.ENOSPC, "no room in /dev/shm for a collective's fingerprint", mapping.path)
         mm = mapping.mm
         start = base + _HEADER
         mm[start:start + fp_len] = fingerprint
@@ -256,8 +272,8 @@ class Board:
             offsets.append(end)
             sizes.append(size)
             end = (end + size + 63) // 64 * 64
-        if end > capacity:
-            return None
+        if end > capacity or not mapping.reserve(base, _HEADER + end):
+            return None  # too large for a slot, or no room in /dev/shm: over the fabric
         self._claim(replica, tag, readers, wait)
         mm = mapping.mm
         start = base + _HEADER
