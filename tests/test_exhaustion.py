@@ -200,3 +200,35 @@ def test_a_full_dev_shm_is_no_crash_on_ray(tmp_path):
                            sys.executable, FULL_SHM, here], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == {"equal": True}, done.stdout[-2000:]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_an_actor_refused_a_descriptor_ends_the_job_naming_it_on_ray():
+    import numpy as np
+
+    import replicas as rp
+    from replicas.errors import ResourceExhausted
+
+    def refused_a_descriptor(x):  # defined here: Ray sends it to the actors by value
+        """Finds its process out of file descriptors (its limit lowered to those open)."""
+        import os
+        import resource
+
+        limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")), limits[1]))
+        try:
+            with open("/dev/null"):
+                return x
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+
+    rp.register_custom_call("refused_a_descriptor", refused_a_descriptor)
+    try:
+        m = rp.parse_hlo("HloModule m\nENTRY e {\n  p = f32[4] parameter(0)\n"
+                         '  ROOT r = f32[4] custom-call(p), custom_call_target="refused_a_descriptor"\n}\n')
+        with pytest.raises(ResourceExhausted) as info:
+            rp.run(m, [np.ones(4, np.float32)], num_replicas=2, timeout=120)
+    finally:
+        rp.unregister_custom_call("refused_a_descriptor")
+    assert info.value.resource == "file descriptors", info.value
+    assert info.value.replica in (0, 1) and info.value.instruction.startswith("%r (custom-call"), info.value
