@@ -5,7 +5,10 @@ A 200-byte program can declare `replica_count=2**64` or `f32[999999999999]`; a c
 before a list, an array or a message of that size is built.
 
     max_replicas  replicas of one job (and a module's replica_count / num_partitions);
-                  default 4096, environment variable REPLICAS_MAX_REPLICAS.
+                  default 16384 (a TPU v5p pod is 8,960 chips), environment variable
+                  REPLICAS_MAX_REPLICAS. Each replica is a thread (of this process, or of a Ray
+                  actor): `check_threads` refuses a job whose threads would fill the machine's
+                  task table before any starts.
     max_bytes     bytes of one value a program declares, of one value times the number of
                   replicas (every replica materializes its own), and of a replica's peak live bytes
                   times the replicas (runtime/memory.py); default: this machine's physical memory, or
@@ -31,9 +34,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any
 
-from replicas.errors import ExecutionTimeout, ProgramError
+from replicas.errors import ExecutionTimeout, ProgramError, ResourceExhausted
 
-DEFAULT_MAX_REPLICAS = 4096
+DEFAULT_MAX_REPLICAS = 16384
 DEFAULT_MAX_PROGRAM_BYTES = 512 << 20
 MAX_NESTING = 64
 MAX_RANK = 64
@@ -130,6 +133,71 @@ def check_replicas(value: Any, what: str = "num_replicas") -> int:
         raise ProgramError(f"{what}={_short(n)} exceeds the ceiling of {ceiling} replicas per job "
                            "(replicas.limits.configure(max_replicas=...) or REPLICAS_MAX_REPLICAS)")
     return n
+
+
+# The share of the machine's task table (kernel.pid_max, kernel.threads-max, the cgroup's pids.max)
+# a job's replica threads may fill, counting every task already there: the rest stays for the
+# machine's other processes (and this job's own Ray, BLAS and transport threads).
+TASK_SHARE = 0.75
+
+
+def task_room() -> tuple[int, str] | None:
+    """How many more threads may start before the fullest task table this process is under (the
+    kernel's and its cgroup's) reaches `TASK_SHARE`, and a description of that table; None where
+    unknown (not Linux). A user's RLIMIT_NPROC is not counted (it needs a scan of every process):
+    a thread it refuses ends the job with ResourceExhausted as it starts."""
+    try:
+        with open("/proc/loadavg") as f:
+            total = int(f.read().split()[3].split("/")[1])  # "running/total" tasks of the machine
+    except (OSError, ValueError, IndexError):
+        return None
+    tables = [(_read_int("/proc/sys/kernel/pid_max"), total, "kernel.pid_max"),
+              (_read_int("/proc/sys/kernel/threads-max"), total, "kernel.threads-max")]
+    for path in _pids_cgroups():
+        tables.append((_read_int(f"{path}/pids.max"), _read_int(f"{path}/pids.current") or 0,
+                       f"the cgroup's pids.max ({path})"))
+    best: tuple[int, str] | None = None
+    for size, used, name in tables:
+        if size:
+            room = int(size * TASK_SHARE) - used
+            if best is None or room < best[0]:
+                best = (room, f"{name} = {size}, {used} tasks in use")
+    return best
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):  # missing, or "max" (no limit)
+        return None
+
+
+def _pids_cgroups() -> list[str]:
+    """This process's pids cgroup directories (v2: the unified hierarchy; v1: the pids controller's)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            out.append(f"/sys/fs/cgroup{path.rstrip('/')}")
+        elif "pids" in controllers.split(","):
+            out.append(f"/sys/fs/cgroup/pids{path.rstrip('/')}")
+    return out
+
+
+def check_threads(count: int, what: str) -> None:
+    """ResourceExhausted ("threads") if `count` more threads (`what` needs them) would fill the
+    machine's task table past `TASK_SHARE`: refused before any of them starts."""
+    found = task_room()
+    if found is not None and count > found[0]:
+        raise ResourceExhausted(f"{what} needs {count} threads, but this machine has room for {max(0, found[0])} more "
+                                f"within {TASK_SHARE:.0%} of its task table ({found[1]}): fewer replicas, or a "
+                                "Ray cluster of more nodes", "threads")
 
 
 def check_program_size(size: int, what: str = "the program") -> None:
@@ -244,7 +312,7 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 __all__ = ["Limits", "current", "configure", "restore", "check_replicas", "check_shape", "check_module",
-           "check_program_size",
+           "check_program_size", "check_threads", "task_room",
            "shape_bytes", "format_bytes", "id_ranges", "missing_ids", "short_text", "is_integer"]
 
 

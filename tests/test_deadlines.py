@@ -57,10 +57,13 @@ def test_checking_the_arguments_is_under_the_deadline():
 
 
 def test_setting_up_many_replicas_is_under_the_deadline():
-    # 1,024 replicas of 300 all-reduces: binding the kernels of every replica takes far longer.
+    # 1,024 replicas of 300 all-reduces: binding the kernels of every replica takes far longer. (The
+    # stateful rng keeps them from running batched, where no replica binds kernels of its own.)
     lines = [f"HloModule m\n{ADD}ENTRY e {{\n  x0 = f32[4] parameter(0)\n"]
     lines += [f"  x{i} = f32[4] all-reduce(x{i - 1}), replica_groups={{}}, to_apply=add\n" for i in range(1, 301)]
-    m = rp.parse_hlo("".join(lines) + "  ROOT r = f32[4] negate(x300)\n}\n")
+    lines += ["  lo = f32[] constant(0)\n  hi = f32[] constant(1)\n",
+              "  u = f32[4] rng(lo, hi), distribution=rng_uniform\n"]
+    m = rp.parse_hlo("".join(lines) + "  ROOT r = f32[4] add(x300, u)\n}\n")
     compile_module(m, num_replicas=1024)  # compiled before the clock: this test is about the replicas
     x = np.ones(4, np.float32)
     text = _timed_out(lambda: rp.run(m, [x], num_replicas=1024, backend="threads", timeout=TIMEOUT), TIMEOUT)

@@ -1,6 +1,8 @@
 """256 and 1024 replicas on both backends: numpy's results bit for bit, and a planted deadlock
 reported (not waited for). Marked slow; each job is cancelled if this process and its replica
-actors together pass a memory cap, so a regression fails instead of taking the machine down."""
+actors together pass a memory cap, so a regression fails instead of taking the machine down.
+The replica ceiling's tests are fast: a pod's count is allowed, and a job whose threads the
+machine's task table cannot hold is refused before any starts."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ import pytest
 from buggy_programs import loop_the_last_replica_skips
 
 import replicas as rp
-
-pytestmark = pytest.mark.slow
+from replicas import limits
+from replicas.errors import ProgramError, ResourceExhausted
 
 MEMORY_CAP_MIB = 4096
 
@@ -34,6 +36,22 @@ ENTRY main {{
   ROOT out = (f32[16], f32[16], f32[{g}]) tuple(sum, pairs, gathered)
 }}
 """
+
+ALL_REDUCE = """\
+HloModule all_reduce
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[16] parameter(0)
+  ROOT sum = f32[16] all-reduce(x), replica_groups={}, to_apply=add
+}
+"""
+
 
 def _rss_mib(pid: int | str) -> float:
     try:
@@ -95,6 +113,7 @@ def backend(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [256, 1024])
 def test_many_replicas_give_numpy_results_bitwise(n, backend):
     groups = "{" + ",".join(f"{{{r},{r + 1}}}" for r in range(0, n, 2)) + "}"
@@ -111,6 +130,7 @@ def test_many_replicas_give_numpy_results_bitwise(n, backend):
 
 # On Ray only: test_reports_at_scale finds the same planted deadlock among 1024 threads (its
 # report's blocked replicas, the text, the memory), and test_affinity the While loop's on threads.
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", [pytest.param("ray", marks=pytest.mark.ray)], indirect=True)
 def test_a_deadlock_among_1024_replicas_is_reported(backend):
     n = 1024
@@ -120,3 +140,27 @@ def test_a_deadlock_among_1024_replicas_is_reported(backend):
     text = str(info.value)
     assert f"replica {n - 1} finished without any collective and never reached all-reduce #0" in text
     assert len(info.value.report.blocked) == n - 1
+
+
+def test_the_default_replica_ceiling_covers_a_pod():
+    assert limits.DEFAULT_MAX_REPLICAS >= 8960  # a TPU v5p pod's chips
+    assert limits.check_replicas(8192) == 8192
+    with pytest.raises(ProgramError, match=f"exceeds the ceiling of {limits.current().max_replicas} replicas"):
+        limits.check_replicas(limits.current().max_replicas + 1)
+
+
+def test_a_job_the_task_table_cannot_hold_is_refused_before_any_thread_starts():
+    room = limits.task_room()
+    if room is None:
+        pytest.skip("no task table to read (not Linux)")
+    n = max(room[0], 0) + 16384  # beyond any room other processes' ending tasks could leave meanwhile
+    m = rp.parse_hlo(ALL_REDUCE)
+    before = threading.active_count()
+    previous = limits.configure(max_replicas=n)
+    try:
+        with pytest.raises(ResourceExhausted, match=f"a job of {n} replicas on threads needs {n} threads") as info:
+            rp.run(m, [np.zeros(16, np.float32)], num_replicas=n, backend="threads", timeout=60)
+    finally:
+        limits.restore(previous)
+    assert info.value.resource == "threads" and "task table" in str(info.value)
+    assert threading.active_count() == before

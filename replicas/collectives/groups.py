@@ -72,10 +72,23 @@ def plan_groups(inst: Instruction, module: Any, replica_id: int, num_replicas: i
         # Cross-replica mode with a single replica: each partition reduces with itself alone.
         return GroupPlan(intern(tuple((r,) for r in range(num_replicas))), (replica_id,), 0)
     if not groups:
-        everyone = intern(tuple(range(num_replicas)))
-        return GroupPlan(intern((everyone,)), everyone, replica_id)
+        group, alone = everyone(num_replicas)
+        return GroupPlan(alone, group, replica_id)
     group = groups[_group_of_replica(groups)[replica_id]]
     return GroupPlan(groups, group, group.index(replica_id))
+
+
+_everyone: Cache[tuple[Group, tuple[Group, ...]]] = Cache("every replica", 64)
+
+
+def everyone(num_replicas: int) -> tuple[Group, tuple[Group, ...]]:
+    """The group of every replica and the list of that one group, interned: made once per count
+    (each is O(N) to build and to hash, and every replica of a job asks)."""
+    found = _everyone.get(num_replicas)
+    if found is None:
+        group = intern(tuple(range(num_replicas)))
+        found = _everyone.put(num_replicas, (group, intern((group,))))
+    return found
 
 
 def _group_of_replica(groups: tuple[Group, ...]) -> dict[int, int]:

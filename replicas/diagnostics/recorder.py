@@ -56,7 +56,7 @@ class FlightRecorder:
         # advanced by the monotonic clock (so durations are exact).
         self._t0, self._epoch_us = clock_anchor()
         self.recorded = 0  # every event begun, kept or since dropped
-        self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self._events: deque[Any] = deque(maxlen=capacity)  # event dicts and `record_deferred` entries
         # id(wire) -> (wire, its JSON-able dict), for the events' fingerprints (see `collective_template`).
         self._fingerprints: dict[int, tuple[tuple, dict[str, Any]]] = {}
 
@@ -92,6 +92,13 @@ class FlightRecorder:
         self.recorded += 1
         return event
 
+    def record_deferred(self, source: Any, arg: Any, count: int) -> None:
+        """`count` events kept by `source` and made only when read: `source.events(arg, replica)` gives
+        them, or the last of them (a batched run's collectives, the same for thousands of replicas:
+        recorded once for all of them, O(1) per replica however many collectives the run made)."""
+        self._events.append((source, arg))
+        self.recorded += count
+
     def ended(self, event: dict[str, Any]) -> None:
         """`end(event)` without the keyword dict."""
         event["end_us"] = self._epoch_us + (perf_counter_ns() - self._t0) / 1000
@@ -117,11 +124,18 @@ class FlightRecorder:
         # list() takes the ring in one step (the replica may be appending meanwhile); `recorded` is read
         # first, so a ring that is not full never looks truncated.
         recorded = self.recorded
-        events = [dict(e) for e in list(self._events)]
+        events: list[dict[str, Any]] = []
         fingerprints = self._fingerprints
-        for e in events:
+        for entry in list(self._events):
+            if type(entry) is not dict:  # record_deferred's
+                events += entry[0].events(entry[1], self.replica)
+                continue
+            e = dict(entry)
             if e["kind"] == "collective" and type(e.get("fingerprint")) is tuple:
                 e["fingerprint"] = fingerprints[id(e["fingerprint"])][1]
+            events.append(e)
+        if len(events) > self.capacity:
+            events = events[-self.capacity:]
         if last:
             return events[-last:]
         dropped = recorded - len(events)

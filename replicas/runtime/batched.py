@@ -124,9 +124,10 @@ def groups_within(module: Module, members: tuple[int, ...], num_replicas: int) -
                 if any((s in inside) != (t in inside) for s, t in pairs):
                     return False
             elif inst.opcode in COLLECTIVES:
-                for m in members:
-                    if not inside.issuperset(plan_groups(inst, module, m, num_replicas).group):
-                        return False
+                # Each group once (not each member's: O(N) per instruction, not O(N^2)).
+                groups = plan_groups(inst, module, members[0], num_replicas).groups
+                if not all(inside.issuperset(g) or inside.isdisjoint(g) for g in groups):
+                    return False
     return True
 
 
@@ -147,8 +148,10 @@ class BatchedComputation(BoundComputation):
         values = ctx.analysis.of(self.name, self.stacks)
         steps = []
         stacked: set[str] = set()
-        for step in self.schedule.steps:
+        for k, step in enumerate(self.schedule.steps):
             inst = step.inst
+            if k % 16 == 0 and ctx.mailbox is not None:
+                ctx.mailbox.check_abort()  # a job stopped (its timeout) while its leader binds a long program
             ctx._binding = comp
             operand_stacks = [values[o] for o in inst.operands]
             fn = kernel_for(inst, ctx, operand_stacks, values[inst.name])
@@ -187,6 +190,7 @@ class BatchedContext:
         self.log: list[tuple[int, int, int]] = []
         self.collectives: list[tuple[Instruction, list[tuple[tuple[int, ...], Any]]]] = []
         self._collective_index: dict[int, int] = {}
+        self._member_groups: dict[int, list[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]]] = {}
 
     def collective(self, inst: Instruction) -> int:
         """The index of `inst` in `collectives`: its instruction and each member's (group, fingerprint)."""
@@ -194,45 +198,53 @@ class BatchedContext:
         if found is None:
             computation = computation_of(self, inst)
             shapes = self.operand_shapes(inst)
-            per_member = []
-            for m in self.members:
-                if inst.opcode == "collective-permute":
-                    pairs = verified_pairs(inst)
-                    group = intern(tuple(sorted({r for p in pairs for r in p})))
-                    fp = make_fingerprint(inst, computation, shapes, self.module, pairs=pairs)
-                else:
-                    plan = plan_groups(inst, self.module, m, self.num_replicas)
-                    group = plan.group
-                    fp = make_fingerprint(inst, computation, shapes, self.module, groups=plan.groups)
-                per_member.append((group, fp))
+            if inst.opcode == "collective-permute":
+                pairs = verified_pairs(inst)
+                group = intern(tuple(sorted({r for p in pairs for r in p})))
+                fp = make_fingerprint(inst, computation, shapes, self.module, pairs=pairs)
+                per_member = [(group, fp)] * self.size
+            else:
+                # One fingerprint per list of groups (the same for every member, and O(N) to make: its
+                # groups are hashed), not per member.
+                fps: dict[int, Any] = {}
+                per_member = []
+                for group, groups in self.member_groups(inst):
+                    fp = fps.get(id(groups))
+                    if fp is None:
+                        fp = fps[id(groups)] = make_fingerprint(inst, computation, shapes, self.module, groups=groups)
+                    per_member.append((group, fp))
             found = self._collective_index[id(inst)] = len(self.collectives)
             self.collectives.append((inst, per_member))
         return found
 
+    def member_groups(self, inst: Instruction) -> list[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]]:
+        """Each member's (group, every group) of collective `inst`, by member; made in O(1) when one
+        group holds every replica (thousands of members would each look theirs up)."""
+        found = self._member_groups.get(id(inst))
+        if found is None:
+            first = plan_groups(inst, self.module, self.members[0], self.num_replicas)
+            if len(first.groups) == 1:
+                found = [(first.group, first.groups)] * self.size
+            else:
+                plans = [plan_groups(inst, self.module, m, self.num_replicas) for m in self.members]
+                found = [(p.group, p.groups) for p in plans]
+            self._member_groups[id(inst)] = found
+        return found
+
     def replay(self, fabrics: Sequence[Any]) -> None:
-        """Number and record the run's collectives on every member, in the order they ran."""
+        """Number and record the run's collectives on every member, in the order they ran: one
+        `Replayed` log the members' flight recorders share (recording stays O(1) per member and run)."""
         log = list(self.log)  # the kernels append to this very list: emptied, never replaced
         self.log.clear()
         if not log:
             return
-        t0, epoch_us = clock_anchor()
+        recorders = [fabric.recorder for fabric in fabrics if fabric.recorder is not None]
+        keep = max((r.capacity for r in recorders), default=0)  # what a member's ring can show of it
+        replayed = Replayed(self.collectives, log[len(log) - keep:] if keep else [], len(log))
         for k, fabric in enumerate(fabrics):
-            recorder = fabric.recorder
-            templates: dict[int, dict[str, Any]] = {}
-            for index, start, end in log:
-                seq = fabric.next_collective()
-                if recorder is None:
-                    continue
-                template = templates.get(index)
-                if template is None:
-                    inst, per_member = self.collectives[index]
-                    group, fp = per_member[k]
-                    template = templates[index] = recorder.collective_template(group, fp.wire, fp.as_dict(),
-                                                                                inst.name, inst.opcode)
-                event = recorder.begin_collective(template, seq)
-                event["start_us"] = epoch_us + (start - t0) / 1000
-                event["end_us"] = epoch_us + (end - t0) / 1000
-                event["algorithm"] = "batched"
+            first = fabric.next_collectives(len(log))
+            if fabric.recorder is not None:
+                fabric.recorder.record_deferred(replayed, (k, first), len(log))
 
     def batched(self, name: str, stacks: tuple) -> BatchedComputation:
         key = (name, stacks)
@@ -256,6 +268,41 @@ class BatchedContext:
     def operand_shapes(self, inst: Instruction) -> list[Shape]:
         comp = self._binding
         return [comp.instruction(name).shape for name in inst.operands]
+
+
+class Replayed:
+    """The collectives one batched run made, as each member's flight recorder shows them (expanded
+    when read: `FlightRecorder.record_deferred`): the last `log` entries (index in `collectives`,
+    start ns, end ns) of the `count` the run made."""
+
+    __slots__ = ("collectives", "log", "count", "anchor")
+
+    def __init__(self, collectives: list[tuple[Instruction, list[tuple[tuple[int, ...], Any]]]],
+                 log: list[tuple[int, int, int]], count: int) -> None:
+        self.collectives, self.log, self.count = collectives, log, count
+        self.anchor = clock_anchor()
+
+    def events(self, member: tuple[int, int], replica: int) -> list[dict[str, Any]]:
+        """Member k's events, its collectives numbered from `first` (`member` = (k, first))."""
+        k, first = member
+        t0, epoch_us = self.anchor
+        seq = first + self.count - len(self.log)
+        templates: dict[int, dict[str, Any]] = {}
+        out = []
+        for j, (index, start, end) in enumerate(self.log):
+            template = templates.get(index)
+            if template is None:
+                inst, per_member = self.collectives[index]
+                group, fp = per_member[k]
+                template = templates[index] = {"kind": "collective", "instruction": inst.name, "opcode": inst.opcode,
+                                               "replica": replica, "start_us": None, "end_us": None, "seq": None,
+                                               "group": group, "fingerprint": fp.as_dict(), "algorithm": "batched"}
+            event = template.copy()
+            event["start_us"] = epoch_us + (start - t0) / 1000
+            event["end_us"] = epoch_us + (end - t0) / 1000
+            event["seq"] = seq + j
+            out.append(event)
+        return out
 
 
 class BatchedProgram:
@@ -328,7 +375,8 @@ def _member(value: Any, stack: Stack, k: int, inputs: set[int]) -> Any:
 # -- the members' meeting ----------------------------------------------------------------------------
 
 _WIRE = ("batched program",)  # the meeting's fingerprint: the same tuple for every member
-_plans: Cache[Any] = Cache("batched plans", 1024)  # (program, members, replicas) -> members, or ()
+# (program, id(members), replicas) -> (members, kept alive for its id; members, or () when not batched)
+_plans: Cache[Any] = Cache("batched plans", 1024)
 _plans_lock = threading.Lock()  # a program's list of free BatchedPrograms changes under it
 _programs: Cache[list[BatchedProgram]] = Cache("batched programs", 64)
 
@@ -339,21 +387,39 @@ def plan(executable: Executable, replica_id: int, num_replicas: int, placement: 
     replica by replica (one member here, a program `batchable` refuses, a group leaving the process)."""
     if num_replicas < 2 or not 0 <= replica_id < len(placement) or len(placement) < num_replicas:
         return None
-    here = placement[replica_id]
-    members = tuple(r for r in range(num_replicas) if placement[r] == here)
+    members = _members_by_process(placement, num_replicas)[placement[replica_id]]
     if len(members) < 2 or fabric.local_mailbox(members[0]) is None:
         return None
-    key = (executable.fingerprint, members, num_replicas)
+    # Keyed by the interned members' identity: every replica of the process asks, and hashing the
+    # tuple would be O(N) each.
+    key = (executable.fingerprint, id(members), num_replicas)
     found = _plans.get(key)
     if found is None:
-        module = executable.module
-        # A program that cannot wait may run its replicas one after the other in one thread (threads:
-        # `runs_quickly`; a Ray actor's persistent calls): its members would never meet.
-        ok = (batchable(module) and not runs_bounded_alone(executable)
-              and groups_within(module, members, num_replicas))
-        found = intern(members) if ok else ()
-        _plans.put(key, found)
-    return found or None
+        with _plans_lock:  # one replica decides; the others (thousands of threads) wait for it
+            found = _plans.get(key)
+            if found is None:
+                module = executable.module
+                # A program that cannot wait may run its replicas one after the other in one thread
+                # (threads: `runs_quickly`; a Ray actor's persistent calls): its members would never meet.
+                ok = (batchable(module) and not runs_bounded_alone(executable)
+                      and groups_within(module, members, num_replicas))
+                found = _plans.put(key, (members, members if ok else ()))
+    return found[1] or None
+
+
+_by_process: Cache[tuple[int, dict[Any, tuple[int, ...]]]] = Cache("members by process", 64, by_identity=True)
+
+
+def _members_by_process(placement: Sequence[int], num_replicas: int) -> dict[Any, tuple[int, ...]]:
+    """Process -> the replicas it hosts (interned, in replica order), once per placement (every
+    fabric of a job shares its placement list)."""
+    found = _by_process.get(placement)
+    if found is None or found[0] != num_replicas:
+        hosted: dict[Any, list[int]] = {}
+        for r in range(num_replicas):
+            hosted.setdefault(placement[r], []).append(r)
+        found = _by_process.put(placement, (num_replicas, {p: intern(tuple(rs)) for p, rs in hosted.items()}))
+    return found[1]
 
 
 def run(executable: Executable, members: tuple[int, ...], fabric: Any, args: Sequence[Any]) -> Any:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replicas.collectives.groups import plan_groups, verified_pairs
+from replicas.collectives.groups import verified_pairs
 from replicas.collectives.kernels import make_combine
 from replicas.collectives.reduction import reduce_into
 from replicas.hlo.ir import Instruction
@@ -319,11 +319,11 @@ def _collective_values(inst: Instruction, ctx: BatchedContext, stacks: list[Stac
             return result
 
         return permute
-    groups: list[tuple[int, ...]] = []
-    for m in ctx.members:
-        group = plan_groups(inst, ctx.module, m, ctx.num_replicas).group
-        if group not in groups:
-            groups.append(group)
+    # The members' groups, each once (interned: told apart by identity, not by comparing tuples).
+    distinct: dict[int, tuple[int, ...]] = {}
+    for group, _ in ctx.member_groups(inst):
+        distinct.setdefault(id(group), group)
+    groups = list(distinct.values())
     uniform = not any_stacked(out)
     results = list(inst.shape.tuple_shapes) if as_tuple else [inst.shape]
     dim = int(inst.attrs["dimensions"][0]) if inst.attrs.get("dimensions") else 0

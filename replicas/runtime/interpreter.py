@@ -59,8 +59,12 @@ class Interpreter:
         self.attach(fabric)
         self._binding: Computation | None = None
         self._bound: dict[tuple[str, Donation, frozenset[int]], BoundComputation] = {}
-        self._entry = self.computation(self.module.entry)
         self._batch: tuple[Any, tuple[int, ...] | None] = (None, None)  # (placement, batched members)
+        # A replica that runs batched (`runtime/batched`) binds nothing of its own unless it falls back:
+        # binding every replica's kernels would be most of a batched job's cost at thousands of replicas.
+        self._entry: BoundComputation | None = None
+        if self._batched_members(fabric) is None:
+            self._entry = self.computation(self.module.entry)
 
     def attach(self, fabric: Fabric) -> None:
         """Run the next executions over `fabric` (a new job's: its mailbox, recorder, peers)."""
@@ -114,21 +118,24 @@ class Interpreter:
     def _run(self, values: Sequence[Any]) -> Any:
         with np.errstate(all="ignore"):
             fabric = self.slot.current
-            state = fabric.kernel_state
-            members = None
-            if (batched.ENABLED and self.every_instruction_recorder is None and not state.get(_DIVERGED)
-                    and not state.get(batched.IN_TURN)):
-                members = self._members(fabric)
+            members = self._batched_members(fabric)
             if members is not None:
                 out = batched.run(self.executable, members, fabric, values)
                 if out is not batched.FALLBACK:
                     return out
-                state[_DIVERGED] = True  # this job's members run on their own from now on
-            return self._entry(*values)
+                fabric.kernel_state[_DIVERGED] = True  # this job's members run on their own from now on
+            entry = self._entry
+            if entry is None:
+                entry = self._entry = self.computation(self.module.entry)
+            return entry(*values)
 
-    def _members(self, fabric: Fabric) -> tuple[int, ...] | None:
+    def _batched_members(self, fabric: Fabric) -> tuple[int, ...] | None:
         """The replicas of this process running this program batched with this one (`runtime/batched`),
         or None. Decided once per placement (a pooled interpreter's next job may place them otherwise)."""
+        state = fabric.kernel_state
+        if (not batched.ENABLED or self.every_instruction_recorder is not None or state.get(_DIVERGED)
+                or state.get(batched.IN_TURN)):
+            return None
         placement = fabric.placement
         if self._batch[0] is not placement:
             self._batch = (placement, batched.plan(self.executable, self.replica_id, self.num_replicas, placement,

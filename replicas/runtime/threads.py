@@ -13,7 +13,7 @@ from typing import Any
 
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ExecutionTimeout, ReplicasError, ResourceExhausted
-from replicas.limits import DEADLINE
+from replicas.limits import DEADLINE, check_threads
 from replicas.records import HOST, ReplicaState, replicas_text
 from replicas.runtime.compile import Executable, light, runs_quickly, uses_blas
 from replicas.runtime.interpreter_pool import checkin, checkout
@@ -28,6 +28,8 @@ from replicas.tuning.cores import release, share_cores
 ABORT_INLINE = 64  # replicas an abort wakes in the caller's thread; beyond, a helper thread does
 UNWIND_WAIT = 60.0  # seconds a new job waits at most for the threads of aborted jobs to unwind
 STOP_GRACE = 1.0  # seconds a job that could not start waits for the replicas it started to end
+CHECKED_THREADS = 256  # replicas from which a job checks the machine's task table before starting them
+POLL_CAP = 1.0  # seconds between the monitor's polls at most (reached at ~8,000 replicas)
 
 # Of aborted jobs: (the thread waking them or None, the replica threads still running then), which
 # may still be unwinding (`abort` returns before they end).
@@ -62,13 +64,15 @@ class ThreadBackend(Backend):
         n = len(args)
         self.num_replicas = n
         check_peak(executable, n)  # every replica lives in this process: refused before any is set up
+        if n >= CHECKED_THREADS:
+            check_threads(n, f"a job of {n} replicas on threads")  # one thread each, refused before any starts
         self._deadline = deadline
         _wait_for_unwinding(deadline)
-        # A poll copies every replica's state in this process, holding the GIL the replicas need:
-        # frequent polls of many replicas would take a core from them. The interval grows with the
-        # replicas (so polling stays a small share of the CPU) up to a cap that keeps the deadlock
-        # detection (two polls) well within its bound.
-        self.poll_interval = min(0.1, max(ThreadBackend.poll_interval, 4e-4 * n))
+        # A poll copies every replica's state in this process, holding the GIL the replicas need
+        # (~5 us a replica): frequent polls of many replicas would take a core from them. The interval
+        # grows with the replicas, to 0.1 s at 250, then so that polls stay near 5% of the CPU, up to a
+        # cap that keeps the deadlock detection (two polls) well within its bound (2 s).
+        self.poll_interval = min(POLL_CAP, max(ThreadBackend.poll_interval, min(0.1, 4e-4 * n), 1.2e-4 * n))
         self._mailboxes = [Mailbox(r) for r in range(n)]
         self._aborter: threading.Thread | None = None
         self._replicas = []

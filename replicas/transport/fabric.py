@@ -73,6 +73,7 @@ class Fabric(Protocol):
 
     def next_seq(self, counter: Hashable) -> int: ...
     def next_collective(self) -> int: ...
+    def next_collectives(self, count: int) -> int: ...
     def collectives_started(self) -> int: ...
     def send(self, dst: int, key: Hashable, value: Any) -> None: ...
     def send_counted(self, dst: int, key: Hashable, value: Any) -> None: ...
@@ -115,6 +116,12 @@ class MailboxFabric:
     def next_collective(self) -> int:
         n = self._collectives
         self._collectives = n + 1
+        return n
+
+    def next_collectives(self, count: int) -> int:
+        """Number `count` collectives at once (a batched run's, recorded after it ran): the first's number."""
+        n = self._collectives
+        self._collectives = n + count
         return n
 
     def collectives_started(self) -> int:

@@ -21,7 +21,12 @@ from typing import Any
 from replicas.records import BlockInfo, ReplicaState
 
 _new_state = object.__new__
-_POLL = 0.25  # seconds between checks of an abort while blocked (notify wakes waiters at once)
+_POLL = 0.25  # seconds between checks of an abort while blocked outside the mailbox (`wait_external`)
+# A replica blocked in its mailbox sleeps until woken, with no timeout: every delivery that completes
+# its wait and every abort wake it at once. Thousands of replica threads waking on a timer to find
+# nothing (even once every few seconds) all want the GIL at once: each waiter asks the holder to drop
+# it every switch interval, and the one thread that works (a batched run's leader) gets it back
+# seldom enough for a job to take minutes instead of seconds.
 
 
 class Mailbox:
@@ -219,7 +224,7 @@ class Mailbox:
                 self._sleeping = True
                 lock.release()
                 try:
-                    wake.acquire(True, _POLL)
+                    wake.acquire()
                 finally:
                     lock.acquire()
                     self._sleeping = False
