@@ -91,7 +91,7 @@ def test_cholesky_of_a_matrix_that_is_not_positive_definite_is_nan_like_jax():
     for form in ("lowered", "compiled"):
         got = rp.run(rp.parse_hlo(jax_text(jnp.linalg.cholesky, [a], form)), [a], num_replicas=1,
                      backend="threads")[0]
-        np.testing.assert_array_equal(got, jit_answer(jnp.linalg.cholesky, [a])[0])
+        np.testing.assert_array_equal(got, jit_answer(jnp.linalg.cholesky, [a])[0], err_msg=form)
 
 
 def test_det_of_a_singular_matrix_is_zero_like_jax():

@@ -11,8 +11,9 @@ driver, which mapped the actor's slots while the actor lived, reads them once it
 The slots are an unnamed tmpfs file (`memfd_create`) of the actor process, as its arena is
 (transport/shm.py): the driver maps it through `/proc/<pid>/fd/<fd>` at first contact, so nothing
 is ever left in /dev/shm, and the driver's mapping keeps the pages readable after the process
-died. Only the driver's node can map it: for an actor on another node the error names what the
-last poll saw.
+died. The driver's node is not always the actor's: when a job spans nodes, each actor also maps the
+slots of the job's other actors on its node (`Watches`), and the driver asks a survivor there what a
+dead peer published; only when none survives does the error name what the last poll saw.
 
 A slot is four words: the stamp of the job it runs (`stamp(token)`, so a slot of an earlier job is
 never taken for this one's), the replica, the code of the instruction (NOWHERE between runs) and
@@ -155,11 +156,33 @@ class Watch:
 
     def codes_of(self, token: str, replicas: list[int]) -> dict[int, int]:
         """Each of `replicas`' published code in job `token` (NOWHERE: between runs)."""
-        wanted, mark, words = set(replicas), stamp(token), self._words
+        import numpy as np
+
+        slots = np.frombuffer(self._map, np.int64).reshape(-1, SLOT_WORDS)
+        mine = slots[(slots[:, STAMP] == stamp(token)) & np.isin(slots[:, REPLICA], list(replicas))]
+        return {int(r): int(code) for r, code in zip(mine[:, REPLICA], mine[:, CODE])}
+
+
+class Answered:
+    """Codes another process read from its watches (`Watches.codes_of`), as a Watch gives them."""
+
+    def __init__(self, codes: dict[int, int]) -> None:
+        self._codes = codes
+
+    def codes_of(self, token: str, replicas: list[int]) -> dict[int, int]:
+        return {r: c for r, c in self._codes.items() if r in set(replicas)}
+
+
+class Watches:
+    """An actor's watches of the slots of its job's other actors on its node (by their addresses)."""
+
+    def __init__(self, addresses: list[Any]) -> None:
+        self._watches = [w for w in map(watch, dict.fromkeys(tuple(a) for a in addresses if a)) if w is not None]
+
+    def codes_of(self, token: str, replicas: list[int]) -> dict[int, int]:
         found: dict[int, int] = {}
-        for i in range(0, len(words), SLOT_WORDS):
-            if words[i + STAMP] == mark and words[i + REPLICA] in wanted:
-                found[words[i + REPLICA]] = words[i + CODE]
+        for w in self._watches:
+            found.update(w.codes_of(token, replicas))
         return found
 
 

@@ -348,11 +348,29 @@ class RayBackend(PersistentJob, Backend):
             except RayActorError as e:
                 self._dead.add(index)
                 ids = self._groups[index]
-                at = published(POOL.note(self._actors[index]).get("where"), self._token, ids, self._executable.module)
+                note = POOL.note(self._actors[index])
+                watch = note.get("where") or self._asked_on_its_node(index, ids)
+                at = published(watch, self._token, ids, self._executable.module)
                 return actor_failure(ids, self._last, e, at)
             except Exception as e:  # noqa: BLE001
                 return _unwrap(e)
         return _unwrap(error)
+
+    def _asked_on_its_node(self, index: int, ids: list[int]) -> where.Answered | None:
+        """What the dead actor `index` (of another node than the driver's) published for its replicas
+        `ids`, as the job's live actors on its node read it (replica_host.where_of), or None."""
+        node = (POOL.note(self._actors[index]).get("address") or {}).get("node")
+        there = [a for j, a in enumerate(self._actors) if j != index and j not in self._dead
+                 and (POOL.note(a).get("address") or {}).get("node") == node]
+        if node is None or not there:
+            return None
+        refs = [a.where_of.remote(self._token, ids) for a in there]
+        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=1.0)
+        codes: dict[int, int] = {}
+        for ref in ready:
+            with contextlib.suppress(Exception):  # another death: what the others read is enough
+                codes.update(self._ray.get(ref))
+        return where.Answered(codes) if codes else None
 
     def _touch(self, method: str, quiet: bool = False) -> None:
         """Before an actor call of `method` (counted): the job's launch must have been seen."""

@@ -138,6 +138,7 @@ class ReplicaHost(PersistentCalls):
         self._job_turn = threading.Condition(threading.RLock())
         self._launched: Any = None  # the token of the last launch, or ("failed", token)
         self._kept = {}
+        self._peer_where: where.Watches | None = None  # the job's other actors on this node, across nodes
 
     def wire_address(self, authkey: bytes, across_nodes: bool = False) -> dict[str, Any]:
         """Open (once per actor) the direct message sockets; their address for the peers. A TCP
@@ -326,6 +327,12 @@ class ReplicaHost(PersistentCalls):
         (they went by the socket or the arena), by destination; the last job's once it was reset."""
         return {f.replica_id: dict(f.ring_declined) for f in self._fabrics} or self._ring_report
 
+    def where_of(self, token: str, replicas: list[int]) -> dict[int, int]:
+        """What the job's other actors of this node published for `replicas` (transport/where.py):
+        the driver asks when one of them died on a node other than its own."""
+        watches = self._peer_where
+        return {} if watches is None else watches.codes_of(token, replicas)
+
     def ping(self) -> bool:
         return True
 
@@ -358,6 +365,9 @@ class ReplicaHost(PersistentCalls):
             if placement is not None:
                 fabric.placement = placement
                 fabric.nodes = nodes
+        # The driver is not on every node: the survivors here name what a dead peer was executing.
+        self._peer_where = None if nodes is None else where.Watches(
+            [a.get("where") for r, a in wire_routes.items() if r in same_node and r not in self._mailboxes])
         if self._board is not None and placement is not None:
             self._board.locate(placement)
         if placement is not None and self._fabrics:
