@@ -50,6 +50,11 @@ from common import (  # noqa: E402 - the bench folder is not a package
 
 # -- the replicas column: a driver inside host 0 ----------------------------------------------------------
 
+# Iterations a differenced sample spans at least: a job's start across hosts varies by more than a
+# few large collectives take on a loaded machine.
+MIN_DIFFERENCED = 10
+
+
 def child_replicas(n: int, ops: list[str], sizes: list[int], repeat: int) -> dict:
     import numpy as np
 
@@ -72,6 +77,7 @@ def child_replicas(n: int, ops: list[str], sizes: list[int], repeat: int) -> dic
 
             run(1)  # actors, binding, connections
             k1, k2 = iterations_for(nbytes)
+            k2 = max(k2, k1 + MIN_DIFFERENCED)
             results[op][str(nbytes)] = per_iteration(run, k1, k2, repeat).samples
     return {"results": results}
 

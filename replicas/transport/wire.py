@@ -333,6 +333,9 @@ class Wire:
             if peer.get("tcp") is None:
                 raise WireError(f"the actor on node {peer['node']} has no TCP listener")
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            # A message is written in pieces (its lengths, then its arrays): without this, Nagle's
+            # algorithm holds each message's last short segment until the previous one is acknowledged.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             target = tuple(peer["tcp"])
         try:
             sock.settimeout(HANDSHAKE_TIMEOUT)
