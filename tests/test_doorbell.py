@@ -5,13 +5,16 @@ function whose values take every form the packing knows matches JAX through real
 from __future__ import annotations
 
 import pickle
+import secrets
+import threading
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 from replicas.runtime.resident import Kept
-from replicas.transport.doorbell import pack, unpack
+from replicas.transport import doorbell, shm, spin
+from replicas.transport.doorbell import Doorbell, pack, unpack
 
 
 def round_trip(values):
@@ -38,6 +41,42 @@ def test_packed_values_come_back_as_they_went():
     a = got[0]
     a += 1  # a writable argument is the actor's own copy, never a view of shared memory
     np.testing.assert_array_equal(a, values[0] + 1)
+
+
+@pytest.mark.skipif(not doorbell.available(), reason="needs futexes and /dev/shm")
+def test_both_sides_spin_on_the_doorbell_and_see_the_other_write():
+    """The actor's wait for a request and the driver's wait for a reply each watch their word first
+    (a spinner with a budget far above anything the other side takes); both still sleep on the
+    futex when the spinner does not spin."""
+    token = "test" + secrets.token_hex(4)
+    driver = Doorbell(token, 1, create=True)
+    actor = Doorbell(token, 1)
+    try:
+        last = actor.request_seq()
+        rung: list[int | None] = []
+        ringer = threading.Thread(target=lambda: rung.append(driver.ring(("args", 1))))
+        waiting = spin.Spinner(30.0)
+        ringer.start()
+        seq = actor.wait_request(last, timeout=30.0, spinner=waiting)
+        ringer.join()
+        assert seq == rung[0] and actor.request() == ("args", 1)
+        assert waiting.spins in (0, 1) and waiting.hits == waiting.spins  # 0: rung before the wait began
+        replier = threading.Thread(target=lambda: actor.reply(0, seq, b"done"))
+        replying = spin.Spinner(30.0)
+        replier.start()
+        assert driver.replies(seq, [0], 30.0, replying) == [b"done"]
+        replier.join()
+        assert replying.hits == replying.spins
+        # Without spinning: the futex wait and wake alone.
+        sleeper = threading.Thread(target=lambda: rung.append(driver.ring(("again",))))
+        sleeper.start()
+        again = actor.wait_request(seq, timeout=30.0, spinner=spin.NEVER)
+        sleeper.join()
+        assert again == rung[1] and actor.request() == ("again",)
+    finally:
+        actor.close()
+        driver.close()
+        shm.remove_job_segments(token)
 
 
 @pytest.mark.usefixtures("ray_session")
