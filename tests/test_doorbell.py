@@ -135,3 +135,32 @@ def test_outputs_kept_on_the_actors_are_fetched_through_the_doorbell_or_by_actor
     assert backend.calls["fetch"] == 1, backend.calls  # one actor holds the replica it reads
     np.testing.assert_array_equal(np.asarray(step(a, y)[0]), x * 4)  # a fetched array is still resident
     step.close()
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_what_a_watched_call_printed_reaches_the_drivers_stdout_once(capfd):
+    """A call longer than the poll interval ends under the monitor; its printed lines, which the
+    actor may have put in the doorbell's reply or kept for the monitor's question, show once."""
+    jax = pytest.importorskip("jax")
+
+    import replicas as rp
+
+    def f(x):
+        jax.debug.print("start {s}", s=x[0])
+        y = jax.lax.fori_loop(0, 200000, lambda i, v: v * 0.5 + 1.0, x)  # far past the poll interval
+        jax.debug.print("end {s}", s=y[0])
+        return y
+
+    step = rp.jax.jit(f, backend="ray", timeout=300)
+    x = np.zeros(4, np.float32)
+    capfd.readouterr()
+    try:
+        got = np.asarray(step(x))
+        np.asarray(step(x))
+        session = next(iter(step._cache.values())).session
+    finally:
+        step.close()
+    np.testing.assert_allclose(got, np.asarray(jax.jit(f)(x)), rtol=1e-6)
+    lines = [line for line in capfd.readouterr().out.splitlines() if line.startswith("[replica 0] ")]
+    assert lines == ["[replica 0] start 0.0", "[replica 0] end 2.0"] * 2, lines
+    assert session.watched_calls >= 1  # (what this test is about: a call the monitor watched)

@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from replicas.diagnostics import host_output
+from replicas.runtime.ray.replica_host import STOP_SECONDS
 from replicas.transport import doorbell, spin
 
 
@@ -134,11 +135,23 @@ class PersistentJob:
     def settle(self) -> list[list[Any]]:
         """After a call the monitor saw finish: its outputs kept, as `finished` gives them."""
         seq, count, fetch_max = self._call
+        self._read_late_replies()
         self._show_printed()
         merged: dict[int, list[Any]] = {}
         for part in self._get([a.settle.remote(self._token, seq, count, fetch_max) for a in self._actors]):
             merged.update(part)
         return [merged[r] for r in range(self.num_replicas)]
+
+    def _read_late_replies(self) -> None:
+        """The doorbell's replies to a call the monitor watched to its end, read (their printed
+        lines shown: the actors took them off their lists) before anything else is rung."""
+        bell = self._bell
+        if bell is None or not self._bell_pending or self._bell_seq is None:
+            return
+        replies = bell.replies(self._bell_seq, self._bell_actors, STOP_SECONDS, self._bell_spinner)
+        if replies is not None:
+            self._bell_pending = False
+            host_output.show([pickle.loads(reply)[1] or () for reply in replies])  # noqa: S301 - our actors'
 
     def fetch(self, key: tuple[int, int], replicas: list[int]) -> list[Any]:
         """The kept shards of output `key` of `replicas`, in that order: through the doorbell when

@@ -121,7 +121,9 @@ class PersistentCalls:
                     continue
                 last = seq
                 reply = self._serve_one(token, bell)
-                printed = host_output.take()  # what the call printed travels with its reply, not by a Ray call
+                # What a clean call printed travels with its reply, not by a Ray call (a failed call's
+                # lines stay for the driver's monitor, which asks for them).
+                printed = host_output.take() if reply is not None else []
                 if not bell.reply(index, seq, pickle.dumps((reply, printed), protocol=pickle.HIGHEST_PROTOCOL)):
                     # Too large to travel: the driver settles, and asks for the lines (kept here, in order).
                     for replica, text in printed:
