@@ -341,7 +341,11 @@ class Wire:
             sock.settimeout(HANDSHAKE_TIMEOUT)
             sock.connect(target)
             _client_handshake(sock, self._authkey)
-            sock.settimeout(SEND_TIMEOUT)
+            # Blocking, with the kernel's send timeout (what a send to a peer that stopped reading waits):
+            # a Python timeout socket polls before each send, which made a large message across a
+            # shaped link arrive at a fraction of the link's rate.
+            sock.settimeout(None)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(SEND_TIMEOUT), 0))
         except (OSError, EOFError, WireError) as e:
             sock.close()
             raise WireError(f"cannot connect to the actor at {target!r}: {type(e).__name__}: {e}") from None
