@@ -106,12 +106,9 @@ class PersistentJob:
             if replies is None:
                 return None
             self._bell_pending = False
-            printed = []
-            for reply in replies:
-                part, lines = pickle.loads(reply)  # noqa: S301 - our own actors' bytes
-                parts.append(part if part is None else {r: doorbell.unpack(v) for r, v in part.items()})
-                printed.append(lines or ())
-            host_output.show(printed)  # (a reply too large to travel left its lines for `settle`)
+            decoded = _decoded(replies)
+            parts.extend(part for part, _ in decoded)
+            host_output.show([lines for _, lines in decoded])  # (a failed call's, or a too large reply's: asked later)
             asked = [i for i in asked if i not in self._bell_actors]
         if refs:
             ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout + 1.0)
@@ -151,7 +148,7 @@ class PersistentJob:
         replies = bell.replies(self._bell_seq, self._bell_actors, STOP_SECONDS, self._bell_spinner)
         if replies is not None:
             self._bell_pending = False
-            host_output.show([pickle.loads(reply)[1] or () for reply in replies])  # noqa: S301 - our actors'
+            host_output.show([lines for _, lines in _decoded(replies)])
 
     def fetch(self, key: tuple[int, int], replicas: list[int]) -> list[Any]:
         """The kept shards of output `key` of `replicas`, in that order: through the doorbell when
@@ -189,9 +186,17 @@ class PersistentJob:
         if replies is None:
             return None
         merged: dict[int, Any] = {}
-        for reply in replies:
-            part, _ = pickle.loads(reply)  # noqa: S301 - our own actors' bytes
+        for part, _ in _decoded(replies):
             if part is None:
                 return None
-            merged.update((r, doorbell.unpack(v)[0]) for r, v in part.items())
+            merged.update((r, values[0]) for r, values in part.items())
         return merged
+
+
+def _decoded(replies: list[bytes]) -> list[tuple[dict[int, list[Any]] | None, Any]]:
+    """The doorbell's replies as (each replica's values, or None; the lines printed, or ())."""
+    out = []
+    for reply in replies:
+        part, lines = pickle.loads(reply)  # noqa: S301 - our own actors' bytes
+        out.append((part if part is None else {r: doorbell.unpack(v) for r, v in part.items()}, lines or ()))
+    return out
