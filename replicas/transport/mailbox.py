@@ -13,6 +13,7 @@ block lists no peers: the monitor derives them from the group (see `replicas.rec
 from __future__ import annotations
 
 import dataclasses
+import random
 import threading
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -22,11 +23,17 @@ from replicas.records import BlockInfo, ReplicaState
 
 _new_state = object.__new__
 _POLL = 0.25  # seconds between checks of an abort while blocked outside the mailbox (`wait_external`)
-# A replica blocked in its mailbox sleeps until woken, with no timeout: every delivery that completes
-# its wait and every abort wake it at once. Thousands of replica threads waking on a timer to find
-# nothing (even once every few seconds) all want the GIL at once: each waiter asks the holder to drop
-# it every switch interval, and the one thread that works (a batched run's leader) gets it back
+# A replica blocked in its mailbox is woken by every delivery that completes its wait and by every
+# abort; it also looks again on its own after a while, so that a wake-up lost to a race costs that
+# while, never a hang. The while grows with the process's threads (about RECHECKS_PER_SECOND wake-ups
+# a second in all) and is drawn at random: thousands of threads waking together on one timer all
+# want the GIL at once, and the one thread that works (a batched run's leader) would get it back
 # seldom enough for a job to take minutes instead of seconds.
+RECHECKS_PER_SECOND = 256
+
+
+def _recheck_after() -> float:
+    return max(_POLL, threading.active_count() / RECHECKS_PER_SECOND) * (0.5 + random.random())
 
 
 class Mailbox:
@@ -224,7 +231,7 @@ class Mailbox:
                 self._sleeping = True
                 lock.release()
                 try:
-                    wake.acquire()
+                    wake.acquire(True, _recheck_after())
                 finally:
                     lock.acquire()
                     self._sleeping = False

@@ -54,7 +54,10 @@ class Mapping:
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
                 return False
-            raise
+            # A file system that cannot allocate ahead: its pages are allocated when written, as before.
+            os.close(self._fd)
+            self._fd = None
+            return True
         self._reserved[start] = size
         return True
 
