@@ -1,13 +1,16 @@
-"""Scale: a 1 KiB all-reduce in a While loop on N = 8 ... 1024 replicas, next to JAX (a benchmark, never a test).
+"""Scale: a 1 KiB all-reduce in a While loop on N = 1024 ... 8192 replicas, next to JAX (a benchmark, never a test).
 
-    python bench/scale.py [--replicas 8,32,256,1024] [--backends threads,ray] [--skip-jax]
-                          [--deadlock 1024] [--repeat 3] [--memory-cap-gib 4]
+    python bench/scale.py [--replicas 1024,2048,4096,8192] [--backends threads,ray] [--skip-jax]
+                          [--jax-max 2048] [--deadlock 8192] [--repeat 3] [--k2 40] [--memory-cap-gib 4]
 
 Per all-reduce: the program runs the all-reduce K times in a While loop (K1 = 10 and K2 = 40,
-K2 grown when the difference is too short to measure), and (T(K2) - T(K1)) / (K2 - K1) cancels
-the job's start and stop; each (K1, K2) pair is repeated and the median ± half the spread of the
-differences is shown, with "?" when the spread exceeds the median (unreliable). JAX runs the
-same loop (shard_map + psum in a fori_loop) on N forced CPU devices. Every configuration runs in
+`--k2`; K2 grown when the difference is too short to measure), and (T(K2) - T(K1)) / (K2 - K1)
+cancels the job's start and stop; each (K1, K2) pair is repeated and the median ± half the spread
+of the differences is shown, with "?" when the spread exceeds the median (unreliable); "per
+replica" is the median over N (flat when the cost grows linearly). JAX runs the same loop
+(shard_map + psum in a fori_loop) on N forced CPU devices, up to `--jax-max` (its CPU backend
+refuses more devices than ~2048 in one process: "Multiprocess computations aren't
+implemented"). Every configuration runs in
 its own process (fresh memory, fresh Ray), whose peak RSS (driver + replica actors, sampled
 every 0.1 s) is reported; a run whose RSS passes the memory cap is stopped and reported as such.
 The deadlock row plants a deadlock (the last replica skips the loop's all-reduce and finishes)
@@ -40,7 +43,7 @@ from common import (  # noqa: E402 - the bench folder is not a package
 )
 
 ELEMENTS = 256  # f32: 1 KiB per replica
-K1, K2 = 10, 40
+K1 = 10
 
 # -- memory ----------------------------------------------------------------------------------------------
 
@@ -79,7 +82,7 @@ class PeakRss:
 
 # -- children (one configuration each) --------------------------------------------------------------------
 
-def child_replicas(n: int, backend: str, repeat: int, cap_mib: float) -> dict:
+def child_replicas(n: int, backend: str, repeat: int, cap_mib: float, k2: int) -> dict:
     import numpy as np
 
     import replicas as rp
@@ -100,7 +103,7 @@ def child_replicas(n: int, backend: str, repeat: int, cap_mib: float) -> dict:
     t0 = time.perf_counter()
     run(1)  # Ray start, actors, first binding
     first = time.perf_counter() - t0
-    per = per_iteration(run, K1, K2, repeat).samples
+    per = per_iteration(run, K1, k2, repeat).samples
     peak = monitor.stop()
     if backend == "ray":
         import ray
@@ -109,7 +112,7 @@ def child_replicas(n: int, backend: str, repeat: int, cap_mib: float) -> dict:
     return {"per_op": per, "peak_rss_mib": peak, "first_run_s": first}
 
 
-def child_jax(n: int, repeat: int) -> dict:
+def child_jax(n: int, repeat: int, k2: int) -> dict:
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
     import jax
     import jax.numpy as jnp
@@ -133,7 +136,7 @@ def child_jax(n: int, repeat: int) -> dict:
         return time.perf_counter() - t0
 
     run(1)  # compiles (k is data)
-    return {"per_op": per_iteration(run, K1, K2, repeat).samples, "jax": jax.__version__}
+    return {"per_op": per_iteration(run, K1, k2, repeat).samples, "jax": jax.__version__}
 
 
 def child_deadlock(n: int, backend: str, cap_mib: float) -> dict:
@@ -176,23 +179,27 @@ def spawn(args: list[str], timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
-def cell(result: dict, jax_per_op: float | None = None) -> str:
+def cell(result: dict, jax_per_op: float | None = None, n: int | None = None) -> str:
     if "error" in result:
         return result["error"][:40]
     timing = Timing(result["per_op"])
     text = timing.text()
     if jax_per_op and timing.median > 0:
         text += f" ({timing.median / jax_per_op:.2f}x)"
+    if n:
+        text += f" {timing.median / n * 1e6:.1f} us/replica"
     return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--replicas", default="8,32,256,1024")
+    parser.add_argument("--replicas", default="1024,2048,4096,8192")
     parser.add_argument("--backends", default="threads,ray")
     parser.add_argument("--skip-jax", action="store_true")
-    parser.add_argument("--deadlock", type=int, default=1024, help="0 to skip the planted deadlock")
+    parser.add_argument("--jax-max", type=int, default=2048, help="the largest N the JAX anchor runs")
+    parser.add_argument("--deadlock", type=int, default=8192, help="0 to skip the planted deadlock")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--k2", type=int, default=40, help="the longer loop's trips (K1 = 10)")
     parser.add_argument("--memory-cap-gib", type=float, default=4.0)
     parser.add_argument("--timeout", type=float, default=1200, help="per configuration, seconds")
     parser.add_argument("--child", choices=["replicas", "jax", "deadlock"], help=argparse.SUPPRESS)
@@ -201,10 +208,10 @@ def main() -> None:
     a = parser.parse_args()
     cap = a.memory_cap_gib * 1024
     if a.child == "replicas":
-        print(json.dumps(child_replicas(a.n, a.backend, a.repeat, cap)), flush=True)
+        print(json.dumps(child_replicas(a.n, a.backend, a.repeat, cap, a.k2)), flush=True)
         return
     if a.child == "jax":
-        print(json.dumps(child_jax(a.n, a.repeat)), flush=True)
+        print(json.dumps(child_jax(a.n, a.repeat, a.k2)), flush=True)
         return
     if a.child == "deadlock":
         print(json.dumps(child_deadlock(a.n, a.backend, cap)), flush=True)
@@ -213,16 +220,21 @@ def main() -> None:
     print(f"# scale: 1 KiB all-reduce in a While loop, per all-reduce = (T(K2) - T({K1})) / (K2 - {K1}), "
           f"median ± half the spread of {a.repeat}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} cores, load average at start {load_average()}", flush=True)
-    head = f"{'N':>5} {'JAX':>26}" + "".join(f" {'replicas ' + b:>36}" for b in backends) \
+    head = f"{'N':>5} {'JAX':>26}" + "".join(f" {'replicas ' + b:>52}" for b in backends) \
         + "".join(f" {'peak RSS ' + b:>16}" for b in backends)
     print(head)
     print("-" * len(head), flush=True)
     for n in (int(v) for v in a.replicas.split(",")):
-        jax = None if a.skip_jax else spawn(["--child", "jax", "--n", str(n), "--repeat", str(a.repeat)], a.timeout)
+        jax = None
+        if not a.skip_jax and n <= a.jax_max:
+            jax = spawn(["--child", "jax", "--n", str(n), "--repeat", str(a.repeat), "--k2", str(a.k2)], a.timeout)
         jax_med = Timing(jax["per_op"]).median if jax and "per_op" in jax else None
-        rows = {b: spawn(["--child", "replicas", "--backend", b, "--n", str(n), "--repeat", str(a.repeat),
-                          "--memory-cap-gib", str(a.memory_cap_gib)], a.timeout) for b in backends}
-        line = f"{n:>5} {cell(jax) if jax else '-':>26}" + "".join(f" {cell(rows[b], jax_med):>36}" for b in backends)
+        rows = {}
+        for b in backends:  # one at a time: a large N on both backends at once would share the memory cap
+            rows[b] = spawn(["--child", "replicas", "--backend", b, "--n", str(n), "--repeat", str(a.repeat),
+                             "--memory-cap-gib", str(a.memory_cap_gib), "--k2", str(a.k2)], a.timeout)
+        line = f"{n:>5} {cell(jax) if jax else '-':>26}" + "".join(f" {cell(rows[b], jax_med, n):>52}"
+                                                                   for b in backends)
         line += "".join(f" {rows[b].get('peak_rss_mib', float('nan')):>12.0f} MiB" for b in backends)
         print(line, flush=True)
     if a.deadlock:
@@ -234,6 +246,8 @@ def main() -> None:
             else:
                 print(f"deadlock at N={a.deadlock} ({b}): detected {d['detect_s']:.2f} s after the last replica "
                       f"blocked ({d['blocked']} blocked; peak RSS {d['peak_rss_mib']:.0f} MiB): {d['first_line']}")
+    if not a.skip_jax and any(int(v) > a.jax_max for v in a.replicas.split(",")):
+        print(f"(JAX: no anchor above N={a.jax_max}: its CPU backend refuses more devices in one process)")
     print(f"(load average at end {load_average()})")
 
 

@@ -170,3 +170,18 @@ def test_a_256_replica_cycle_reads_as_one_pattern() -> None:
     assert "(and 255 more like it)" in text
     assert "cycle: 0 -> 255 -> 254" in text and "(256 replicas)" in text
     assert info.value.report.cycles[0][:3] == [0, 255, 254] and len(info.value.report.edges) == 256
+
+
+@pytest.mark.slow
+def test_a_one_culprit_deadlock_at_8192_replicas_fits_a_terminal() -> None:
+    # A pod's worth of replicas (issue 32): the same text as at 1024, in this process under 4 GiB.
+    n = 8192
+    with pytest.raises(DeadlockError) as info:
+        rp.run(deadlock(n), X, backend="threads", timeout=600)
+    text = f"DeadlockError: {info.value}"
+    assert len(text.splitlines()) < 40 and len(text) < 4000, text
+    assert f"replicas 0-{n - 2}: blocked in %r (all-reduce #0) in on_others waiting for replica {n - 1}" in text
+    assert f"replica {n - 1} finished without any collective and never reached all-reduce #0 (%r)" in text
+    assert f"replicas 0-{n - 2} -> replica {n - 1}  [all] in %r" in text
+    assert sorted(info.value.report.blocked) == list(range(n - 1))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 << 20  # KiB: under 4 GiB

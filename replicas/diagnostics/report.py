@@ -40,17 +40,25 @@ def with_derived_waits(states: list[ReplicaState]) -> list[ReplicaState]:
     """`states` with each collective block's `waits_for` filled in (and `needs="all"`): the group's
     members that have not joined this collective (blocked in the same collective number with the same group). O(N) per
     distinct (collective number, group), not per waiter."""
-    joined: dict[tuple, set[int]] = {}
+    # Keyed by the group's identity, not its value: a group of every replica is an N-tuple, and hashing
+    # it for each of N waiters was O(N^2). Equal groups that are different objects (states of several
+    # processes) are found equal once per object.
+    canonical: dict[Any, tuple] = {}
+    by_id: dict[int, tuple] = {}
+    joined: dict[tuple[int, int], tuple[tuple, set[int]]] = {}
     for s in states:
         b = s.block
         if s.status == "blocked" and b is not None and b.needs == "group":
-            joined.setdefault((b.seq, b.group), set()).add(s.replica)
-    missing = {key: tuple(t for t in key[1] or () if t not in members) for key, members in joined.items()}
+            group = by_id.get(id(b.group))
+            if group is None:
+                group = by_id[id(b.group)] = canonical.setdefault(b.group, b.group)
+            joined.setdefault((b.seq, id(group)), (group, set()))[1].add(s.replica)
+    missing = {key: tuple(t for t in group or () if t not in members) for key, (group, members) in joined.items()}
     out = []
     for s in states:
         b = s.block
         if s.status == "blocked" and b is not None and b.needs == "group":
-            derived = dataclasses.replace(b, waits_for=missing[(b.seq, b.group)], needs="all")
+            derived = dataclasses.replace(b, waits_for=missing[(b.seq, id(by_id[id(b.group)]))], needs="all")
             s = dataclasses.replace(s, block=derived)
         out.append(s)
     return out
