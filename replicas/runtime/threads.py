@@ -69,7 +69,7 @@ class ThreadBackend(Backend):
         self._deadline = deadline
         _wait_for_unwinding(deadline)
         # A poll copies every replica's state in this process, holding the GIL the replicas need
-        # (~5 us a replica): frequent polls of many replicas would take a core from them. The interval
+        # (microseconds a replica): frequent polls of many replicas would take a core from them. The interval
         # grows with the replicas, to 0.1 s at 250, then so that polls stay near 5% of the CPU, up to a
         # cap that keeps the deadlock detection (two polls) well within its bound (2 s).
         self.poll_interval = min(POLL_CAP, max(ThreadBackend.poll_interval, min(0.1, 4e-4 * n), 1.2e-4 * n))
