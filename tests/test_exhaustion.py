@@ -210,16 +210,19 @@ def test_an_actor_refused_a_descriptor_ends_the_job_naming_it_on_ray():
     from replicas.errors import ResourceExhausted
 
     def refused_a_descriptor(x):  # defined here: Ray sends it to the actors by value
-        """Finds its process out of file descriptors (its limit lowered to those open)."""
+        """Runs its process out of file descriptors under a lowered limit (and gives them back)."""
         import os
         import resource
 
         limits = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")), limits[1]))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, limits[1]))
+        held = []
         try:
-            with open("/dev/null"):
-                return x
+            while True:  # ends with EMFILE: what the job is to name
+                held.append(os.open("/dev/null", os.O_RDONLY))
         finally:
+            for fd in held:
+                os.close(fd)
             resource.setrlimit(resource.RLIMIT_NOFILE, limits)
 
     rp.register_custom_call("refused_a_descriptor", refused_a_descriptor)

@@ -17,13 +17,19 @@ DRIVER = textwrap.dedent("""
     import numpy as np
     import ray
     import replicas as rp
+    from replicas.runtime.compile import compile_module
+    from replicas.runtime.job import Job
+    from replicas.runtime.threads import ThreadBackend
     from replicas.transport.shm import job_segments
 
     m = rp.parse_hlo(open(sys.argv[2]).read())
     size = int(sys.argv[3])
     rng = np.random.default_rng(3)
     xs = [rng.standard_normal(size).astype(np.float32) for _ in range(4)]
-    want = rp.run(m, [[x] for x in xs], num_replicas=4, backend="threads")
+    # The threads backend told the same placement over the same nodes: the same reduction order (a
+    # node's processes first, then node order: collectives/nodes.py).
+    want = Job(ThreadBackend(compile_module(m), [[x] for x in xs], placement=[0, 1, 2, 3], nodes=[0, 1, 0, 1]),
+               None, timeout=120, host_may_send=False).result()
     placement = [{"node1": 1}, {"node2": 1}, {"node1": 1}, {"node2": 1}]
     job = rp.launch(m, [[x] for x in xs], num_replicas=4, address=sys.argv[1], resources=placement, timeout=120)
     nodes = {s.replica: s.node for s in job.states()}
