@@ -316,7 +316,8 @@ class RayBackend(PersistentJob, Backend):
         if left is not None:
             _, pending = self._ray.wait(refs, num_returns=len(refs), timeout=left)
             if pending:
-                raise self._unanswered([i for ref, i in zip(refs, indexes) if ref in set(pending)])
+                waiting = set(pending)
+                raise self._unanswered([i for ref, i in zip(refs, indexes) if ref in waiting])
         try:
             return self._ray.get(refs)
         except Exception as e:  # noqa: BLE001 - named below: which actor, which replicas
