@@ -307,12 +307,13 @@ class RayBackend(PersistentJob, Backend):
         without a timeout)."""
         return None if self._deadline is None else max(0.0, self._deadline - time.monotonic()) + ANSWER_GRACE
 
-    def _get(self, refs: list[Any], indexes: list[int] | None = None) -> list[Any]:
+    def _get(self, refs: list[Any], indexes: list[int] | None = None, until: float | None = None) -> list[Any]:
         """The answers of `refs` (one call per actor of `indexes`), never waited for past the job's
-        deadline: an actor that does not answer by then (its process stopped, or a call in it holding
-        the GIL) ends the job with ExecutionTimeout naming its replicas."""
+        deadline (or `until`, a time.monotonic() the caller's step ends by): an actor that does not
+        answer by then (its process stopped, or a call in it holding the GIL) ends the job with
+        ExecutionTimeout naming its replicas."""
         indexes = indexes if indexes is not None else list(range(len(refs)))
-        left = self._left()
+        left = self._left() if until is None else max(0.0, until - time.monotonic())
         if left is not None:
             _, pending = self._ray.wait(refs, num_returns=len(refs), timeout=left)
             if pending:
@@ -388,13 +389,15 @@ class RayBackend(PersistentJob, Backend):
         refs = [a.states.remote() for a in self._actors]
         nodes = [(POOL.note(a).get("address") or {}).get("node") for a in self._actors]
         here = self._ray.get_runtime_context().get_node_id()
-        quiet = silent(self._ray, refs, nodes, here, self._left())
+        left = self._left()  # one allowance for the liveness wait and the answers together
+        until = None if left is None else time.monotonic() + left
+        quiet = silent(self._ray, refs, nodes, here, left)
         if quiet:  # a host cut off or frozen: Ray would take a minute to say so (cluster/liveness.py)
             self._dead.update(quiet)
             raise silent_failure(self._ray, self._groups, quiet, nodes)
         dead_before = set(self._dead)
         try:
-            parts = self._get(refs)
+            parts = self._get(refs, until=until)
         except ReplicaFailure as e:  # an actor died: on another host, its host's others with it
             raise host_lost(self._ray, e, refs, nodes, here, self._dead, self._dead - dead_before,
                             self._groups) from None
