@@ -170,7 +170,7 @@ class Answered:
         self._codes = codes
 
     def codes_of(self, token: str, replicas: list[int]) -> dict[int, int]:
-        return {r: c for r, c in self._codes.items() if r in set(replicas)}
+        return {r: self._codes[r] for r in replicas if r in self._codes}
 
 
 class Watches:

@@ -361,9 +361,9 @@ class RayBackend(PersistentJob, Backend):
     def _asked_on_its_node(self, index: int, ids: list[int]) -> where.Answered | None:
         """What the dead actor `index` (of another node than the driver's) published for its replicas
         `ids`, as the job's live actors on its node read it (replica_host.where_of), or None."""
-        node = (POOL.note(self._actors[index]).get("address") or {}).get("node")
-        there = [a for j, a in enumerate(self._actors) if j != index and j not in self._dead
-                 and (POOL.note(a).get("address") or {}).get("node") == node]
+        nodes = self._nodes()
+        node = nodes[index]
+        there = [a for j, a in enumerate(self._actors) if j != index and j not in self._dead and nodes[j] == node]
         if node is None or not there:
             return None
         refs = [a.where_of.remote(self._token, ids) for a in there]
@@ -373,6 +373,10 @@ class RayBackend(PersistentJob, Backend):
             with contextlib.suppress(Exception):  # another death: what the others read is enough
                 codes.update(self._ray.get(ref))
         return where.Answered(codes) if codes else None
+
+    def _nodes(self) -> list[str | None]:
+        """Each actor's node (from its wire address), None where unknown."""
+        return [(POOL.note(a).get("address") or {}).get("node") for a in self._actors]
 
     def _touch(self, method: str, quiet: bool = False) -> None:
         """Before an actor call of `method` (counted): the job's launch must have been seen."""
@@ -387,7 +391,7 @@ class RayBackend(PersistentJob, Backend):
         self._touch("states")
         out: list[ReplicaState] = []
         refs = [a.states.remote() for a in self._actors]
-        nodes = [(POOL.note(a).get("address") or {}).get("node") for a in self._actors]
+        nodes = self._nodes()
         here = self._ray.get_runtime_context().get_node_id()
         left = self._left()  # one allowance for the liveness wait and the answers together
         until = None if left is None else time.monotonic() + left
