@@ -140,6 +140,7 @@ def test_an_actor_that_stops_answering_on_the_drivers_node_is_under_the_deadline
     m = rp.parse_hlo(FOREVER)
     rp.run(rp.parse_hlo("HloModule w\nENTRY e {\n  ROOT c = f32[] constant(1)\n}\n"), [], num_replicas=2)  # warm
     job = rp.launch(m, [], num_replicas=2, timeout=TIMEOUT)
+    job.states()  # the launch seen: the actors stop while they run, not while they start
     actors = list(job._backend._actors)  # noqa: SLF001 - the fault under test
     pids = ray.get([a.__ray_call__.remote(lambda self: os.getpid()) for a in actors])
     for pid in pids:
