@@ -55,8 +55,11 @@ def test_collective_events_carry_the_fingerprint_dict_and_the_ring_is_untracked(
     monkeypatch.setattr(batched, "ENABLED", False)
     module = rp.parse_hlo(PROGRAM)
     rp.run(module, [np.ones(8, np.float32)], num_replicas=4, backend="threads")
-    gc.collect()  # the (interned) fingerprint wire and group were seen by the collector: untracked
-    gc.collect()  # (a tuple is untracked once its elements are: nested ones may take two passes)
+    # The (interned) fingerprint wire and group, once seen by the collector, are untracked. A tuple is
+    # untracked once its elements are: one pass per level of nesting when the collector meets the outer
+    # tuple first.
+    for _ in range(4):
+        gc.collect()
     job = rp.launch(module, [np.ones(8, np.float32)], num_replicas=4, backend="threads")
     assert [float(r[0]) for r in job.result()] == [64.0] * 4
     recorder = job._backend._replicas[2].recorder  # noqa: SLF001 - the ring itself
