@@ -18,6 +18,28 @@ from replicas.hlo.window import make_window  # noqa: F401  (part of the IR's pub
 from replicas.shapes import Shape
 
 
+class _NoAttributes(dict):
+    """The attributes of an instruction that has none, when read from text or msgpack: one shared
+    empty dict, read-only (a dense program has an instruction per ~40 bytes of text, and an empty dict
+    of its own each costs more than half of that). Copies are plain dicts."""
+
+    __slots__ = ()
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("an instruction's shared empty attributes are read-only: give it a dict of its own")
+
+    __setitem__ = __delitem__ = __ior__ = setdefault = update = pop = popitem = clear = _read_only
+
+    def copy(self) -> dict[str, Any]:
+        return {}
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        return dict, ()
+
+
+NO_ATTRS: dict[str, Any] = _NoAttributes()
+
+
 # Slots: a dense program holds one Instruction per ~40 bytes of its text, and an instance dict
 # would cost more than the text it came from (parsing is bounded at 10x its input).
 @dataclass(eq=False, slots=True)

@@ -21,7 +21,7 @@ import numpy as np
 
 from replicas.errors import ExecutionTimeout, ProgramError
 from replicas.hlo import attributes
-from replicas.hlo.ir import COMPUTATION_ATTRS, Computation, Instruction, Module
+from replicas.hlo.ir import COMPUTATION_ATTRS, NO_ATTRS, Computation, Instruction, Module
 from replicas.hlo.lexer import Scanner
 from replicas.hlo.literals import parse_literal
 from replicas.hlo.opcodes import KNOWN_OPCODES
@@ -226,6 +226,8 @@ class HloParser:
             self._wrap_async(inst, opcode_pos)
         if inst.opcode in _WINDOWED and "window" not in inst.attrs:
             inst.attrs["window"] = make_window(0)  # XLA's default: the empty window of a scalar operand
+        if not inst.attrs:
+            inst.attrs = NO_ATTRS
         if inst.shape is None:
             inst.shape = self._inferred_shape(inst, opcode_pos)
         s.skip_inline()
@@ -285,6 +287,8 @@ class HloParser:
         s.pos = pos + len(opcode)
         inst = Instruction(name, opcode, shape, line=s.line_of(pos))
         self._operands_of(inst, comp, pos)
+        if not inst.attrs:
+            inst.attrs = NO_ATTRS
         if inst.shape is None:
             inst.shape = self._inferred_shape(inst, pos)
         comp.instructions.append(inst)
@@ -516,12 +520,12 @@ def _number_unnamed_channels(module: Module) -> None:
             if inst.attrs.get("channel_id") is not None:
                 continue
             if inst.opcode in _CHANNEL_STARTS:
-                inst.attrs["channel_id"] = base + ordinal[inst.opcode]
+                inst.attrs = {**inst.attrs, "channel_id": base + ordinal[inst.opcode]}
                 ordinal[inst.opcode] += 1
             elif inst.opcode in _CHANNEL_DONES and inst.operands:
                 start = by_name.get(inst.operands[0])
                 if start is not None and start.attrs.get("channel_id") is not None:
-                    inst.attrs["channel_id"] = start.attrs["channel_id"]
+                    inst.attrs = {**inst.attrs, "channel_id": start.attrs["channel_id"]}
 
 
 def _after_skip(s: Scanner) -> int:

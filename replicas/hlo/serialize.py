@@ -26,7 +26,7 @@ import numpy as np
 
 from replicas import limits
 from replicas.errors import ProgramError
-from replicas.hlo.ir import Computation, Instruction, Module
+from replicas.hlo.ir import NO_ATTRS, Computation, Instruction, Module
 from replicas.hlo.msgpack_bounds import (  # noqa: F401  (MAX_BYTES, DECODE_EXPANSION: the format's limits)
     DECODE_EXPANSION,
     MAX_BYTES,
@@ -342,7 +342,7 @@ def _decode_instruction(obj: Any, computation: str) -> Instruction:
     except ProgramError as e:
         raise ProgramError(str(e), instruction=f"%{name} in computation {computation}", line=line) from None
     return Instruction(name=name, opcode=_expect(fields["opcode"], str, f"opcode of {what}"),
-                       shape=shape, operands=operands, attrs=attrs, line=line)
+                       shape=shape, operands=operands, attrs=attrs or NO_ATTRS, line=line)
 
 
 def _decode_module(body: Any) -> Module:
