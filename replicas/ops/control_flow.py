@@ -21,17 +21,35 @@ from typing import Any
 import numpy as np
 
 from replicas.hlo.ir import Computation, Instruction
+from replicas.ops.python_elements import compile_fusion, compile_loop
 from replicas.ops.python_scalars import loop_scalars
 from replicas.ops.registry import Kernel, KernelContext, kernel
 
 
 @kernel("call", "fusion")
 def make_call(inst: Instruction, ctx: KernelContext) -> Kernel:
-    return ctx.computation(inst.attrs["to_apply" if inst.opcode == "call" else "calls"])
+    bound = ctx.computation(inst.attrs["to_apply" if inst.opcode == "call" else "calls"])
+    if inst.opcode == "fusion":
+        # A fusion of a few elements: Python per element beats a numpy call per op.
+        small = compile_fusion(ctx.computation_ir(inst.attrs["calls"]), ctx)
+        if small is not None:
+            small.plain = bound  # type: ignore[attr-defined]  # what a recorded run steps through
+            return small
+    return bound
 
 
 @kernel("while")
 def make_while(inst: Instruction, ctx: KernelContext) -> Callable[[Any], Any]:
+    loop = _bound_loop(inst, ctx)
+    # A loop of a few elements: one Python loop over them, without a numpy call per op.
+    small = compile_loop(inst, ctx)
+    if small is None:
+        return loop
+    small.plain = loop  # type: ignore[attr-defined]  # what a recorded run steps through
+    return small
+
+
+def _bound_loop(inst: Instruction, ctx: KernelContext) -> Callable[[Any], Any]:
     cond_name, body_name = inst.attrs["condition"], inst.attrs["body"]
     cond_ir = ctx.computation_ir(cond_name)
     # The loop's integer and pred scalars (its counter, its condition) as Python numbers.

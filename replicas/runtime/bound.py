@@ -179,6 +179,7 @@ class BoundComputation:
         interp = self._interp
         observe = recorder.observe  # each value too (a divergence hunt), or None
         for fn, operand_slots, result_slot, release, inst in self._steps:
+            fn = getattr(fn, "plain", fn)  # a fusion or loop compiled per element: its instructions, as bound
             interp.current = inst
             event = recorder.begin("op", inst.name, inst.opcode, computation=self.name)
             try:

@@ -1,0 +1,371 @@
+"""Small element-wise fusions and While loops as unrolled per-element Python code: no numpy call per op.
+
+A fusion of tiny arrays (threefry's rounds on u32[2], a sampler's polynomial on f32[2]) costs a
+numpy call of about a microsecond per op, whatever the size, and a While loop of them pays that
+every trip. `compile_fusion` turns such a fusion into one Python function, and `compile_loop` a
+whole While loop (its condition, body, the fusions, calls and nested loops they run) into one
+Python `while` over the state's elements: the operands' elements become Python numbers once
+(`tolist`), each op is one statement per element (`ops.element_ops`, numpy's bits), the layout
+ops (broadcast, reshape, slice, concatenate, transpose, tuples) are renamings decided while
+generating, and the result is built once (`np.array`). Ops without a Python form run their own
+numpy kernel on the few elements. Either is used only when every value is small
+(`MAX_ELEMENTS`) and the cost model says it is cheaper than the numpy kernels.
+
+A compiled loop notices a cancel, timeout or deadlock abort at each trip's start, as the
+interpreter's loops do; the interpreter's `current` instruction stays the While's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import struct
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from replicas.hlo.ir import Computation, Instruction
+from replicas.hlo.opcodes import opcode as opcode_record
+from replicas.ops.element_ops import BITCAST, DEFAULT_NAN, TYPES, divide_by_zero, rounds, writer
+from replicas.ops.elementwise_util import WithOperandShapes
+from replicas.ops.registry import KernelContext, lookup
+from replicas.shapes import PrimitiveType, Shape
+
+P = PrimitiveType
+
+# No value may have more elements than this (the code is unrolled per element).
+MAX_ELEMENTS = 16
+MAX_STATEMENTS = 6000
+# A loop whose condition folds (constant bounds) is unrolled up to this many trips and statements.
+MAX_UNROLLED = 16
+MAX_UNROLLED_STATEMENTS = 1500
+# The cost model, in units of one numpy call on a tiny array: an element's Python statement, an
+# operand's or result's conversion, an op left to its numpy kernel (its arrays built and read back),
+# a layout op's view (reshape, slice, broadcast_to: cheaper than a ufunc).
+ELEMENT_COST = 0.06
+CONVERSION_COST = 0.6
+KERNEL_COST = 3.0
+LAYOUT_CALL = 0.5
+
+_FALLBACK_FAMILIES = frozenset({"elementwise_unary", "elementwise_binary", "select", "convert", "compare"})
+_LAYOUT = frozenset({"broadcast", "reshape", "bitcast", "copy", "slice", "concatenate", "transpose", "reverse",
+                     "iota"})
+_FREE = frozenset({"parameter", "constant", "tuple", "get-tuple-element"})
+
+# A value while generating: an array's elements (Python texts, row-major) or a tuple of values.
+Value = list[str] | tuple["Value", ...]
+
+
+class _Refused(Exception):
+    """The computation has something this code generator does not write."""
+
+
+def compile_fusion(comp: Computation, ctx: KernelContext, *, cost_model: bool = True) -> Callable[..., Any] | None:
+    """`comp` (a fusion's computation, arrays in and out) as per-element Python code, or None when
+    it is not small and element-wise, or the numpy kernels would cost less (unless not `cost_model`)."""
+    try:
+        gen = _Generator(ctx, cost_model)
+        params = sorted(comp.parameters, key=lambda p: p.attrs["parameter_number"])
+        args = [gen.unpack(f"a{k}", p.shape) for k, p in enumerate(params)]
+        result = gen.computation(comp, args)
+        return gen.finish([f"a{k}" for k in range(len(params))], comp.root_instruction.shape, result,
+                          len(params), comp.name)
+    except _Refused:
+        return None
+
+
+def compile_loop(inst: Instruction, ctx: KernelContext) -> Callable[[Any], Any] | None:
+    """The While `inst` as one Python loop over its state's elements (`state -> state`), or None."""
+    try:
+        gen = _Generator(ctx)
+        state = gen.unpack("a0", inst.shape)
+        result = gen.loop(inst, state)
+        return gen.finish(["a0"], inst.shape, result, len(_leaves(inst.shape)), inst.name)
+    except _Refused:
+        return None
+
+
+def _leaves(shape: Shape) -> list[Shape]:
+    return [shape] if not shape.is_tuple else [leaf for s in shape.tuple_shapes for leaf in _leaves(s)]
+
+
+def _default_layout(shape: Shape) -> bool:
+    return shape.layout is None or shape.layout.minor_to_major == tuple(range(shape.rank - 1, -1, -1))
+
+
+def _small(shape: Shape) -> bool:
+    return all(s.is_array and s.element_type in TYPES and 0 < s.numel <= MAX_ELEMENTS and _default_layout(s)
+               for s in _leaves(shape))
+
+
+def _strides(dims: tuple[int, ...]) -> list[int]:
+    strides, step = [], 1
+    for d in reversed(dims):
+        strides.append(step)
+        step *= d
+    return strides[::-1]
+
+
+def _indices(dims: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Every multi-index of `dims`, row-major."""
+    return list(itertools.product(*[range(d) for d in dims]))
+
+
+def _flat(index: tuple[int, ...], dims: tuple[int, ...]) -> int:
+    return sum(i * s for i, s in zip(index, _strides(dims)))
+
+
+class _Generator:
+    def __init__(self, ctx: KernelContext, cost_model: bool = True) -> None:
+        self.ctx = ctx
+        self.cost_model = cost_model
+        self.module = ctx.module
+        self.lines: list[str] = []
+        self.depth = 1
+        self.env: dict[str, Any] = {"_array": np.array, "_f": array("f", [0.0]), "_sqrt": math.sqrt,
+                                    "_nan": DEFAULT_NAN, "_inf": math.inf, "_divide_by_zero": divide_by_zero,
+                                    "_interp": ctx}
+        for code in BITCAST.values():
+            self.env[f"_pack_{code}"] = struct.Struct("<" + code).pack
+            self.env[f"_unpack_{code}"] = struct.Struct("<" + code).unpack
+        self.names = itertools.count()
+        self.variables: set[str] = set()  # the texts that are variables (not literals)
+        self.cse: list[dict[str, str]] = [{}]  # expression -> its variable, per loop body being written
+        self.rounding = array("f", [0.0])
+        self.numpy_calls = 0.0
+        self.statements = 0
+        self.kernels = 0
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def global_(self, value: Any) -> str:
+        name = f"_g{len(self.env)}"
+        self.env[name] = value
+        return name
+
+    # -- entry and exit ----------------------------------------------------------------------------
+    def unpack(self, name: str, shape: Shape) -> Value:
+        """The elements of argument `name` (an array, or a tuple of them) as fresh variables."""
+        if not _small(shape):
+            raise _Refused
+        if shape.is_tuple:
+            return tuple(self.unpack(f"{name}[{k}]", s) for k, s in enumerate(shape.tuple_shapes))
+        elems = [f"e{next(self.names)}" for _ in range(shape.numel)]
+        self.variables.update(elems)
+        self.line(f"{', '.join(elems)}, = {name}.reshape(-1).tolist()")
+        return elems
+
+    def pack(self, shape: Shape, value: Value) -> str:
+        if shape.is_tuple:
+            assert isinstance(value, tuple)
+            return f"({''.join(self.pack(s, v) + ', ' for s, v in zip(shape.tuple_shapes, value))})"
+        assert isinstance(value, list)
+        dtype = self.global_(shape.dtype)
+        if not shape.dimensions:
+            return f"_array({value[0]}, {dtype})"
+        listed = f"_array([{', '.join(value)}], {dtype})"
+        return listed if shape.rank == 1 else f"{listed}.reshape({tuple(shape.dimensions)})"
+
+    def finish(self, args: list[str], shape: Shape, result: Value, conversions: int, name: str) -> Callable[..., Any]:
+        self.line(f"return {self.pack(shape, result)}")
+        python_cost = (self.statements * ELEMENT_COST + (conversions + len(_leaves(shape))) * CONVERSION_COST
+                       + self.kernels * KERNEL_COST)
+        if (self.cost_model and python_cost >= self.numpy_calls) or self.statements > MAX_STATEMENTS:
+            raise _Refused
+        text = f"def run({', '.join(args)}):\n" + "\n".join(self.lines) + "\n"
+        exec(compile(text, f"<elements {name}>", "exec"), self.env)  # noqa: S102
+        return self.env["run"]
+
+    # -- computations ------------------------------------------------------------------------------
+    def computation(self, comp: Computation, args: list[Value]) -> Value:
+        values: dict[str, Value] = {}
+        for inst in comp.instructions:
+            if inst.opcode == "parameter":
+                values[inst.name] = args[inst.attrs["parameter_number"]]
+            else:
+                values[inst.name] = self.instruction(inst, comp, [values[o] for o in inst.operands])
+        return values[comp.root]
+
+    def instruction(self, inst: Instruction, comp: Computation, ins: list[Value]) -> Value:
+        op = inst.opcode
+        if op == "tuple":
+            return tuple(ins)
+        if op == "get-tuple-element":
+            value = ins[0]
+            assert isinstance(value, tuple)
+            return value[inst.attrs["index"]]
+        if not _small(inst.shape):
+            raise _Refused
+        if op in ("fusion", "call"):
+            return self.computation(self.module.computation(inst.called_computations()[0]), ins)
+        if op == "while":
+            return self.loop(inst, ins[0])
+        if op == "constant":
+            return self.constant(inst)
+        operands = [comp.instruction(o) for o in inst.operands]
+        if any(not isinstance(v, list) for v in ins):
+            raise _Refused
+        arrays: list[list[str]] = ins  # type: ignore[assignment]
+        if op in _LAYOUT:
+            self.numpy_calls += LAYOUT_CALL
+            return self.layout(inst, operands, arrays)
+        record = opcode_record(op)
+        if record is None or record.family not in _FALLBACK_FAMILIES:
+            raise _Refused
+        self.numpy_calls += 1
+        types = [o.shape.element_type for o in operands]
+        write = writer(inst, types)
+        out = [f"v{next(self.names)}" for _ in range(inst.shape.numel)]
+        if write is None:
+            self.kernel(inst, operands, arrays, out)
+            return out
+        rounded = inst.shape.element_type is P.F32 and rounds(op, types)
+        for j in range(len(out)):
+            operand_texts = [e[j] if len(e) > 1 else e[0] for e in arrays]
+            out[j] = self.element(write(operand_texts), rounded, operand_texts, out[j])
+        return out
+
+    def element(self, text: str, rounded: bool, operands: list[str], var: str) -> str:
+        """The text naming one element's value: a literal when its operands are (folded now), the
+        variable of the same expression computed before in this trip (`cse`), or `var`, assigned."""
+        if not any(o in self.variables for o in operands):
+            value = eval(text, self.env)  # noqa: S307  (our own text of literals)
+            if rounded:
+                self.rounding[0] = value
+                value = self.rounding[0]
+            return self.literal(value)
+        if text in self.variables:
+            return text  # an identity (x + 0)
+        key = ("f32 " if rounded else "") + text
+        for layer in reversed(self.cse):
+            if key in layer:
+                return layer[key]
+        self.line(f"_f[0] = {text}; {var} = _f[0]" if rounded else f"{var} = {text}")
+        self.statements += 2 if rounded else 1
+        self.variables.add(var)
+        self.cse[-1][key] = var
+        return var
+
+    def loop(self, inst: Instruction, state: Value) -> Value:
+        """The While `inst` from `state`: unrolled when its condition folds to a literal every trip
+        (a counted loop of constant bounds, `MAX_UNROLLED` trips at most), else a Python `while`
+        whose variables are the state's elements."""
+        condition = self.module.computation(inst.attrs["condition"])
+        body = self.module.computation(inst.attrs["body"])
+        unrolled = self.unrolled(condition, body, state)
+        if unrolled is not None:
+            return unrolled
+        flat = _flatten(state)
+        variables = [f"s{next(self.names)}" for _ in flat]
+        self.variables.update(variables)
+        self.line(f"{', '.join(variables)}, = {', '.join(flat)},")
+        current = _rebuild(state, iter(variables))
+        self.line("while True:")
+        self.depth += 1
+        self.cse.append({})
+        self.line("if _interp.mailbox is not None and _interp.mailbox.aborted is not None: "
+                  "raise _interp.mailbox.aborted")
+        (go,) = self.computation(condition, [current])  # type: ignore[misc]
+        self.line(f"if not {go}: break")
+        following = _flatten(self.computation(body, [current]))
+        self.line(f"{', '.join(variables)}, = {', '.join(following)},")
+        self.cse.pop()
+        self.depth -= 1
+        return current
+
+    def unrolled(self, condition: Computation, body: Computation, state: Value) -> Value | None:
+        """The loop's trips written one after the other, or None (nothing written) when its
+        condition does not fold, or it runs too many trips or statements."""
+        saved = (len(self.lines), self.numpy_calls, self.statements, self.kernels, [dict(c) for c in self.cse])
+        current = state
+        for _ in range(MAX_UNROLLED + 1):
+            (go,) = self.computation(condition, [current])  # type: ignore[misc]
+            if go in self.variables or self.statements - saved[2] > MAX_UNROLLED_STATEMENTS:
+                break
+            if not eval(go, self.env):  # noqa: S307  (a literal)
+                return current
+            current = self.computation(body, [current])
+        del self.lines[saved[0]:]
+        self.numpy_calls, self.statements, self.kernels, self.cse = saved[1:]
+        return None
+
+    def constant(self, inst: Instruction) -> list[str]:
+        literal = inst.attrs.get("literal")
+        if literal is None:
+            raise _Refused
+        return [self.literal(v) for v in np.asarray(literal).astype(inst.shape.dtype).reshape(-1).tolist()]
+
+    def literal(self, v: Any) -> str:
+        if isinstance(v, float) and not math.isfinite(v):
+            return self.global_(v) if math.isnan(v) else "_inf" if v > 0 else "(-_inf)"  # a NaN keeps its bits
+        return repr(v)
+
+    def layout(self, inst: Instruction, operands: list[Instruction], ins: list[list[str]]) -> list[str]:
+        op = inst.opcode
+        dims = tuple(inst.shape.dimensions)
+        if op in ("reshape", "copy") or (op == "bitcast"
+                                         and operands[0].shape.element_type is inst.shape.element_type):
+            return list(ins[0])
+        if op == "iota":
+            d = inst.attrs["iota_dimension"]
+            kind = inst.shape.element_type
+            return [self.literal(float(i[d]) if kind in (P.F32, P.F64) else (i[d] != 0 if kind is P.PRED else i[d]))
+                    for i in _indices(dims)]
+        src = tuple(operands[0].shape.dimensions) if operands else ()
+        if op == "broadcast":
+            mapping = list(inst.attrs.get("dimensions") or [])
+            return [ins[0][_flat(tuple(i[d] for d in mapping), src)] for i in _indices(dims)]
+        if op == "slice":
+            spec = inst.attrs["slice"]
+            return [ins[0][_flat(tuple(s[0] + i[k] * s[2] for k, s in enumerate(spec)), src)] for i in _indices(dims)]
+        if op == "transpose":
+            perm = list(inst.attrs["dimensions"])
+            out = []
+            for i in _indices(dims):
+                source = [0] * len(perm)
+                for k, p in enumerate(perm):
+                    source[p] = i[k]
+                out.append(ins[0][_flat(tuple(source), src)])
+            return out
+        if op == "reverse":
+            flip = set(inst.attrs["dimensions"])
+            return [ins[0][_flat(tuple(src[k] - 1 - x if k in flip else x for k, x in enumerate(i)), src)]
+                    for i in _indices(dims)]
+        if op == "concatenate":
+            axis = inst.attrs["dimensions"][0]
+            out = []
+            for i in _indices(dims):
+                offset = i[axis]
+                for o, elems in zip(operands, ins):
+                    size = o.shape.dimensions[axis]
+                    if offset < size:
+                        out.append(elems[_flat((*i[:axis], offset, *i[axis + 1:]), tuple(o.shape.dimensions))])
+                        break
+                    offset -= size
+            return out
+        raise _Refused  # a bitcast between element types
+
+    def kernel(self, inst: Instruction, operands: list[Instruction], ins: list[list[str]], out: list[str]) -> None:
+        """An op without a Python form: its numpy kernel on arrays of the elements."""
+        shapes = [o.shape for o in operands]
+        fn = self.global_(lookup(inst)(inst, WithOperandShapes(self.ctx, shapes)))
+        args = [f"_array([{', '.join(elems)}], {self.global_(s.dtype)}).reshape({tuple(s.dimensions)})"
+                for s, elems in zip(shapes, ins)]
+        self.line(f"{', '.join(out)}, = {fn}({', '.join(args)}).reshape(-1).tolist()")
+        self.variables.update(out)
+        self.kernels += 1
+
+
+def _flatten(value: Value) -> list[str]:
+    if isinstance(value, list):
+        return list(value)
+    return [e for v in value for e in _flatten(v)]
+
+
+def _rebuild(value: Value, names: Any) -> Value:
+    if isinstance(value, list):
+        return [next(names) for _ in value]
+    return tuple(_rebuild(v, names) for v in value)
