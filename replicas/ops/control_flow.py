@@ -86,26 +86,26 @@ def _state_donation(inst: Instruction, cond_ir: Computation) -> frozenset:
 def _owning(state: tuple, updated: list[int], *, entry: bool) -> tuple:
     """`state` with its elements `updated` owned by the loop: copied on entry (the caller's arrays),
     and later when one is a view, is read-only (a constant's value, which every run shares) or
-    shares its buffer with another element."""
-    values = list(state)
+    shares its buffer with another element (the very same array, or a view of it)."""
     if entry:
+        values = list(state)
         for i in updated:
             values[i] = np.array(values[i], copy=True)
         return tuple(values)
-    # One pass over the state per iteration (not one per updated element): how many elements are
-    # each object, and which elements are views (only those can share a buffer they do not own).
-    count: dict[int, int] = {}
-    for y in values:
-        count[id(y)] = count.get(id(y), 0) + 1
-    views = {j: y for j, y in enumerate(values) if type(y) is np.ndarray and y.base is not None}
+    copied: list | None = None  # the state, once an element had to be copied
     for i in updated:
-        x = values[i]
-        if (x.base is not None or not x.flags.writeable or count[id(x)] > 1
-                or any(np.may_share_memory(x, y) for y in views.values())):
-            count[id(x)] -= 1
-            views.pop(i, None)
-            values[i] = np.array(x, copy=True)
-    return tuple(values)
+        x = state[i]
+        owned = x.base is None and x.flags.writeable
+        if owned:
+            for j, y in enumerate(state):
+                if j != i and (y is x or (type(y) is np.ndarray and y.base is not None and np.may_share_memory(x, y))):
+                    owned = False
+                    break
+        if not owned:
+            if copied is None:
+                copied = list(state)
+            copied[i] = np.array(x, copy=True)
+    return state if copied is None else tuple(copied)
 
 
 @kernel("conditional")

@@ -63,6 +63,14 @@ def make_dynamic_slice(inst: Instruction, ctx: KernelContext) -> Callable[..., n
     read_starts = _start_index_reader(inst, shapes[1:], operand.rank)
     if operand.rank == 0:
         return _identity
+    if len(shapes) - 1 == operand.rank and all(s.rank == 0 for s in shapes[1:]):
+        # Scalar starts (current HLO), clamped against the static shapes: the per-trip read of a scan.
+        bounds = _bounds(sizes, operand.dimensions)
+
+        def dynamic_slice_scalars(x: np.ndarray, *indices: np.ndarray) -> np.ndarray:
+            return x[_scalar_slices(indices, bounds)]
+
+        return dynamic_slice_scalars
 
     def dynamic_slice(x: np.ndarray, *indices: np.ndarray) -> np.ndarray:
         return x[_clamped_slices(read_starts(indices), sizes, x.shape)]
@@ -70,19 +78,41 @@ def make_dynamic_slice(inst: Instruction, ctx: KernelContext) -> Callable[..., n
     return dynamic_slice
 
 
+def _bounds(sizes: tuple[int, ...], dims: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """(size, largest start) per dimension."""
+    return tuple((size, max(dim - size, 0)) for size, dim in zip(sizes, dims))
+
+
+def _scalar_slices(indices: tuple, bounds: tuple[tuple[int, int], ...]) -> tuple[slice, ...]:
+    key = []
+    for v, (size, last) in zip(indices, bounds):
+        start = int(v)
+        start = 0 if start < 0 else last if start > last else start
+        key.append(slice(start, start + size))
+    return tuple(key)
+
+
 @kernel("dynamic-update-slice")
 def make_dynamic_update_slice(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]:
     shapes = ctx.operand_shapes(inst)
     read_starts = _start_index_reader(inst, shapes[2:], shapes[0].rank)
+    if len(shapes) - 2 == shapes[0].rank and all(s.rank == 0 for s in shapes[2:]):
+        bounds = _bounds(shapes[1].dimensions, shapes[0].dimensions)
+
+        def where(indices: tuple) -> tuple[slice, ...]:
+            return _scalar_slices(indices, bounds)
+    else:
+        def where(indices: tuple) -> tuple[slice, ...]:
+            return _clamped_slices(read_starts(indices), shapes[1].dimensions, shapes[0].dimensions)
 
     def dynamic_update_slice(x: np.ndarray, u: np.ndarray, *indices: np.ndarray) -> np.ndarray:
         result = x.copy()
-        result[_clamped_slices(read_starts(indices), u.shape, x.shape)] = u
+        result[where(indices)] = u
         return result
 
     def in_place(x: np.ndarray, u: np.ndarray, *indices: np.ndarray) -> np.ndarray:
         """The same, writing into `x`: the interpreter calls it when nothing else can see `x`."""
-        x[_clamped_slices(read_starts(indices), u.shape, x.shape)] = u
+        x[where(indices)] = u
         return x
 
     dynamic_update_slice.in_place = in_place  # type: ignore[attr-defined]
