@@ -136,6 +136,21 @@ def test_report_carries_the_flight_recorder_tail_of_each_replica() -> None:
     assert "last events" in str(info.value.report)
 
 
+def test_a_failed_jobs_events_are_as_they_were_when_it_ended_and_made_when_read() -> None:
+    module = rp.parse_hlo(BY_NAME["while_trip_count_depends_on_replica"].hlo)
+    job = rp.launch(module, [np.ones(4, np.float32)], num_replicas=2, backend="threads")
+    with pytest.raises(DeadlockError):
+        job.result()
+    events = job.events()
+    # The recorders' rings were taken when the job ended, not their events made: nothing read yet.
+    assert sorted(events) == [0, 1] and not events._made  # noqa: SLF001 - the laziness is under test
+    # Replica 1 was waiting in its collective #2 when the job ended.
+    waiting = events[1][-1]
+    assert (waiting["kind"], waiting["seq"], waiting["end_us"]) == ("collective", 2, None)
+    assert list(events._made) == [1] and events[1] is events[1]  # noqa: SLF001 - made once, when read
+    assert [ev["seq"] for ev in events[0] if ev["kind"] == "collective"][:2] == [0, 1]
+
+
 def test_report_keeps_at_most_twenty_events_per_replica() -> None:
     hlo = BY_NAME["while_trip_count_depends_on_replica"].hlo.replace("two = s32[] constant(2)",
                                                                     "two = s32[] constant(30)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from time import perf_counter_ns
 from typing import Any
 
@@ -124,9 +125,19 @@ class FlightRecorder:
         # list() takes the ring in one step (the replica may be appending meanwhile); `recorded` is read
         # first, so a ring that is not full never looks truncated.
         recorded = self.recorded
+        return self.made(recorded, list(self._events), last)
+
+    def taken(self) -> tuple[int, list[Any]]:
+        """The ring as it is now, for `made` later: its entries (the unfinished events copied, the
+        only ones that still change) and how many events were recorded."""
+        recorded = self.recorded
+        return recorded, [e.copy() if type(e) is dict and e.get("end_us") is None else e for e in list(self._events)]
+
+    def made(self, recorded: int, entries: list[Any], last: int | None = None) -> list[dict[str, Any]]:
+        """The events of `entries`, a copy of the ring when `recorded` events had been recorded."""
         events: list[dict[str, Any]] = []
         fingerprints = self._fingerprints
-        for entry in list(self._events):
+        for entry in entries:
             if type(entry) is not dict:  # record_deferred's
                 events += entry[0].events(entry[1], self.replica)
                 continue
@@ -142,6 +153,29 @@ class FlightRecorder:
         if dropped > 0:
             events.insert(0, truncated(self.replica, dropped, self.capacity))
         return events
+
+
+class RecordedEvents(Mapping[int, list[dict[str, Any]]]):
+    """Replicas' flight recorders as `{replica: [event, ...]}`, taken at once and each replica's events
+    made when first read: a job's end keeps every ring (its entries, not its events) without making
+    the events of thousands of replicas that nobody may read."""
+
+    def __init__(self, recorders: Iterable[tuple[int, FlightRecorder]]) -> None:
+        self._taken = {r: (recorder, *recorder.taken()) for r, recorder in recorders}
+        self._made: dict[int, list[dict[str, Any]]] = {}
+
+    def __getitem__(self, replica: int) -> list[dict[str, Any]]:
+        made = self._made.get(replica)
+        if made is None:
+            recorder, recorded, entries = self._taken[replica]
+            made = self._made[replica] = recorder.made(recorded, entries)
+        return made
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._taken)
+
+    def __len__(self) -> int:
+        return len(self._taken)
 
 
 def truncated(replica: int, dropped: int, capacity: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from replicas.caching import Cache
@@ -73,7 +73,7 @@ class Backend:
     def from_channel(self, replica: int, channel_id: int, timeout: float | None) -> Any:
         raise NotImplementedError
 
-    def events(self) -> dict[int, list[dict[str, Any]]]:
+    def events(self) -> Mapping[int, list[dict[str, Any]]]:
         raise NotImplementedError
 
     def completed(self, timeout: float) -> list[Any] | None:
@@ -112,7 +112,7 @@ class Job:
         self._host_seq: dict[tuple[int, int], int] = {}
         self._done = False
         self._outcome: tuple[bool, Any] | None = None
-        self._final_events: dict[int, list[dict[str, Any]]] | None = None
+        self._final_events: Mapping[int, list[dict[str, Any]]] | None = None
         # replica -> (outfeed values, {channel: values}) not read when the job ended (backends whose
         # replicas' memory goes with the job: Ray actors back in the pool)
         self._host_values: dict[int, tuple[list[Any], dict[int, list[Any]]]] | None = None
@@ -219,8 +219,9 @@ class Job:
     def states(self) -> list[ReplicaState]:
         return self._backend.states()
 
-    def events(self) -> dict[int, list[dict[str, Any]]]:
-        """Each replica's flight recorder (collectives, channel ops, feeds), oldest first."""
+    def events(self) -> Mapping[int, list[dict[str, Any]]]:
+        """Each replica's flight recorder (collectives, channel ops, feeds), oldest first: a mapping
+        whose replicas' events are made when read."""
         if self._outcome is not None and self._final_events is not None:
             return self._final_events
         return self._backend.events()

@@ -11,7 +11,7 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
-from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
+from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder, RecordedEvents
 from replicas.errors import ExecutionTimeout, ReplicasError, ResourceExhausted
 from replicas.limits import DEADLINE, check_threads
 from replicas.records import HOST, ReplicaState, replicas_text
@@ -267,8 +267,8 @@ class ThreadBackend(Backend):
         """Each replica's messages nobody took (meaningful once every replica stopped)."""
         return {r: box.leftovers() for r, box in enumerate(self._mailboxes)}
 
-    def events(self) -> dict[int, list[dict[str, Any]]]:
-        return {rep.replica_id: rep.recorder.events() for rep in self._replicas}
+    def events(self) -> RecordedEvents:
+        return RecordedEvents((rep.replica_id, rep.recorder) for rep in self._replicas)
 
 
 def _not_ready(doing: str, r: int, n: int) -> str:
