@@ -62,6 +62,7 @@ def straight_line(bound: BoundComputation, comp: Computation,
             name_of[result_slot] = f"v{k}"
     root_var = name_of[bound._root]
     _numpy_broadcasting(comp, steps, operand_vars, stacked or set())
+    reshaped = _reshaped_broadcasts(comp, steps, operand_vars, stacked or set(), root_var)
     readers: dict[str, int] = {}
     for names in operand_vars:
         for n in names:
@@ -96,6 +97,8 @@ def straight_line(bound: BoundComputation, comp: Computation,
         line = None
         if opcode == "constant" or (opcode == "broadcast" and var not in last_use and var != root_var):
             pass  # a global of the code; a broadcast whose readers all broadcast its operand themselves
+        elif k in reshaped:
+            line = f"{var} = {names[0]}.reshape({reshaped[k]})"
         elif opcode == "get-tuple-element":
             line = f"{var} = {names[0]}[{int(inst.attrs['index'])}]"
         elif opcode == "tuple":
@@ -184,3 +187,55 @@ def _python_operands(plan: python_scalars.Plan, comp: Computation, steps: list[A
                      for j, (o, n) in enumerate(zip(inst.operands, names))]
         texts.append(names)
     return texts
+
+
+def _reshaped_broadcasts(comp: Computation, steps: list[Any], operand_vars: list[list[str]], stacked: set[str],
+                         root_var: str) -> dict[int, tuple[int, ...]]:
+    """Broadcasts (keeping the operand's dimension order) all of whose readers are element-wise ufunc
+    steps with another operand of the full shape: the operand reshaped with 1s in the new dimensions
+    is enough, numpy's broadcasting does the rest (a reshape instead of `np.broadcast_to`, the same
+    stride-0 read). Step -> the reshaped dimensions."""
+    candidates: dict[str, tuple[int, tuple[int, ...]]] = {}
+    for k, (_, _, _, _, inst) in enumerate(steps):
+        var = f"v{k}"
+        if inst.opcode != "broadcast" or not inst.shape.is_array or var in stacked or var == root_var:
+            continue
+        dims = list(inst.attrs.get("dimensions") or [])
+        if dims != sorted(dims):
+            continue
+        source = comp.instruction(inst.operands[0]).shape.dimensions
+        expanded = [1] * inst.shape.rank
+        for i, d in enumerate(dims):
+            expanded[d] = source[i]
+        candidates[var] = (k, tuple(expanded))
+    if not candidates:
+        return {}
+    readers: dict[str, list[int]] = {}
+    for j, names in enumerate(operand_vars):
+        for n in names:
+            if n in candidates:
+                readers.setdefault(n, []).append(j)
+    kept = {n for n in candidates if n in readers}
+    changed = True
+    while changed:
+        changed = False
+        for n in sorted(kept):
+            for j in readers[n]:
+                fn, inst = steps[j][0], steps[j][4]
+                names = operand_vars[j]
+                full = [o for o in names if o not in kept and _dims(o, comp, steps) == inst.shape.dimensions]
+                if not (isinstance(fn, np.ufunc) and fn.nout == 1 and fn.nin == len(names) and inst.shape.is_array
+                        and full):
+                    kept.discard(n)
+                    changed = True
+                    break
+    return {candidates[n][0]: candidates[n][1] for n in kept}
+
+
+def _dims(var: str, comp: Computation, steps: list[Any]) -> tuple[int, ...] | None:
+    """The dimensions of the value a generated name holds (an argument, a step's value or a constant)."""
+    if var[0] == "a":
+        shape = next(p.shape for p in comp.parameters if p.attrs["parameter_number"] == int(var[1:]))
+    else:
+        shape = steps[int(var[1:])][4].shape
+    return shape.dimensions if shape.is_array else None
