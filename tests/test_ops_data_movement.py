@@ -88,6 +88,29 @@ def test_broadcast_with_unsorted_dimensions_maps_each_operand_dim():
     assert_same(got, expected)
 
 
+def test_broadcast_is_a_read_only_view_of_any_operand_layout():
+    # A contiguous operand is viewed directly; a strided one (a slice) and a bf16 one go through numpy.
+    from replicas.ops.shape_ops import make_broadcast
+
+    class Shapes:
+        def __init__(self, shape: str) -> None:
+            self.shape = Shape.parse(shape)
+
+        def operand_shapes(self, inst):
+            return [self.shape]
+
+    for operand, x in [("f32[4]", np.arange(4, dtype=np.float32)),
+                       ("f32[4]", np.arange(8, dtype=np.float32)[::2]),
+                       ("bf16[4]", np.arange(4).astype(ml_dtypes.bfloat16)),
+                       ("f32[]", np.asarray(np.float32(2.5)))]:
+        out = operand.split("[")[0] + "[3,4]"
+        inst = Instruction("b", "broadcast", Shape.parse(out), ["x"], {"dimensions": [1] if x.ndim else []})
+        got = make_broadcast(inst, Shapes(operand))(x)
+        want = np.broadcast_to(x if x.ndim else x.reshape(()), (3, 4))
+        assert got.tobytes() == np.ascontiguousarray(want).tobytes() and got.dtype == want.dtype
+        assert not got.flags.writeable, operand
+
+
 def test_broadcast_rejects_incompatible_sizes():
     with pytest.raises(ProgramError, match="does not match result dimension"):
         run_op("broadcast", "f32[2,3]", [np.zeros(2, np.float32)], {"dimensions": [1]})
