@@ -30,6 +30,17 @@ from replicas.transport.fabric import Fabric, FabricSlot, LocalFabric
 
 _DIVERGED = "batched: diverged"  # kernel_state: a batched run of this job fell back
 
+# numpy's floating-point error state during a run: the context variable np.errstate sets, set directly
+# with a state made once (np.errstate builds it and its context manager every run, which costs about
+# as much as a small program's kernel call). np.errstate when this numpy lacks them.
+try:
+    from numpy._core._ufunc_config import _extobj_contextvar as _ERRORS
+    from numpy._core._ufunc_config import _make_extobj
+
+    _IGNORED = _make_extobj(all="ignore")
+except (ImportError, AttributeError, TypeError):
+    _ERRORS = None
+
 
 class Interpreter:
     """Executes the entry computation of `executable` as replica `replica_id` over `fabric`."""
@@ -116,18 +127,27 @@ class Interpreter:
                 self.where[where.CODE] = where.NOWHERE  # between runs
 
     def _run(self, values: Sequence[Any]) -> Any:
-        with np.errstate(all="ignore"):
-            fabric = self.slot.current
-            members = self._batched_members(fabric)
-            if members is not None:
-                out = batched.run(self.executable, members, fabric, values)
-                if out is not batched.FALLBACK:
-                    return out
-                fabric.kernel_state[_DIVERGED] = True  # this job's members run on their own from now on
-            entry = self._entry
-            if entry is None:
-                entry = self._entry = self.computation(self.module.entry)
-            return entry(*values)
+        if _ERRORS is None:
+            with np.errstate(all="ignore"):
+                return self._execute(values)
+        token = _ERRORS.set(_IGNORED)
+        try:
+            return self._execute(values)
+        finally:
+            _ERRORS.reset(token)
+
+    def _execute(self, values: Sequence[Any]) -> Any:
+        fabric = self.slot.current
+        members = self._batched_members(fabric)
+        if members is not None:
+            out = batched.run(self.executable, members, fabric, values)
+            if out is not batched.FALLBACK:
+                return out
+            fabric.kernel_state[_DIVERGED] = True  # this job's members run on their own from now on
+        entry = self._entry
+        if entry is None:
+            entry = self._entry = self.computation(self.module.entry)
+        return entry(*values)
 
     def _batched_members(self, fabric: Fabric) -> tuple[int, ...] | None:
         """The replicas of this process running this program batched with this one (`runtime/batched`),
