@@ -264,6 +264,62 @@ def test_sort_of_jax_lowered_hlo_text():
     np.testing.assert_array_equal(got[1], np.asarray(expected[1]))
 
 
+@pytest.mark.parametrize("descending", [False, True])
+def test_a_symmetric_key_comparator_sorts_by_its_key_as_xla_and_the_merge_sort(descending, monkeypatch):
+    """XLA's compiled float comparator orders the canonicalized floats' bits (bitcast, xor): its key
+    function runs once on the whole operand; the result is XLA's and the merge sort's, bit for bit."""
+    import jax
+    import jax.numpy as jnp
+
+    import replicas as rp
+    from replicas.ops import sort
+    from replicas.ops.recognize import symmetric_key
+    from replicas.runtime.interpreter import Interpreter
+
+    x = special_floats(np.random.default_rng(3), (5, 64), np.float32)
+
+    def f(keys):
+        return jnp.argsort(keys, axis=1, descending=descending), jnp.sort(keys, axis=1, descending=descending)
+
+    module = rp.jax.compile_jax(f, x).module
+    comparators = [c for c in module.computations.values() if c.root_instruction.opcode == "compare"
+                   and len(c.parameters) >= 2]
+    assert comparators and all(symmetric_key(c) is not None for c in comparators)
+    got = Interpreter(module).run([x])
+    expected = jax.jit(f)(x)
+    np.testing.assert_array_equal(got[0], np.asarray(expected[0]))
+    assert_bits_equal(got[1], np.asarray(expected[1]))
+    monkeypatch.setattr(sort, "_keyed_sort", lambda *args: None)
+    merged = Interpreter(module).run([x])
+    np.testing.assert_array_equal(merged[0], got[0])
+    assert_bits_equal(merged[1], got[1])
+
+
+def test_a_comparator_of_two_different_functions_has_no_symmetric_key():
+    from replicas.ops.recognize import symmetric_key
+
+    text = """HloModule m
+
+cmp {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  na = f32[] negate(a)
+  ROOT lt = pred[] compare(na, b), direction=LT
+}
+
+ENTRY e {
+  x = f32[8] parameter(0)
+  ROOT s = f32[8] sort(x), dimensions={0}, to_apply=cmp
+}
+"""
+    module = parse_hlo(text)
+    assert symmetric_key(module.computation("cmp")) is None
+    x = np.array([3, -1, 2, 0, 5, -4, 1, 1], np.float32)
+    from replicas.runtime.interpreter import evaluate
+
+    assert evaluate(module, [x]).shape == (8,)  # the merge sort runs it
+
+
 def test_sort_rejects_bad_comparator_arity_and_dimension():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(ProgramError, match="parameters"):

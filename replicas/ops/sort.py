@@ -8,6 +8,10 @@ and every NaN sorts last), one stable `np.argsort`, and the permutation applied 
 The comparator jax emits for `lax.sort` on floats (canonicalize NaN and zeros, then TOTALORDER)
 is recognized too: its order is that FLOAT order.
 
+A comparator `f(lhs_k) < f(rhs_k)` of one pure function `f` (`recognize.symmetric_key`; jax's
+float sort now orders the canonicalized floats' bits this way): `f` on the whole operand k (its
+kernels take whole arrays, as a comparator's do), then the same stable sort by that key.
+
 Any other comparator: a bottom-up merge sort along the dimension whose comparisons call the
 comparator once per step on whole arrays. Each element finds its place in the merged run by a
 binary search in the other run (log2(width) calls per level, log2(n) levels); ties keep the
@@ -23,8 +27,9 @@ import numpy as np
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction
-from replicas.ops.recognize import sort_comparator
-from replicas.ops.registry import KernelContext, kernel
+from replicas.ops.elementwise_util import WithOperandShapes
+from replicas.ops.recognize import sort_comparator, symmetric_key
+from replicas.ops.registry import KernelContext, kernel, lookup
 from replicas.shapes import PrimitiveType
 
 _UNSIGNED = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
@@ -220,6 +225,10 @@ def make_sort(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
             return sort_integers
         return sort_fast
 
+    keyed = _keyed_sort(comparator_ir, ctx, axis, pack)
+    if keyed is not None:
+        return keyed
+
     comparator = ctx.computation(name)
     length = dims[axis]
 
@@ -234,3 +243,30 @@ def make_sort(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         )
 
     return sort_generic
+
+
+def _keyed_sort(comparator: Computation, ctx: KernelContext, axis: int,
+                pack: Callable[[Sequence[np.ndarray]], Any]) -> Callable[..., Any] | None:
+    """The sort by a symmetric comparator's key function, or None."""
+    found = symmetric_key(comparator)
+    if found is None or not _fast_key_supported(comparator.by_name[found.key].shape.dtype):
+        return None
+    by_name = comparator.by_name
+    kernels = [(inst.name, lookup(inst)(inst, WithOperandShapes(ctx, [by_name[o].shape for o in inst.operands])),
+                inst.operands) for inst in found.steps]
+    parameter, key_name, operand, direction, total = (found.parameter, found.key, found.operand, found.direction,
+                                                      found.total_order)
+
+    def sort_by_key(*values: np.ndarray) -> Any:
+        x = values[operand]
+        with np.errstate(all="ignore"):
+            computed = {parameter: x}
+            for step_name, fn, operands in kernels:
+                computed[step_name] = fn(*[computed[o] for o in operands])
+            key = order_key(np.broadcast_to(computed[key_name], x.shape), total)
+            if direction == "gt":
+                key = ~key
+            permutation = stable_permutation(key, axis)
+        return pack([np.take_along_axis(v, permutation, axis=axis) for v in values])
+
+    return sort_by_key
