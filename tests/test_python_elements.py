@@ -297,3 +297,40 @@ def test_jax_threefry_in_a_fori_loop_matches_xla_and_the_numpy_path():
     assert got.tobytes() == want.tobytes()
     np.testing.assert_allclose(got, np.asarray(jax.jit(sampler)(jnp.asarray(key), jnp.asarray(x))), rtol=1e-5,
                                atol=1e-6)
+
+
+SIGNALING = """HloModule signaling
+
+fused {
+  p = u32[4] parameter(0)
+  q = f32[4] parameter(1)
+  s = pred[4] parameter(2)
+  zero = u32[] constant(0)
+  z = u32[4] broadcast(zero), dimensions={}
+  x = u32[4] or(p, z)
+  f = f32[4] bitcast-convert(x)
+  m = f32[4] select(s, q, f)
+  ROOT r = (f32[4], f32[4]) tuple(f, m)
+}
+
+ENTRY main {
+  p = u32[4] parameter(0)
+  q = f32[4] parameter(1)
+  s = pred[4] parameter(2)
+  ROOT f = (f32[4], f32[4]) fusion(p, q, s), kind=kLoop, calls=fused
+}
+"""
+
+
+def test_a_signaling_nan_keeps_its_bits_as_in_the_numpy_path():
+    # A Python float cannot hold an f32 signaling NaN: a call that meets one, made by a bitcast or given
+    # as an operand, runs on the numpy kernels, which move it bit for bit as XLA does.
+    module = rp.parse_hlo(SIGNALING)
+    assert compile_fusion(module.computation("fused"), Interpreter(module)) is not None  # per element
+    quiet, signaling = np.array([0x7FC00001, 0x3F800000, 0, 0xFFC00000], np.uint32), 0x7F800001
+    select = np.array([True, False, True, False])
+    for p, q in [(quiet, quiet), (np.array([signaling, 1, 2, 0xFFA00000], np.uint32), quiet),
+                 (quiet, np.array([0x3F800000, 0, signaling, 0xFF800002], np.uint32))]:
+        got = rp.run(module, [p, q.view(np.float32), select], num_replicas=1, backend="threads")[0]
+        assert got[0].view(np.uint32).tolist() == p.tolist()
+        assert got[1].view(np.uint32).tolist() == np.where(select, q, p).tolist()

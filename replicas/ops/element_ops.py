@@ -67,6 +67,11 @@ def writer(inst: Instruction, types: list[PrimitiveType]) -> Writer | None:
     if op == "bitcast-convert":
         if src not in BITCAST or t not in BITCAST or src.bit_width != t.bit_width:
             return None
+        if t is P.F32 and src is not P.F32:
+            # A Python float cannot hold an f32 signaling NaN (f32 -> f64 quiets it): such bits leave
+            # the Python code (`SignalingNaN`) for the numpy kernels, which keep them as XLA does.
+            return lambda a: (f"(_unpack_f(_pack_{BITCAST[src]}({a[0]}))[0] if ({a[0]} & 0x7fc00000) != 0x7f800000 "
+                              f"or not {a[0]} & 0x3fffff else _signaling())")
         return lambda a: f"_unpack_{BITCAST[t]}(_pack_{BITCAST[src]}({a[0]}))[0]"
     if t is P.PRED:
         symbols = {"and": "&", "or": "|", "xor": "^", "add": "|", "maximum": "|", "multiply": "&", "minimum": "&"}
@@ -168,6 +173,19 @@ def _convert(src: PrimitiveType, dst: PrimitiveType) -> Writer | None:
     if src in (P.F32, P.F64) and dst in (P.F32, P.F64):
         return lambda a: a[0]
     return None  # float to integer: the kernel's saturation and NaN rules
+
+
+class SignalingNaN(Exception):
+    """An f32 signaling NaN met by per-element Python code: the numpy kernels run the call instead."""
+
+
+def signaling() -> float:
+    raise SignalingNaN
+
+
+def has_signaling_f32(a: np.ndarray) -> bool:
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return bool((((bits & 0x7FC00000) == 0x7F800000) & ((bits & 0x3FFFFF) != 0)).any())
 
 
 def divide_by_zero(a: float, b: float) -> float:

@@ -9,7 +9,9 @@ Python `while` over the state's elements: the operands' elements become Python n
 ops (broadcast, reshape, slice, concatenate, transpose, tuples) are renamings decided while
 generating, and the result is built once (`np.array`). Ops without a Python form run their own
 numpy kernel on the few elements. Either is used only when every value is small
-(`MAX_ELEMENTS`) and the cost model says it is cheaper than the numpy kernels.
+(`MAX_ELEMENTS`) and the cost model says it is cheaper than the numpy kernels. A call that meets an
+f32 signaling NaN (an operand's, or a bitcast's), which a Python float cannot hold, runs on the
+numpy kernels instead.
 
 A compiled loop notices a cancel, timeout or deadlock abort at each trip's start, as the
 interpreter's loops do; the interpreter's `current` instruction stays the While's.
@@ -28,6 +30,7 @@ import numpy as np
 
 from replicas.hlo.ir import Computation, Instruction
 from replicas.hlo.opcodes import opcode as opcode_record
+from replicas.ops import element_ops
 from replicas.ops.element_ops import BITCAST, DEFAULT_NAN, TYPES, divide_by_zero, rounds, writer
 from replicas.ops.elementwise_util import WithOperandShapes
 from replicas.ops.registry import KernelContext, lookup
@@ -126,7 +129,9 @@ class _Generator:
         self.depth = 1
         self.env: dict[str, Any] = {"_array": np.array, "_f": array("f", [0.0]), "_sqrt": math.sqrt,
                                     "_nan": DEFAULT_NAN, "_inf": math.inf, "_divide_by_zero": divide_by_zero,
-                                    "_interp": ctx}
+                                    "_interp": ctx, "_signaling": element_ops.signaling,
+                                    "_SignalingNaN": element_ops.SignalingNaN,
+                                    "_sum": sum, "_check_f32": _check_f32}
         for code in BITCAST.values():
             self.env[f"_pack_{code}"] = struct.Struct("<" + code).pack
             self.env[f"_unpack_{code}"] = struct.Struct("<" + code).unpack
@@ -156,6 +161,8 @@ class _Generator:
         elems = [f"e{next(self.names)}" for _ in range(shape.numel)]
         self.variables.update(elems)
         self.line(f"{', '.join(elems)}, = {name}.reshape(-1).tolist()")
+        if shape.element_type is P.F32:  # a NaN among them (rare) is looked at closer: see `_check_f32`
+            self.line(f"if (_s := _sum(({', '.join(elems)},))) != _s: _check_f32({name})")
         return elems
 
     def pack(self, shape: Shape, value: Value) -> str:
@@ -175,7 +182,10 @@ class _Generator:
                        + self.kernels * KERNEL_COST)
         if (self.cost_model and python_cost >= self.numpy_calls) or self.statements > MAX_STATEMENTS:
             raise _Refused
-        text = f"def run({', '.join(args)}):\n" + "\n".join(self.lines) + "\n"
+        # An f32 signaling NaN, which Python floats cannot carry, runs the whole call on the numpy
+        # kernels (`run.plain`: the bound computation or loop the caller set).
+        text = (f"def run({', '.join(args)}):\n    try:\n" + "\n".join("    " + line for line in self.lines)
+                + f"\n    except _SignalingNaN:\n        return run.plain({', '.join(args)})\n")
         exec(compile(text, f"<elements {name}>", "exec"), self.env)  # noqa: S102
         return self.env["run"]
 
@@ -296,7 +306,10 @@ class _Generator:
         literal = inst.attrs.get("literal")
         if literal is None:
             raise _Refused
-        return [self.literal(v) for v in np.asarray(literal).astype(inst.shape.dtype).reshape(-1).tolist()]
+        values = np.asarray(literal).astype(inst.shape.dtype)
+        if inst.shape.element_type is P.F32 and element_ops.has_signaling_f32(values):
+            raise _Refused  # its bits would not survive a Python float
+        return [self.literal(v) for v in values.reshape(-1).tolist()]
 
     def literal(self, v: Any) -> str:
         if isinstance(v, float) and not math.isfinite(v):
@@ -357,6 +370,12 @@ class _Generator:
         self.line(f"{', '.join(out)}, = {fn}({', '.join(args)}).reshape(-1).tolist()")
         self.variables.update(out)
         self.kernels += 1
+
+
+def _check_f32(a: np.ndarray) -> None:
+    """Raise SignalingNaN if the f32 array `a` holds a signaling NaN."""
+    if element_ops.has_signaling_f32(a):
+        raise element_ops.SignalingNaN
 
 
 def _flatten(value: Value) -> list[str]:
