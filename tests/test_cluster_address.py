@@ -4,6 +4,7 @@ read as token authentication. The README's cluster test joins a token cluster fo
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -53,4 +54,5 @@ def test_an_unreachable_address_fails_in_one_line(tmp_path: Path) -> None:
                                "--timeout", "2", "--quiet"], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and done.stdout == ""
     [line] = done.stderr.strip().splitlines()
-    assert line.startswith(f"ReplicaFailure: no Ray cluster answered at 127.0.0.1:{port} within 2 s"), line
+    # Within what is left of the 2 s by the time the address is asked (a loaded machine took a moment).
+    assert re.match(rf"ReplicaFailure: no Ray cluster answered at 127\.0\.0\.1:{port} within (2|1\.\d) s", line), line
