@@ -12,7 +12,8 @@ reduction overlaps the transfer.
 
 Rounds: `IN` (process leader -> node leader), `ACROSS` (node leader -> node leader; a stream's
 first chunk, so every unit's first message across nodes is compared on the same key), `OUT`
-(node leader -> process leaders), `STREAM + k` (a stream's chunk k > 0).
+(node leader -> process leaders), `LOCAL` (all-to-all: process leader -> process leader of the
+same node, neither the node leader), `STREAM + k` (a stream's chunk k > 0).
 
 Reduction order: in a process, group order; in a node, the processes' partials in process order;
 across nodes, the nodes' partials in node order (the order of each node's first process). It
@@ -21,11 +22,14 @@ depends on the placement only, and every member gets the same bits.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from replicas.collectives.buffers import pool_of
 from replicas.collectives.direct import place_items
 from replicas.collectives.exchange import Exchange
+from replicas.collectives.forwarding import placer_of
 from replicas.collectives.in_process import (
     GatherResult,
     hand_out_all_to_all,
@@ -40,7 +44,8 @@ from replicas.collectives.topology import LEADER_ROUND, Topology
 IN = LEADER_ROUND
 ACROSS = LEADER_ROUND + 1
 OUT = LEADER_ROUND + 2
-STREAM = LEADER_ROUND + 3
+LOCAL = LEADER_ROUND + 3
+STREAM = LEADER_ROUND + 4
 MAX_PIECES = 4096  # a stream's chunks at most (their rounds stay below `topology.RESULT`)
 
 
@@ -189,9 +194,11 @@ def reduce_scatter(ex: Exchange, parts: list[Values], dim: int, combine: Combine
 # -- all-to-all ------------------------------------------------------------------------------------
 
 def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], dim: int) -> Values:
-    """Every process's chunks for other processes go through the node leaders: the node's processes
+    """Every process's chunks for other nodes go through the node leaders: the node's processes
     hand theirs to their node leader, which sends each other node leader one bundle (what its node
-    sends that node) and hands each of its processes what the others sent it."""
+    sends that node) and hands each of its processes what the others sent it. Between two processes
+    of one node that are not its leader, the chunks go directly (a leader would copy them once more:
+    what it forwards from another process's arena is not in its own)."""
     topo = ex.topo
     layout = topo.layout
     node = _Node(topo)
@@ -201,21 +208,26 @@ def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], di
     outgoing = [None if q == pos else [c[j] for c in chunks for j in layout.processes[q]]
                 for q in range(len(layout.leaders))]
     if not node.is_leader:
+        direct = [q for q in node.processes[1:] if q != pos]
+        mine = [outgoing[q] for q in direct]
+        for q in direct:
+            outgoing[q] = None
         ex.send(node.leader, IN, outgoing)
-        got = ex.recv_one(node.leader, OUT)
+        for q, items in zip(direct, mine):
+            ex.send(layout.leaders[q], LOCAL, items)
+        got = list(zip(direct, ex.recv([layout.leaders[q] for q in direct], LOCAL)))
+        got.extend(ex.recv_one(node.leader, OUT))
     else:
-        sent = {pos: outgoing}
-        for q, items in zip(node.processes[1:], ex.recv(node.peers, IN)):
-            sent[q] = items
-        peers = [node.leaders[m] for m in node.others]
-        for m, r in zip(node.others, peers):
-            ex.send(r, ACROSS, [(p, q, sent[p][q]) for p in node.processes for q in layout.nodes[m]])
-        arrived = [(p, q, sent[p][q]) for p in node.processes for q in node.processes if p != q]
-        for bundle in ex.recv(peers, ACROSS):
-            arrived.extend(bundle)
-        for q, r in zip(node.processes[1:], node.peers):
-            ex.send(r, OUT, [(p, items) for p, q2, items in arrived if q2 == q])
-        got = [(p, items) for p, q2, items in arrived if q2 == pos]
+        # What the other nodes send this node's other processes lands in the arena, whence it goes on
+        # without a copy (collectives/forwarding.py).
+        placer = placer_of(ex.fabric, ACROSS) if node.peers else None
+        if placer is not None:
+            placer.expect(ex.seq)
+        try:
+            got = _route_across(ex, node, outgoing)
+        finally:
+            if placer is not None:
+                placer.done(ex.seq)
     out = local_addressed(topo, chunks, lambda c, j: c[j])
     for q, items in got:
         it = iter(items)
@@ -223,6 +235,26 @@ def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], di
             for k_dst in range(len(topo.local)):
                 out[k_dst][i_src] = next(it)
     return hand_out_all_to_all(ex, parts, out, dim)
+
+
+def _route_across(ex: Exchange, node: _Node, outgoing: list[Any]) -> list[tuple[int, Any]]:
+    """On a node leader: the node's processes' chunks exchanged with the other node leaders and
+    handed to the node's other processes; what this process was sent, by source process."""
+    layout = ex.topo.layout
+    pos = ex.topo.position
+    sent = {pos: outgoing}
+    for q, items in zip(node.processes[1:], ex.recv(node.peers, IN)):
+        sent[q] = items
+    peers = [node.leaders[m] for m in node.others]
+    for m, r in zip(node.others, peers):
+        ex.send(r, ACROSS, [(p, q, sent[p][q]) for p in node.processes for q in layout.nodes[m]])
+    # Within the node only what this process sends or is sent: the others exchange theirs directly.
+    arrived = [(p, q, sent[p][q]) for p in node.processes for q in node.processes if p != q and pos in (p, q)]
+    for bundle in ex.recv(peers, ACROSS):
+        arrived.extend(bundle)
+    for q, r in zip(node.processes[1:], node.peers):
+        ex.send(r, OUT, [(p, items) for p, q2, items in arrived if q2 == q])
+    return [(p, items) for p, q2, items in arrived if q2 == pos]
 
 
 # -- the unit ------------------------------------------------------------------------------------------

@@ -167,6 +167,10 @@ class Wire:
         self._pending_lock = threading.Lock()
         self._listeners: list[socket.socket] = []
         self._dir: str | None = None
+        # Where a large array arriving from another node is received instead of the reader's own
+        # buffers, when it will be forwarded to a process of this node (collectives/forwarding.py):
+        # `placer(head, nbytes)` gives a writable uint8 buffer of that size, or None.
+        self.placer: Callable[[tuple, int], np.ndarray | None] | None = None
         self.address: dict[str, Any] = {"node": node, "unix": self._listen_unix(), "tcp": None}
         if node_ip is not None:
             self.open_tcp(node_ip)
@@ -291,7 +295,8 @@ class Wire:
             if self._check is not None:
                 self._check(head, body_size)
             try:
-                body = decode_body(view[head_size:]) if together else _read_body(conn, body_size, buffers)
+                body = decode_body(view[head_size:]) if together else _read_body(conn, body_size, buffers,
+                                                                                  head, self.placer)
             except (OSError, EOFError):
                 return
             self._deliver(head + (body,))
@@ -469,16 +474,20 @@ class _Buffers:
         return buffer
 
 
-def _read_body(conn: socket.socket, body_size: int, buffers: _Buffers | None = None) -> Any:
-    """A large body read from the socket: each array straight into its own buffer (one of
-    `buffers` that nothing refers to any more, where one of the size is)."""
+def _read_body(conn: socket.socket, body_size: int, buffers: _Buffers | None = None, head: tuple = (),
+               placer: Callable[[tuple, int], np.ndarray | None] | None = None) -> Any:
+    """A large body read from the socket: each array straight into its own buffer (where `placer`
+    gives one, there; else one of `buffers` that nothing refers to any more, where one of the size is)."""
     if body_size < _BODY.size:
         raise WireError(f"a message body of {body_size} bytes has no layout")
     meta_size, count = _body_layout(_recv_exact(conn, _BODY.size), body_size)
     sizes = _buffer_sizes(_recv_exact(conn, count * _LENGTH.size), count, meta_size, body_size)
     meta = _recv_exact(conn, meta_size)
     kept = buffers if buffers is not None else _Buffers()
-    arrays = [_recv_into(conn, kept.take(size)) for size in sizes]
+    arrays = []
+    for size in sizes:
+        into = placer(head, size) if placer is not None and size >= KEPT_MIN_BYTES else None
+        arrays.append(_recv_into(conn, kept.take(size) if into is None else into))
     return pickle.loads(meta, buffers=arrays)  # noqa: S301 - an authenticated peer's (module doc)
 
 

@@ -1,0 +1,107 @@
+"""Arrays from another node received straight into this actor's shared-memory arena, where a node
+leader forwards them to the processes of its node (`collectives/nodes.py`, all-to-all).
+
+Why: a node leader receives one transfer per other node holding what its node's processes are
+sent; the part for another process of the node went on as a message, which copied it into the arena
+(`transport/shm.py`). Received into leased blocks of the arena instead, that part goes on as a
+descriptor of where it already is: no copy on the leader's critical path.
+
+Only the arrays of the transfers a collective announced (`expect(seq)`, before it sends its own
+part across) are placed so; the others (an all-reduce's stream, an all-gather's parts, which are
+copied or reduced where they land anyway) keep the reader's own buffers and leave the arena's room to
+the result buffers. A transfer that arrives before it was announced is received as before and
+forwarded by copy: the same bytes, later.
+
+A block is received into again only when nothing refers to its array any more and every process it
+was forwarded to released it (`BufferPool`'s rule); the blocks go back with the arena at the end of
+the job.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from replicas.transport import keys
+
+if TYPE_CHECKING:
+    from replicas.transport.fabric import Fabric
+
+_INSTALL = threading.Lock()  # two node leaders of one actor (packed replicas) may install at once
+KEPT = 16  # blocks at most per actor and job (a bundle holds one array per pair of processes)
+_FREE_REFS = 3  # the list's tuple, the loop variable and getrefcount's argument
+
+
+class Placer:
+    """One actor's receive blocks in its arena for one job (`Wire.placer` while the job runs)."""
+
+    def __init__(self, outbox: Any, round_: int) -> None:
+        self.outbox = outbox
+        self.round = round_
+        self.expected: set[int] = set()  # sequence numbers of the collectives whose transfers land here
+        self.kept: list[tuple[np.ndarray, int]] = []
+        self.lock = threading.Lock()
+
+    def expect(self, seq: int) -> None:
+        with self.lock:
+            self.expected.add(seq)
+
+    def done(self, seq: int) -> None:
+        with self.lock:
+            self.expected.discard(seq)
+
+    def __call__(self, head: tuple, nbytes: int) -> np.ndarray | None:
+        """A writable uint8 buffer of `nbytes` in a leased block for an array of a message whose head
+        (token, destination, source, key) names an announced collective's transfer; else None."""
+        key = head[3] if len(head) > 3 else None
+        if type(key) is not tuple or len(key) != 3 or key[0] != keys.COLLECTIVE or key[2] != self.round:
+            return None
+        outbox = self.outbox
+        with self.lock:
+            if key[1] not in self.expected:
+                return None
+            for owner, offset in self.kept:
+                if owner.nbytes == nbytes and sys.getrefcount(owner) == _FREE_REFS and not outbox.lent(offset):
+                    return owner.view(np.ndarray)
+            if len(self.kept) >= KEPT:
+                return None
+            offset = outbox.lease(nbytes)
+            if offset is None:
+                return None
+            owner = outbox.leased_array(offset, (nbytes,), np.dtype(np.uint8))
+            self.kept.append((owner, offset))
+            return owner.view(np.ndarray)
+
+    def retire(self, wire: Any) -> bool:
+        """The job's arena closes: stop placing; False if a block is still referred to."""
+        if getattr(wire, "placer", None) is self:
+            wire.placer = None
+        with self.lock:
+            kept, self.kept = self.kept, []
+            free = True
+            while kept:
+                owner, _ = kept.pop()
+                free = free and sys.getrefcount(owner) == _FREE_REFS - 1  # the local name and the argument
+                del owner
+        return free
+
+
+def placer_of(fabric: Fabric, round_: int) -> Placer | None:
+    """This actor's placer for the fabric's job, installed on its wire at first use; None where
+    nothing is received from other nodes into an arena (no wire, no arena: threads, one node)."""
+    wire = getattr(fabric, "wire", None)
+    shared = fabric.shared
+    outbox = shared.outbox if shared is not None else None
+    if wire is None or outbox is None:
+        return None
+    with _INSTALL:
+        placer = wire.placer
+        if isinstance(placer, Placer) and placer.outbox is outbox:
+            return placer
+        placer = Placer(outbox, round_)
+        wire.placer = placer
+    outbox.on_close(lambda: placer.retire(wire))
+    return placer
