@@ -87,6 +87,9 @@ class Spinner:
         and `then()` holds, or the mapping is closed (its `words` emptied: the caller's wait ends it)."""
         if self.budget <= 0.0:
             return False
+        if self._rest:  # (as `spin` would, without building the watch)
+            self._rest -= 1
+            return False
         seen = int(mapping.words[index])
 
         def changed() -> bool:

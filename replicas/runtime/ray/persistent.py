@@ -75,8 +75,8 @@ class PersistentJob:
         if not self._bell_tried:
             self._open_doorbell()
         self._call = (seq, count, fetch_max)
-        by_call = range(len(self._actors))
         self._bell_seq = None
+        by_call: Any = range(len(self._actors))
         if self._bell is not None:
             first = args[0]
             if all(a is first or (len(a) == len(first) and all(x is y for x, y in zip(a, first))) for a in args):
@@ -87,8 +87,11 @@ class PersistentJob:
                 self._bell_seq = self._bell.ring((rung, forget, seq, count, fetch_max))
                 self._bell_pending = self._bell_seq is not None
             if self._bell_seq is not None:
-                by_call = [i for i in by_call if i not in self._bell_actors]
                 self.calls["doorbell"] += 1
+                if len(self._bell_actors) == len(self._actors):  # the doorbell reaches every actor
+                    self._call_refs = None
+                    return
+                by_call = [i for i in by_call if i not in self._bell_actors]
         self.calls["call"] += len(by_call)
         self._call_refs = [self._actors[i].call_and_settle.remote(
             self._token, {r: args[r] for r in self._groups[i]}, forget, self.poll_interval, seq, count, fetch_max)
@@ -99,16 +102,28 @@ class PersistentJob:
         actors) once every actor reports its replicas finished within about `timeout` s; None when
         one failed or still runs (the monitor's turn: `settle` after it)."""
         refs, self._call_refs = self._call_refs or [], None
-        parts: list[Any] = []
-        asked = range(len(self._actors))  # the actors whose printed lines are asked for
+        merged: dict[int, list[Any]] = {}
+        asked: Any = range(len(self._actors))  # the actors whose printed lines are asked for
         if self._bell_seq is not None:
             replies = self._bell.replies(self._bell_seq, self._bell_actors, timeout, self._bell_spinner)
             if replies is None:
                 return None
             self._bell_pending = False
-            decoded = _decoded(replies)
-            parts.extend(part for part, _ in decoded)
-            host_output.show([lines for _, lines in decoded])  # (a failed call's, or a too large reply's: asked later)
+            failed = False
+            printed = []
+            for part, lines in _decoded(replies):
+                if part is None:
+                    failed = True
+                else:
+                    merged.update(part)
+                if lines:
+                    printed.append(lines)
+            if printed:  # (a failed call's, or a too large reply's: asked later)
+                host_output.show(printed)
+            if failed:
+                return None
+            if not refs:
+                return [merged[r] for r in range(self.num_replicas)]
             asked = [i for i in asked if i not in self._bell_actors]
         if refs:
             ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout + 1.0)
@@ -116,17 +131,15 @@ class PersistentJob:
                 return None
             for ref in refs:
                 try:
-                    parts.append(self._ray.get(ref))
+                    part = self._ray.get(ref)
                 except Exception:  # noqa: BLE001 - a dead actor or a refused call: the monitor's poll names it
                     return None
-        if any(part is None for part in parts):
-            return None
+                if part is None:
+                    return None
+                merged.update(part)
         if self._prints and asked:
             self.calls["printed"] += len(asked)
             host_output.show(self._get([self._actors[i].printed.remote() for i in asked], list(asked)))
-        merged: dict[int, list[Any]] = {}
-        for part in parts:
-            merged.update(part)
         return [merged[r] for r in range(self.num_replicas)]
 
     def settle(self) -> list[list[Any]]:

@@ -20,6 +20,9 @@ from replicas.runtime.resident import Kept
 from replicas.transport import spin
 from replicas.transport.doorbell import REPLY_BYTES, Doorbell, pack, unpack
 
+# Ray wraps every method of an actor class for tracing (ray/util/tracing), calls from the actor's
+# own code included: the doorbell's per-call path calls the mixin's functions directly instead.
+
 
 class PersistentCalls:
     _runners: dict[int, Any]
@@ -35,7 +38,7 @@ class PersistentCalls:
     def call(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]]) -> None:
         """Run the program again on each hosted replica's `args` (`Kept` names resolved here), after
         dropping the outputs named in `forget`. Returns nothing: `settle` collects the outcome."""
-        self._run_inline(self._start_call(token, args, forget))
+        PersistentCalls._run_inline(PersistentCalls._start_call(self, token, args, forget))
 
     def _start_call(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]]) -> list[Any]:
         """`call`'s start: the replicas handed to their parked threads; those the calling thread
@@ -120,7 +123,7 @@ class PersistentCalls:
                         return
                     continue
                 last = seq
-                reply = self._serve_one(token, bell)
+                reply = PersistentCalls._serve_one(self, token, bell)
                 # What a clean call printed travels with its reply, not by a Ray call (a failed call's
                 # lines stay for the driver's monitor, which asks for them).
                 printed = host_output.take() if reply is not None else []
@@ -139,7 +142,7 @@ class PersistentCalls:
             request = bell.request()
             if len(request) == 2:  # (output, replicas): the shards kept here, asked for by `np.asarray`
                 key, replicas = request
-                shards = self.fetch(key, [r for r in replicas if r in self._runners])
+                shards = PersistentCalls.fetch(self, key, [r for r in replicas if r in self._runners])
                 if sum(getattr(v, "nbytes", 0) for v in shards.values()) > REPLY_BYTES // 2:
                     return None  # more than a reply holds: the driver asks by an actor call
                 return {r: pack([v]) for r, v in shards.items()}
@@ -150,7 +153,7 @@ class PersistentCalls:
                 mine = {r: values for r in self._runners}
             else:
                 mine = {r: unpack(args[r]) for r in self._runners}
-            self.call(token, mine, forget)  # the first replica runs here
+            PersistentCalls.call(self, token, mine, forget)  # the first replica runs here
             runners = list(self._runners.values())
             for runner in runners:
                 while not runner.join(0.05):
@@ -158,7 +161,7 @@ class PersistentCalls:
                         return None
             if self._faults or any(r.error is not None for r in runners):
                 return None
-            return {r: pack(v) for r, v in self.settle(token, seq, count, fetch_max).items()}
+            return {r: pack(v) for r, v in PersistentCalls.settle(self, token, seq, count, fetch_max).items()}
         except Exception:  # noqa: BLE001 - the driver's monitor finds and names what failed
             return None
 
