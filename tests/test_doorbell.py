@@ -1,6 +1,7 @@
 """The doorbell of a persistent job on Ray (transport/doorbell.py): a call's arguments and outputs
-packed for shared memory come back as they went (dtype, shape, values, writability), and a jitted
-function whose values take every form the packing knows matches JAX through real actors."""
+packed for shared memory come back as they went (dtype, shape, values, writability), a jitted
+function whose values take every form the packing knows matches JAX through real actors, and an
+idle job's actor parks its main thread (runtime/ray/parking.py) yet answers every call."""
 
 from __future__ import annotations
 
@@ -164,3 +165,53 @@ def test_what_a_watched_call_printed_reaches_the_drivers_stdout_once(capfd):
     lines = [line for line in capfd.readouterr().out.splitlines() if line.startswith("[replica 0] ")]
     assert lines == ["[replica 0] start 0.0", "[replica 0] end 2.0"] * 2, lines
     assert session.watched_calls >= 1  # (what this test is about: a call the monitor watched)
+
+
+@pytest.mark.skipif(not doorbell.available(), reason="needs futexes and /dev/shm")
+def test_the_drivers_hold_keeps_the_actors_awake_and_moves_their_release_word():
+    token = "test" + secrets.token_hex(4)
+    driver = Doorbell(token, 1, create=True)
+    actor = Doorbell(token, 1)
+    try:
+        assert not actor.held()  # a new doorbell's actors may park at once
+        seen = actor.release_word()
+        driver.hold(60.0)
+        assert actor.held() and actor.release_word() != seen
+        actor.wait_release(seen, 30.0)  # returns at once: the word moved
+        seen = actor.release_word()
+        driver.stop()  # the job's end releases parked main threads too
+        assert actor.stopped() and actor.release_word() != seen
+    finally:
+        actor.close()
+        driver.close()
+        shm.remove_job_segments(token)
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_an_idle_jobs_actor_parks_its_main_thread_and_still_answers_every_call():
+    """Between doorbell calls the actor's main thread (Ray's task loop) is parked; the driver's own
+    actor calls wake it (a watched call, `progress()`, a large output's fetch, the job's end), and
+    any other call is answered once the bounded park ends."""
+    jax = pytest.importorskip("jax")
+    import ray
+
+    import replicas as rp
+    from replicas.runtime.ray import parking
+
+    step = rp.jax.jit(lambda x: x * 2 + 1, backend="ray")
+    x = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: fetched by an actor call, past the doorbell's reply
+    try:
+        out = step(x)
+        actor = next(iter(step._cache.values())).session._backend._actors[0]
+        parks = 0
+        for _ in range(50):  # the doorbell's thread parks the main thread before it waits for a call
+            out = step(x)
+            parks = ray.get(actor.__ray_call__.remote(lambda host: parking._state.parks))
+            if parks:
+                break
+        assert parks > 0
+        assert step.progress().finished == 1  # states: an actor call after the driver's hold
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(jax.jit(lambda v: v * 2 + 1)(x)))
+        np.testing.assert_array_equal(np.asarray(step(out)), x * 4 + 3)  # resident, then fetched
+    finally:
+        step.close()

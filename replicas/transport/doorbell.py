@@ -10,10 +10,12 @@ its own slot, bumps its reply word and wakes the driver. The request holds every
 arguments in one pickle: an array given to every replica is in it once, whichever number of
 replicas and actors read it.
 
-Layout: line 0 holds the request word (the driver's) and a stop word; line 1+i the reply word of
-actor i (its own); then the request (u64 length, bytes) and one reply slot per actor (u64 length,
-bytes). Each word has one writer, and x86-64 keeps stores in order (transport/futex.py), so a
-reader that sees a word sees the bytes written before it.
+Layout: line 0 holds the request word (the driver's), a stop word, the release word and the hold
+word (the actors' main threads park on the release word while the hold, a time, has passed:
+runtime/ray/parking.py); line 1+i the reply word of actor i (its own); then the request (u64
+length, bytes) and one reply slot per actor (u64 length, bytes). Each word but the release word
+has one writer, and x86-64 keeps stores in order (transport/futex.py), so a reader that sees a word
+sees the bytes written before it; the release word only has to move (anyone may bump it).
 
 Both waits spin first when the driver and the node's actors of the job fit the cores
 (transport/spin.py): the driver for the replies of a short call, an actor's call thread for the
@@ -35,6 +37,7 @@ from replicas.transport import futex, shm, spin
 from replicas.transport.segment import Mapping
 
 _LINE = 64
+_RELEASE, _HOLD = 2, 3  # words of line 0
 REQUEST_BYTES = int(os.environ.get("REPLICAS_DOORBELL_REQUEST_BYTES", str(256 << 20)))  # virtual: sparse
 REPLY_BYTES = 1 << 20  # per actor: a reply carries only small outputs
 _LENGTH = struct.Struct("<Q")
@@ -79,6 +82,17 @@ def _always() -> bool:
     return True
 
 
+def _now_ms() -> int:
+    """This machine's monotonic clock in milliseconds, modulo 2**32 (every process of a node reads
+    the same clock: the hold word compares the driver's time with an actor's)."""
+    return int(time.monotonic() * 1000) & 0xFFFFFFFF
+
+
+def _ahead(a: int, b: int) -> bool:
+    """Whether u32 time `a` is after `b` (modulo 2**32)."""
+    return 0 < ((a - b) & 0xFFFFFFFF) < 0x80000000
+
+
 def segment_name(token: str) -> str:
     return f"{shm.PREFIX}{token}-d"
 
@@ -94,6 +108,8 @@ class Doorbell:
         self.map = Mapping(os.path.join(shm.SHM_DIR, segment_name(token)), size if create else 0)
         self.words = self.map.words
         self.base = self.map.address
+        if create:
+            self.words[_HOLD] = _now_ms()  # held until now: the actors may park
 
     # -- the driver's side --------------------------------------------------------------------------
     def ring(self, request: Any) -> int | None:
@@ -132,10 +148,23 @@ class Doorbell:
         return [self._read(self._replies_at + i * REPLY_BYTES) for i in actors]
 
     def stop(self) -> None:
-        """Every actor's call thread ends (the job ends)."""
+        """Every actor's call thread ends (the job ends), and their main threads leave any park."""
         self.words[1] = 1
         self.words[0] = (int(self.words[0]) + 1) & 0xFFFFFFFF
         futex.wake(self.base)
+        self.wake_main()
+
+    def hold(self, seconds: float) -> None:
+        """The actors' main threads run Ray's loop for the next `seconds` at least (the driver is
+        about to make actor calls): any parked one leaves its park now."""
+        until = (_now_ms() + int(seconds * 1000)) & 0xFFFFFFFF
+        if _ahead(until, int(self.words[_HOLD])):
+            self.words[_HOLD] = until
+        self.wake_main()
+
+    def wake_main(self) -> None:
+        self.words[_RELEASE] = (int(self.words[_RELEASE]) + 1) & 0xFFFFFFFF
+        futex.wake(self.base + _RELEASE * 4)
 
     # -- an actor's side ------------------------------------------------------------------------------
     def wait_request(self, last: int, timeout: float = SLICE, spinner: spin.Spinner = spin.NEVER) -> int | None:
@@ -150,6 +179,17 @@ class Doorbell:
 
     def stopped(self) -> bool:
         return bool(self.words[1])
+
+    def held(self) -> bool:
+        """Whether the driver holds the actors' main threads awake (its hold has not passed)."""
+        return _ahead(int(self.words[_HOLD]), _now_ms())
+
+    def release_word(self) -> int:
+        return int(self.words[_RELEASE])
+
+    def wait_release(self, seen: int, timeout: float) -> None:
+        """Sleep while the release word is `seen`, at most `timeout` s (a parked main thread)."""
+        futex.wait(self.base + _RELEASE * 4, seen, timeout)
 
     def request_seq(self) -> int:
         return int(self.words[0])

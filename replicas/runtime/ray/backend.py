@@ -379,8 +379,10 @@ class RayBackend(PersistentJob, Backend):
         return [(POOL.note(a).get("address") or {}).get("node") for a in self._actors]
 
     def _touch(self, method: str, quiet: bool = False) -> None:
-        """Before an actor call of `method` (counted): the job's launch must have been seen."""
+        """Before an actor call of `method` (counted): the job's launch must have been seen, and
+        parked actors are woken."""
         self.calls[method] += len(self._actors)
+        self._wake_actors()
         try:
             self._ensure_launched()
         except Exception:

@@ -14,6 +14,8 @@ from replicas.diagnostics import host_output
 from replicas.runtime.ray.replica_host import STOP_SECONDS
 from replicas.transport import doorbell, spin
 
+HOLD_SECONDS = 1.0  # how long the actors stay out of a park after the driver asked (its polls renew it)
+
 
 class PersistentJob:
     _actors: list[Any]
@@ -60,6 +62,13 @@ class PersistentJob:
         self._bell_lock = threading.Lock()
         self._bell, self._bell_actors = bell, here
         self._bell_spinner = spin.Spinner(spin.budget_for(processes))
+
+    def _wake_actors(self) -> None:
+        """Before actor calls: the doorbell's actors keep their main threads, which Ray's calls
+        need, out of any park for a while (runtime/ray/parking.py)."""
+        bell = self._bell
+        if bell is not None:
+            bell.hold(HOLD_SECONDS)
 
     def _close_doorbell(self) -> None:
         bell, self._bell = self._bell, None
@@ -145,6 +154,7 @@ class PersistentJob:
     def settle(self) -> list[list[Any]]:
         """After a call the monitor saw finish: its outputs kept, as `finished` gives them."""
         seq, count, fetch_max = self._call
+        self._wake_actors()
         self._read_late_replies()
         self._show_printed()
         merged: dict[int, list[Any]] = {}
@@ -172,6 +182,7 @@ class PersistentJob:
         if self._bell is not None and not self._bell_pending and all(i in self._bell_actors for i in holders):
             merged = self._fetch_by_bell(tuple(key), replicas, holders)
         if merged is None:
+            self._wake_actors()
             self.calls["fetch"] += len(holders)
             refs = [self._actors[i].fetch.remote(key, [r for r in self._groups[i] if r in wanted]) for i in holders]
             merged = {}

@@ -16,6 +16,7 @@ from typing import Any
 
 from replicas.diagnostics import host_output
 from replicas.errors import ReplicaFailure
+from replicas.runtime.ray import parking
 from replicas.runtime.resident import Kept
 from replicas.transport import spin
 from replicas.transport.doorbell import REPLY_BYTES, Doorbell, pack, unpack
@@ -117,6 +118,7 @@ class PersistentCalls:
         last = bell.request_seq()
         try:
             while self._doorbell is bell and self._token == token:
+                parking.park(bell)  # (unless parked already, or the driver holds the actors awake)
                 seq = bell.wait_request(last, spinner=spinner)
                 if seq is None:
                     if bell.stopped():
@@ -133,6 +135,7 @@ class PersistentCalls:
                         host_output.write(replica, text)
                     bell.reply(index, seq, pickle.dumps((None, None)))
         finally:
+            parking.release(bell)
             bell.close()
 
     def _serve_one(self, token: str, bell: Doorbell) -> dict[int, list[Any]] | None:

@@ -24,7 +24,7 @@ from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable, runs_bounded_alone
-from replicas.runtime.ray import reaper
+from replicas.runtime.ray import parking, reaper
 from replicas.runtime.ray.faults import is_memory_error
 from replicas.runtime.ray.persistent_host import PersistentCalls
 from replicas.transport import board as shared_board
@@ -117,6 +117,7 @@ class ReplicaHost(PersistentCalls):
 
     def __init__(self) -> None:
         host_output.collect()  # what callbacks print goes to the driver (`printed`), not to this log
+        parking.install()  # (this runs in the actor's main thread, which alone takes signals)
         where.publish_here()  # this process's interpreters publish where they are (transport/where.py)
         self._mailboxes: dict[int, Mailbox] = {}
         self._runners: dict[int, Any] = {}
