@@ -334,3 +334,28 @@ def test_a_signaling_nan_keeps_its_bits_as_in_the_numpy_path():
         got = rp.run(module, [p, q.view(np.float32), select], num_replicas=1, backend="threads")[0]
         assert got[0].view(np.uint32).tolist() == p.tolist()
         assert got[1].view(np.uint32).tolist() == np.where(select, q, p).tolist()
+
+
+def test_a_scan_over_arrays_keeps_them_numpy_and_its_scalars_python():
+    # ema over rows: the rows and accumulator stay arrays (too large), the counter is a Python int.
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+
+    def ema(xs):
+        return jax.lax.scan(lambda m, x: (jnp.float32(0.9) * m + jnp.float32(0.1) * x, m), jnp.zeros(xs.shape[1]),
+                            xs)[1]
+
+    def rand(key):
+        return jax.random.normal(jax.random.wrap_key_data(key), (64,))
+
+    for f, arg in [(ema, np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)),
+                   (rand, np.array([3, 9], np.uint32))]:
+        module = rp.jax.compile_jax(f, arg).module
+        loops = [i for c in module.computations.values() for i in c.instructions if i.opcode == "while"]
+        interp = Interpreter(module)
+        assert loops and all(compile_loop(w, interp) is not None for w in loops)
+        got = interp.run([arg])
+        want = rp.run(module, [arg], num_replicas=1, backend="threads", record_every_instruction=True)[0]
+        got, want = (got[0], want[0]) if isinstance(got, tuple) else (got, want)
+        assert got.tobytes() == want.tobytes()
+        np.testing.assert_allclose(got, np.asarray(jax.jit(f)(arg)), rtol=1e-5, atol=1e-6)

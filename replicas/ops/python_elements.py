@@ -40,6 +40,8 @@ P = PrimitiveType
 
 # No value may have more elements than this (the code is unrolled per element).
 MAX_ELEMENTS = 16
+# In a loop, where arrays may stay numpy arrays, values of up to this many elements are Python numbers.
+LOOP_ELEMENTS = 8
 MAX_STATEMENTS = 6000
 # A loop whose condition folds (constant bounds) is unrolled up to this many trips and statements.
 MAX_UNROLLED = 16
@@ -51,14 +53,33 @@ ELEMENT_COST = 0.06
 CONVERSION_COST = 0.6
 KERNEL_COST = 3.0
 LAYOUT_CALL = 0.5
+LOOP_TRIP_COST = 2.0  # the interpreter's loop: a condition's and a body's call and checks per trip
 
 _FALLBACK_FAMILIES = frozenset({"elementwise_unary", "elementwise_binary", "select", "convert", "compare"})
 _LAYOUT = frozenset({"broadcast", "reshape", "bitcast", "copy", "slice", "concatenate", "transpose", "reverse",
                      "iota"})
-_FREE = frozenset({"parameter", "constant", "tuple", "get-tuple-element"})
+# The ops a loop may run as numpy kernels on arrays: pure, no communication, feed or state.
+_ARRAY_FAMILIES = _FALLBACK_FAMILIES | {"constants", "shape_ops", "slicing", "gather", "scatter", "dot",
+                                         "convolution", "fft", "reduce", "reduce_window", "sort", "topk"}
+# A loop updating a larger array (dynamic-update-slice copies here) keeps the interpreter's loop,
+# which updates it in place.
+MAX_COPIED = 2048
 
-# A value while generating: an array's elements (Python texts, row-major) or a tuple of values.
-Value = list[str] | tuple["Value", ...]
+
+
+class _Array:
+    """A value a loop keeps as a numpy array (too large, or made by a kernel): the generated variable
+    (or global) holding it."""
+
+    __slots__ = ("name", "shape")
+
+    def __init__(self, name: str, shape: Shape) -> None:
+        self.name = name
+        self.shape = shape
+
+
+# A value while generating: an array's elements (Python texts, row-major), an array, or a tuple of values.
+Value = list[str] | _Array | tuple["Value", ...]
 
 
 class _Refused(Exception):
@@ -82,12 +103,32 @@ def compile_fusion(comp: Computation, ctx: KernelContext, *, cost_model: bool = 
 def compile_loop(inst: Instruction, ctx: KernelContext) -> Callable[[Any], Any] | None:
     """The While `inst` as one Python loop over its state's elements (`state -> state`), or None."""
     try:
-        gen = _Generator(ctx)
-        state = gen.unpack("a0", inst.shape)
+        gen = _Generator(ctx, arrays=True)
+        state = gen.unpack("a0", inst.shape, _constant_elements(inst, ctx))
         result = gen.loop(inst, state)
         return gen.finish(["a0"], inst.shape, result, len(_leaves(inst.shape)), inst.name)
     except _Refused:
         return None
+
+
+def _constant_elements(inst: Instruction, ctx: KernelContext) -> dict[int, Instruction]:
+    """The state elements of the While `inst` its caller makes from constants (through copies), by
+    index: known now, so a counted loop from them can be unrolled."""
+    binding = getattr(ctx, "binding_computation", None)
+    caller = binding() if binding is not None else None
+    if caller is None or not inst.shape.is_tuple:
+        return {}
+    made = caller.by_name.get(inst.operands[0])
+    if made is None or made.opcode != "tuple" or inst.name not in caller.by_name:
+        return {}
+    found = {}
+    for k, name in enumerate(made.operands):
+        source = caller.by_name[name]
+        while source.opcode == "copy":
+            source = caller.by_name[source.operands[0]]
+        if source.opcode == "constant" and _elemental(source.shape):
+            found[k] = source
+    return found
 
 
 def _leaves(shape: Shape) -> list[Shape]:
@@ -99,8 +140,13 @@ def _default_layout(shape: Shape) -> bool:
 
 
 def _small(shape: Shape) -> bool:
-    return all(s.is_array and s.element_type in TYPES and 0 < s.numel <= MAX_ELEMENTS and _default_layout(s)
-               for s in _leaves(shape))
+    return all(_elemental(s) for s in _leaves(shape))
+
+
+def _elemental(shape: Shape, limit: int = MAX_ELEMENTS) -> bool:
+    """An array kept as Python numbers, one per element."""
+    return (shape.is_array and shape.element_type in TYPES and 0 < shape.numel <= limit
+            and _default_layout(shape))
 
 
 def _strides(dims: tuple[int, ...]) -> list[int]:
@@ -121,9 +167,12 @@ def _flat(index: tuple[int, ...], dims: tuple[int, ...]) -> int:
 
 
 class _Generator:
-    def __init__(self, ctx: KernelContext, cost_model: bool = True) -> None:
+    def __init__(self, ctx: KernelContext, cost_model: bool = True, arrays: bool = False) -> None:
         self.ctx = ctx
         self.cost_model = cost_model
+        self.arrays = arrays  # values may stay numpy arrays (a loop), else every value is elements
+        self.limit = LOOP_ELEMENTS if arrays else MAX_ELEMENTS
+        self.constants: set[str] = set()  # the globals holding constant arrays
         self.module = ctx.module
         self.lines: list[str] = []
         self.depth = 1
@@ -142,6 +191,11 @@ class _Generator:
         self.numpy_calls = 0.0
         self.statements = 0
         self.kernels = 0
+        self.conversions = 0  # arrays unpacked to elements or packed from them, inside the code
+        self.array_calls = 0  # kernels called on arrays that stay arrays
+
+    def elemental(self, shape: Shape) -> bool:
+        return _elemental(shape, self.limit)
 
     def line(self, text: str) -> None:
         self.lines.append("    " * self.depth + text)
@@ -152,12 +206,18 @@ class _Generator:
         return name
 
     # -- entry and exit ----------------------------------------------------------------------------
-    def unpack(self, name: str, shape: Shape) -> Value:
-        """The elements of argument `name` (an array, or a tuple of them) as fresh variables."""
-        if not _small(shape):
-            raise _Refused
+    def unpack(self, name: str, shape: Shape, constants: dict[int, Instruction] | None = None) -> Value:
+        """The elements of argument `name` (an array, or a tuple of them) as fresh variables; in a loop,
+        an array that is not small stays one. `constants`: tuple elements known to be those constants."""
         if shape.is_tuple:
-            return tuple(self.unpack(f"{name}[{k}]", s) for k, s in enumerate(shape.tuple_shapes))
+            return tuple(self.constant(constants[k]) if constants and k in constants else self.unpack(f"{name}[{k}]", s)
+                         for k, s in enumerate(shape.tuple_shapes))
+        if not self.elemental(shape):
+            if not (self.arrays and shape.is_array):
+                raise _Refused
+            var = f"e{next(self.names)}"
+            self.line(f"{var} = {name}")
+            return _Array(var, shape)
         elems = [f"e{next(self.names)}" for _ in range(shape.numel)]
         self.variables.update(elems)
         self.line(f"{', '.join(elems)}, = {name}.reshape(-1).tolist()")
@@ -165,10 +225,48 @@ class _Generator:
             self.line(f"if (_s := _sum(({', '.join(elems)},))) != _s: _check_f32({name})")
         return elems
 
+    def elements_of(self, value: Value, shape: Shape) -> list[str]:
+        """`value` as elements: an array read into Python numbers once per trip."""
+        if isinstance(value, list):
+            return value
+        if not isinstance(value, _Array) or not self.elemental(shape):
+            raise _Refused
+        key = f"unpack {value.name}"
+        for layer in reversed(self.cse):
+            if key in layer:
+                return layer[key]  # type: ignore[return-value]
+        elems = [f"v{next(self.names)}" for _ in range(shape.numel)]
+        self.variables.update(elems)
+        self.line(f"{', '.join(elems)}, = {value.name}.reshape(-1).tolist()")
+        if shape.element_type is P.F32:  # as `unpack`: a signaling NaN's bits go back to the numpy kernels
+            self.line(f"if (_s := _sum(({', '.join(elems)},))) != _s: _check_f32({value.name})")
+        self.conversions += 1
+        self.cse[-1][key] = elems  # type: ignore[assignment]
+        return elems
+
+    def array_of(self, value: Value, shape: Shape) -> str:
+        """The text of `value` as a numpy array: elements of literals are a constant made now."""
+        if isinstance(value, _Array):
+            return value.name
+        if not isinstance(value, list):
+            raise _Refused
+        if not any(e in self.variables for e in value):
+            constant = np.array([eval(e, self.env) for e in value], shape.dtype).reshape(shape.dimensions)  # noqa: S307
+            constant.flags.writeable = False
+            name = self.global_(constant)
+            self.constants.add(name)
+            return name
+        var = f"v{next(self.names)}"
+        self.line(f"{var} = {self.pack(shape, value)}")
+        self.conversions += 1
+        return var
+
     def pack(self, shape: Shape, value: Value) -> str:
         if shape.is_tuple:
             assert isinstance(value, tuple)
             return f"({''.join(self.pack(s, v) + ', ' for s, v in zip(shape.tuple_shapes, value))})"
+        if isinstance(value, _Array):
+            return value.name
         assert isinstance(value, list)
         dtype = self.global_(shape.dtype)
         if not shape.dimensions:
@@ -178,9 +276,14 @@ class _Generator:
 
     def finish(self, args: list[str], shape: Shape, result: Value, conversions: int, name: str) -> Callable[..., Any]:
         self.line(f"return {self.pack(shape, result)}")
-        python_cost = (self.statements * ELEMENT_COST + (conversions + len(_leaves(shape))) * CONVERSION_COST
-                       + self.kernels * KERNEL_COST)
-        if (self.cost_model and python_cost >= self.numpy_calls) or self.statements > MAX_STATEMENTS:
+        python_cost = (self.statements * ELEMENT_COST + self.conversions * CONVERSION_COST + self.kernels * KERNEL_COST
+                       + self.array_calls)
+        numpy_cost = self.numpy_calls
+        if self.arrays:  # a loop: its entry and exit once, against the interpreter's calls every trip
+            numpy_cost += LOOP_TRIP_COST
+        else:
+            python_cost += (conversions + len(_leaves(shape))) * CONVERSION_COST
+        if (self.cost_model and python_cost >= numpy_cost) or self.statements > MAX_STATEMENTS:
             raise _Refused
         # An f32 signaling NaN, which Python floats cannot carry, runs the whole call on the numpy
         # kernels (`run.plain`: the bound computation or loop the caller set).
@@ -207,27 +310,30 @@ class _Generator:
             value = ins[0]
             assert isinstance(value, tuple)
             return value[inst.attrs["index"]]
-        if not _small(inst.shape):
-            raise _Refused
         if op in ("fusion", "call"):
             return self.computation(self.module.computation(inst.called_computations()[0]), ins)
         if op == "while":
             return self.loop(inst, ins[0])
-        if op == "constant":
+        small = self.elemental(inst.shape)
+        if not small and not (self.arrays and inst.shape.is_array):
+            raise _Refused
+        if op == "constant" and small:
             return self.constant(inst)
         operands = [comp.instruction(o) for o in inst.operands]
-        if any(not isinstance(v, list) for v in ins):
-            raise _Refused
-        arrays: list[list[str]] = ins  # type: ignore[assignment]
-        if op in _LAYOUT:
-            self.numpy_calls += LAYOUT_CALL
-            return self.layout(inst, operands, arrays)
         record = opcode_record(op)
-        if record is None or record.family not in _FALLBACK_FAMILIES:
+        if record is None:
             raise _Refused
-        self.numpy_calls += 1
+        if small and op in _LAYOUT and all(isinstance(v, list) for v in ins):
+            self.numpy_calls += LAYOUT_CALL
+            return self.layout(inst, operands, ins)  # type: ignore[arg-type]
+        if not small or record.family not in _FALLBACK_FAMILIES:
+            return self.array_kernel(inst, operands, ins, record.family)
         types = [o.shape.element_type for o in operands]
         write = writer(inst, types)
+        if write is None and self.arrays:
+            return self.array_kernel(inst, operands, ins, record.family)  # no Python form: stays an array
+        self.numpy_calls += 1
+        arrays = [self.elements_of(v, o.shape) for v, o in zip(ins, operands)]
         out = [f"v{next(self.names)}" for _ in range(inst.shape.numel)]
         if write is None:
             self.kernel(inst, operands, arrays, out)
@@ -237,6 +343,35 @@ class _Generator:
             operand_texts = [e[j] if len(e) > 1 else e[0] for e in arrays]
             out[j] = self.element(write(operand_texts), rounded, operand_texts, out[j])
         return out
+
+    def array_kernel(self, inst: Instruction, operands: list[Instruction], ins: list[Value], family: str) -> _Array:
+        """`inst`'s own numpy kernel on arrays (a loop's values that are not small, or ops without a
+        Python form): its result stays an array."""
+        if not self.arrays or family not in _ARRAY_FAMILIES or any(isinstance(v, tuple) for v in ins):
+            raise _Refused
+        if inst.opcode == "dynamic-update-slice" and operands[0].shape.numel > MAX_COPIED:
+            raise _Refused
+        shapes = [o.shape for o in operands]
+        fn = self.global_(lookup(inst)(inst, WithOperandShapes(self.ctx, shapes)))
+        self.numpy_calls += 1
+        self.array_calls += 1
+        if inst.opcode == "constant":
+            name = self.global_(self.env[fn]())  # its one frozen value
+            self.constants.add(name)
+            return _Array(name, inst.shape)
+        args = [self.array_of(v, s) for v, s in zip(ins, shapes)]
+        if all(a in self.constants for a in args):  # constant operands: computed now, once
+            self.numpy_calls -= 1
+            self.array_calls -= 1
+            with np.errstate(all="ignore"):
+                value = np.asarray(self.env[fn](*[self.env[a] for a in args]))
+            value.flags.writeable = False
+            name = self.global_(value)
+            self.constants.add(name)
+            return _Array(name, inst.shape)
+        var = f"v{next(self.names)}"
+        self.line(f"{var} = {fn}({', '.join(args)})")
+        return _Array(var, inst.shape)
 
     def element(self, text: str, rounded: bool, operands: list[str], var: str) -> str:
         """The text naming one element's value: a literal when its operands are (folded now), the
@@ -268,28 +403,42 @@ class _Generator:
         unrolled = self.unrolled(condition, body, state)
         if unrolled is not None:
             return unrolled
-        flat = _flatten(state)
-        variables = [f"s{next(self.names)}" for _ in flat]
-        self.variables.update(variables)
-        self.line(f"{', '.join(variables)}, = {', '.join(flat)},")
-        current = _rebuild(state, iter(variables))
+        leaves = _leaves(inst.shape)
+        entry = [self.kept_as(v, shape) for v, shape in zip(_leaf_values(state), leaves)]
+        variables = [[f"s{next(self.names)}" for _ in v] if isinstance(v, list) else f"s{next(self.names)}"
+                     for v in entry]
+        flat_vars = [n for v in variables for n in (v if isinstance(v, list) else [v])]
+        flat_entry = [t for v in entry for t in (v if isinstance(v, list) else [v])]
+        self.variables.update(n for v in variables if isinstance(v, list) for n in v)
+        self.line(f"{', '.join(flat_vars)}, = {', '.join(flat_entry)},")
+        current = _rebuild(state, iter([v if isinstance(v, list) else _Array(v, shape)
+                                        for v, shape in zip(variables, leaves)]))
         self.line("while True:")
         self.depth += 1
         self.cse.append({})
         self.line("if _interp.mailbox is not None and _interp.mailbox.aborted is not None: "
                   "raise _interp.mailbox.aborted")
-        (go,) = self.computation(condition, [current])  # type: ignore[misc]
+        (go,) = self.elements_of(self.computation(condition, [current]), condition.root_instruction.shape)
         self.line(f"if not {go}: break")
-        following = _flatten(self.computation(body, [current]))
-        self.line(f"{', '.join(variables)}, = {', '.join(following)},")
+        following = [self.kept_as(v, shape) for v, shape in zip(_leaf_values(self.computation(body, [current])),
+                                                                 leaves)]
+        flat_following = [t for v in following for t in (v if isinstance(v, list) else [v])]
+        self.line(f"{', '.join(flat_vars)}, = {', '.join(flat_following)},")
         self.cse.pop()
         self.depth -= 1
         return current
 
+    def kept_as(self, value: Value, shape: Shape) -> list[str] | str:
+        """A state element as the loop keeps it: its elements when small, else an array's text."""
+        if self.elemental(shape):
+            return self.elements_of(value, shape)
+        return self.array_of(value, shape)
+
     def unrolled(self, condition: Computation, body: Computation, state: Value) -> Value | None:
         """The loop's trips written one after the other, or None (nothing written) when its
         condition does not fold, or it runs too many trips or statements."""
-        saved = (len(self.lines), self.numpy_calls, self.statements, self.kernels, [dict(c) for c in self.cse])
+        saved = (len(self.lines), self.numpy_calls, self.statements, self.kernels, self.conversions,
+                 self.array_calls, [dict(c) for c in self.cse])
         current = state
         for _ in range(MAX_UNROLLED + 1):
             (go,) = self.computation(condition, [current])  # type: ignore[misc]
@@ -299,7 +448,8 @@ class _Generator:
                 return current
             current = self.computation(body, [current])
         del self.lines[saved[0]:]
-        self.numpy_calls, self.statements, self.kernels, self.cse = saved[1:]
+        (self.numpy_calls, self.statements, self.kernels, self.conversions, self.array_calls,
+         self.cse) = saved[1:]
         return None
 
     def constant(self, inst: Instruction) -> list[str]:
@@ -378,13 +528,15 @@ def _check_f32(a: np.ndarray) -> None:
         raise element_ops.SignalingNaN
 
 
-def _flatten(value: Value) -> list[str]:
-    if isinstance(value, list):
-        return list(value)
-    return [e for v in value for e in _flatten(v)]
+def _leaf_values(value: Value) -> list[Value]:
+    """The arrays of a (nested) tuple value, in order."""
+    if isinstance(value, tuple):
+        return [leaf for v in value for leaf in _leaf_values(v)]
+    return [value]
 
 
-def _rebuild(value: Value, names: Any) -> Value:
-    if isinstance(value, list):
-        return [next(names) for _ in value]
-    return tuple(_rebuild(v, names) for v in value)
+def _rebuild(value: Value, leaves: Any) -> Value:
+    """`value`'s tuple structure over the next of `leaves`."""
+    if isinstance(value, tuple):
+        return tuple(_rebuild(v, leaves) for v in value)
+    return next(leaves)

@@ -109,6 +109,10 @@ class Interpreter:
     def computation_ir(self, name: str) -> Computation:
         return self.module.computation(name)
 
+    def binding_computation(self) -> Computation | None:
+        """The computation whose kernels are being bound (a loop's kernel reads how its state is made)."""
+        return self._binding
+
     def operand_shapes(self, inst: Instruction) -> list[Shape]:
         """The static shapes of `inst`'s operands (valid while its kernel is being bound)."""
         comp = self._binding
