@@ -12,6 +12,14 @@ Python loop, in the same process and run. Reported: microseconds per interpreted
 anchor's microseconds per numpy call, and the ratio of the two loops' times (goal: <= 3x).
 
     python bench/interpreter_overhead.py [--iterations 100000] [--repeat 3]
+
+`--corpus` instead measures the interpreter alone (`Interpreter.run`, one replica, no call path) on
+the single-device programs of `small_corpus.py` and its 1,500-trip Langevin loop, against `jax.jit`
+(XLA on CPU) in the same process, rounds interleaved: the best call of each, and the same with the
+per-element Python code of small fusions and loops (`ops/python_elements.py`) turned off. Results
+must be the same bits both ways (checked).
+
+    python bench/interpreter_overhead.py --corpus [--calls 7] [--rounds 3] [--only adam,langevin_1500]
 """
 
 from __future__ import annotations
@@ -121,11 +129,73 @@ def best_of(repeat: int, fn) -> tuple[float, object]:
     return best, result
 
 
+def corpus(calls: int, rounds: int, only: set[str]) -> None:
+    """The corpus mode (see the module's docstring)."""
+    import os
+    import sys
+
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import jax
+    from common import load_average
+    from small_corpus import LANGEVIN, PROGRAMS
+
+    import replicas as rp
+    import replicas.ops.control_flow as control_flow
+
+    hooks = (control_flow.compile_fusion, control_flow.compile_loop)
+
+    def interpreter(module: rp.Module, per_element: bool) -> Interpreter:
+        if not per_element:
+            control_flow.compile_fusion = control_flow.compile_loop = lambda *a, **k: None
+        try:
+            return Interpreter(module)
+        finally:
+            control_flow.compile_fusion, control_flow.compile_loop = hooks
+
+    print(f"load average before: {load_average()}")
+    print(f"{'program':22} {'xla us':>9} {'interp':>9} {'x xla':>8} {'no per-element':>15} {'x xla':>8}")
+    ratios: dict[str, list[float]] = {"on": [], "off": []}
+    for name, f, args, n, _ in [*PROGRAMS, LANGEVIN]:
+        if n != 1 or (only and name not in only):
+            continue
+        module = rp.jax.compile_jax(f, *args).module
+        flat = [np.asarray(a) for a in jax.tree_util.tree_leaves(list(args))]
+        jitted = jax.jit(f)
+        on, off = interpreter(module, True), interpreter(module, False)
+        got, want = (jax.tree_util.tree_leaves(i.run(flat)) for i in (on, off))
+        if any(np.asarray(a).tobytes() != np.asarray(b).tobytes() for a, b in zip(got, want)):
+            raise SystemExit(f"{name}: the per-element code and the numpy kernels differ")
+        k = max(2, calls // 3) if name == LANGEVIN[0] else calls
+        runs = {"xla": lambda j=jitted, a=args: jax.block_until_ready(j(*a)),
+                "on": lambda i=on, a=flat: i.run(a), "off": lambda i=off, a=flat: i.run(a)}
+        best = dict.fromkeys(runs, float("inf"))
+        for _ in range(rounds):
+            for column, fn in runs.items():
+                best[column] = min(best[column], best_of(k, fn)[0])
+        if name != LANGEVIN[0]:
+            for column in ("on", "off"):
+                ratios[column].append(best[column] / best["xla"])
+        print(f"{name:22} {best['xla'] * 1e6:9.1f} {best['on'] * 1e6:9.1f} {best['on'] / best['xla']:7.2f}x "
+              f"{best['off'] * 1e6:15.1f} {best['off'] / best['xla']:7.2f}x", flush=True)
+    if ratios["on"]:
+        print(f"median of {len(ratios['on'])} programs (Langevin apart): {np.median(ratios['on']):.2f}x, "
+              f"without per-element code {np.median(ratios['off']):.2f}x")
+    print(f"load average after: {load_average()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--corpus", action="store_true")
+    parser.add_argument("--calls", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", default="")
     args = parser.parse_args()
+    if args.corpus:
+        corpus(args.calls, args.rounds, {w for w in args.only.split(",") if w})
+        return
     n = args.iterations
 
     module, per_iteration = build_module(n)
