@@ -359,3 +359,50 @@ def test_a_scan_over_arrays_keeps_them_numpy_and_its_scalars_python():
         got, want = (got[0], want[0]) if isinstance(got, tuple) else (got, want)
         assert got.tobytes() == want.tobytes()
         np.testing.assert_allclose(got, np.asarray(jax.jit(f)(arg)), rtol=1e-5, atol=1e-6)
+
+
+REDUCED_CONDITION = """HloModule reduced
+
+both {
+  a = pred[] parameter(0)
+  b = pred[] parameter(1)
+  ROOT c = pred[] and(a, b)
+}
+
+cond {
+  c = (s32[], f32[2]) parameter(0)
+  x = f32[2] get-tuple-element(c), index=1
+  limit = f32[2] constant({10, 20})
+  below = pred[2] compare(x, limit), direction=LT
+  yes = pred[] constant(true)
+  ROOT all = pred[] reduce(below, yes), dimensions={0}, to_apply=both
+}
+
+body {
+  s = (s32[], f32[2]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  x = f32[2] get-tuple-element(s), index=1
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  step = f32[2] constant({1.5, 0.25})
+  x1 = f32[2] add(x, step)
+  ROOT next = (s32[], f32[2]) tuple(i1, x1)
+}
+
+ENTRY main {
+  i0 = s32[] constant(0)
+  x0 = f32[2] parameter(0)
+  s0 = (s32[], f32[2]) tuple(i0, x0)
+  ROOT w = (s32[], f32[2]) while(s0), condition=cond, body=body
+}
+"""
+
+
+def test_a_loop_whose_condition_a_kernel_computes_is_compiled_and_ends_as_the_numpy_path():
+    module = rp.parse_hlo(REDUCED_CONDITION)
+    x = np.array([0.0, 1.0], np.float32)
+    interp = Interpreter(module)
+    assert compile_loop(module.entry_computation.root_instruction, interp) is not None
+    got = interp.run([x])
+    want = rp.run(module, [x], num_replicas=1, backend="threads", record_every_instruction=True)[0]
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want)) and int(got[0]) == 7

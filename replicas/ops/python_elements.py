@@ -46,6 +46,7 @@ MAX_STATEMENTS = 6000
 # A loop whose condition folds (constant bounds) is unrolled up to this many trips and statements.
 MAX_UNROLLED = 16
 MAX_UNROLLED_STATEMENTS = 1500
+UNROLL_GAIN = 0.9  # unrolled trips must cost at most this share of the rolled loop's
 # The cost model, in units of one numpy call on a tiny array: an element's Python statement, an
 # operand's or result's conversion, an op left to its numpy kernel (its arrays built and read back),
 # a layout op's view (reshape, slice, broadcast_to: cheaper than a ufunc).
@@ -71,11 +72,14 @@ class _Array:
     """A value a loop keeps as a numpy array (too large, or made by a kernel): the generated variable
     (or global) holding it."""
 
-    __slots__ = ("name", "shape")
+    __slots__ = ("name", "shape", "broadcast")
 
-    def __init__(self, name: str, shape: Shape) -> None:
+    def __init__(self, name: str, shape: Shape, broadcast: tuple[str, str] | None = None) -> None:
         self.name = name
         self.shape = shape
+        # A broadcast not made yet: `name` holds its operand reshaped with 1s in the new dimensions
+        # (what an element-wise ufunc reads through numpy's broadcasting); (operand, kernel) make it.
+        self.broadcast = broadcast
 
 
 # A value while generating: an array's elements (Python texts, row-major), an array, or a tuple of values.
@@ -173,6 +177,7 @@ class _Generator:
         self.arrays = arrays  # values may stay numpy arrays (a loop), else every value is elements
         self.limit = LOOP_ELEMENTS if arrays else MAX_ELEMENTS
         self.constants: set[str] = set()  # the globals holding constant arrays
+        self.kernels_bound: dict[int, str] = {}  # id(instruction) -> the global of its kernel
         self.module = ctx.module
         self.lines: list[str] = []
         self.depth = 1
@@ -231,23 +236,47 @@ class _Generator:
             return value
         if not isinstance(value, _Array) or not self.elemental(shape):
             raise _Refused
-        key = f"unpack {value.name}"
+        name = self.made(value)
+        key = f"unpack {name}"
         for layer in reversed(self.cse):
             if key in layer:
                 return layer[key]  # type: ignore[return-value]
         elems = [f"v{next(self.names)}" for _ in range(shape.numel)]
         self.variables.update(elems)
-        self.line(f"{', '.join(elems)}, = {value.name}.reshape(-1).tolist()")
+        self.line(f"{', '.join(elems)}, = {name}.reshape(-1).tolist()")
         if shape.element_type is P.F32:  # as `unpack`: a signaling NaN's bits go back to the numpy kernels
-            self.line(f"if (_s := _sum(({', '.join(elems)},))) != _s: _check_f32({value.name})")
+            self.line(f"if (_s := _sum(({', '.join(elems)},))) != _s: _check_f32({name})")
         self.conversions += 1
         self.cse[-1][key] = elems  # type: ignore[assignment]
         return elems
 
+    def bound(self, inst: Instruction, shapes: list[Shape]) -> str:
+        """The global holding `inst`'s kernel, bound once however many unrolled trips call it (a kernel
+        may keep state of its own between calls)."""
+        name = self.kernels_bound.get(id(inst))
+        if name is None:
+            name = self.kernels_bound[id(inst)] = self.global_(lookup(inst)(inst, WithOperandShapes(self.ctx, shapes)))
+        return name
+
+    def made(self, value: _Array) -> str:
+        """The variable of `value`'s array, a pending broadcast made (once per trip) first."""
+        if value.broadcast is None:
+            return value.name
+        key = f"broadcast {value.name}"
+        for layer in reversed(self.cse):
+            if key in layer:
+                return layer[key]
+        operand, fn = value.broadcast
+        var = f"v{next(self.names)}"
+        self.line(f"{var} = {fn}({operand})")
+        self.array_calls += 1
+        self.cse[-1][key] = var
+        return var
+
     def array_of(self, value: Value, shape: Shape) -> str:
         """The text of `value` as a numpy array: elements of literals are a constant made now."""
         if isinstance(value, _Array):
-            return value.name
+            return self.made(value)
         if not isinstance(value, list):
             raise _Refused
         if not any(e in self.variables for e in value):
@@ -266,7 +295,7 @@ class _Generator:
             assert isinstance(value, tuple)
             return f"({''.join(self.pack(s, v) + ', ' for s, v in zip(shape.tuple_shapes, value))})"
         if isinstance(value, _Array):
-            return value.name
+            return self.made(value)
         assert isinstance(value, list)
         dtype = self.global_(shape.dtype)
         if not shape.dimensions:
@@ -352,14 +381,33 @@ class _Generator:
         if inst.opcode == "dynamic-update-slice" and operands[0].shape.numel > MAX_COPIED:
             raise _Refused
         shapes = [o.shape for o in operands]
-        fn = self.global_(lookup(inst)(inst, WithOperandShapes(self.ctx, shapes)))
+        fn = self.bound(inst, shapes)
         self.numpy_calls += 1
         self.array_calls += 1
         if inst.opcode == "constant":
             name = self.global_(self.env[fn]())  # its one frozen value
             self.constants.add(name)
             return _Array(name, inst.shape)
-        args = [self.array_of(v, s) for v, s in zip(ins, shapes)]
+        kernel = self.env[fn]
+        if (isinstance(kernel, np.ufunc) and kernel.nout == 1 and kernel.nin == len(ins)
+                and any(isinstance(v, _Array) and v.broadcast is not None for v in ins)
+                and any(s.dimensions == inst.shape.dimensions and not (isinstance(v, _Array) and v.broadcast)
+                        for v, s in zip(ins, shapes))):
+            # numpy's broadcasting reads a pending broadcast's operand as the broadcast would be read.
+            args = [v.name if isinstance(v, _Array) and v.broadcast else self.array_of(v, s)
+                    for v, s in zip(ins, shapes)]
+        else:
+            args = [self.array_of(v, s) for v, s in zip(ins, shapes)]
+        if inst.opcode == "broadcast" and args[0] not in self.constants:
+            dims = list(inst.attrs.get("dimensions") or [])
+            if dims == sorted(dims):  # made only if a reader needs it whole (`made`)
+                self.array_calls -= 1
+                expanded = [1] * inst.shape.rank
+                for i, d in enumerate(dims):
+                    expanded[d] = shapes[0].dimensions[i]
+                var = f"v{next(self.names)}"
+                self.line(f"{var} = {args[0]}.reshape({tuple(expanded)})")
+                return _Array(var, inst.shape, (args[0], fn))
         if all(a in self.constants for a in args):  # constant operands: computed now, once
             self.numpy_calls -= 1
             self.array_calls -= 1
@@ -400,9 +448,22 @@ class _Generator:
         whose variables are the state's elements."""
         condition = self.module.computation(inst.attrs["condition"])
         body = self.module.computation(inst.attrs["body"])
+        saved = self.snapshot()
+        self.rolled(inst, condition, body, state)
+        per_trip = self.cost_since(saved)
+        self.restore(saved)
         unrolled = self.unrolled(condition, body, state)
         if unrolled is not None:
-            return unrolled
+            value, trips = unrolled
+            # Kept when writing the trips out folds work (constants known per trip), not for the
+            # loop's own bookkeeping alone: long straight code of numpy calls runs no faster.
+            if self.cost_since(saved) <= UNROLL_GAIN * per_trip * max(trips, 1):
+                return value
+            self.restore(saved)
+        return self.rolled(inst, condition, body, state)
+
+    def rolled(self, inst: Instruction, condition: Computation, body: Computation, state: Value) -> Value:
+        """The loop as a Python `while` whose variables are the state's elements (or arrays)."""
         leaves = _leaves(inst.shape)
         entry = [self.kept_as(v, shape) for v, shape in zip(_leaf_values(state), leaves)]
         variables = [[f"s{next(self.names)}" for _ in v] if isinstance(v, list) else f"s{next(self.names)}"
@@ -434,23 +495,37 @@ class _Generator:
             return self.elements_of(value, shape)
         return self.array_of(value, shape)
 
-    def unrolled(self, condition: Computation, body: Computation, state: Value) -> Value | None:
-        """The loop's trips written one after the other, or None (nothing written) when its
-        condition does not fold, or it runs too many trips or statements."""
-        saved = (len(self.lines), self.numpy_calls, self.statements, self.kernels, self.conversions,
-                 self.array_calls, [dict(c) for c in self.cse])
+    def unrolled(self, condition: Computation, body: Computation, state: Value) -> tuple[Value, int] | None:
+        """The loop's trips written one after the other and their count, or None (nothing written)
+        when its condition does not fold, or it runs too many trips or statements."""
+        saved = self.snapshot()
         current = state
-        for _ in range(MAX_UNROLLED + 1):
-            (go,) = self.computation(condition, [current])  # type: ignore[misc]
-            if go in self.variables or self.statements - saved[2] > MAX_UNROLLED_STATEMENTS:
+        for trips in range(MAX_UNROLLED + 1):
+            verdict = self.computation(condition, [current])
+            if not isinstance(verdict, list) or verdict[0] in self.variables:
+                break  # decided at run time
+            if self.statements - saved[2] > MAX_UNROLLED_STATEMENTS:
                 break
-            if not eval(go, self.env):  # noqa: S307  (a literal)
-                return current
+            if not eval(verdict[0], self.env):  # noqa: S307  (a literal)
+                return current, trips
             current = self.computation(body, [current])
+        self.restore(saved)
+        return None
+
+    def snapshot(self) -> tuple:
+        return (len(self.lines), self.numpy_calls, self.statements, self.kernels, self.conversions,
+                self.array_calls, [dict(c) for c in self.cse])
+
+    def restore(self, saved: tuple) -> None:
+        """Forget what was written since `saved` (a `snapshot`)."""
         del self.lines[saved[0]:]
         (self.numpy_calls, self.statements, self.kernels, self.conversions, self.array_calls,
          self.cse) = saved[1:]
-        return None
+
+    def cost_since(self, saved: tuple) -> float:
+        """What the code written since `saved` costs to run once, in numpy calls."""
+        return ((self.statements - saved[2]) * ELEMENT_COST + (self.kernels - saved[3]) * KERNEL_COST
+                + (self.conversions - saved[4]) * CONVERSION_COST + self.array_calls - saved[5])
 
     def constant(self, inst: Instruction) -> list[str]:
         literal = inst.attrs.get("literal")
