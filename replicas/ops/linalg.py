@@ -40,12 +40,16 @@ def cholesky_lower_nan(a: np.ndarray) -> np.ndarray:
     out = np.zeros_like(a)
     with np.errstate(all="ignore"):
         for j in range(n):
+            # Column 0 has no earlier columns to subtract: numpy's einsum over an empty axis was seen
+            # to give NaN instead of 0 (rarely, in a replica thread, after other kernels ran).
             row = out[..., j, :j]
-            diag = (a[..., j, j] - np.einsum("...k,...k->...", row, np.conj(row))).real
+            diag = (a[..., j, j] - np.einsum("...k,...k->...", row, np.conj(row)) if j else a[..., j, j]).real
             pivot = np.where(diag > 0, np.sqrt(np.maximum(diag, 0)), np.nan)  # XLA: sqrt(<0) is NaN
             out[..., j, j] = pivot
             if j + 1 < n:
-                below = a[..., j + 1:, j] - np.einsum("...ik,...k->...i", out[..., j + 1:, :j], np.conj(row))
+                below = a[..., j + 1:, j]
+                if j:
+                    below = below - np.einsum("...ik,...k->...i", out[..., j + 1:, :j], np.conj(row))
                 out[..., j + 1:, j] = below / pivot[..., None]
     return out
 
