@@ -7,17 +7,17 @@ benchmark, never a test; needs root and iproute2, as `replicas cluster` does).
 
 Two hosts (replicas/cluster/hosts.py: each its own network, mount and UTS namespace and Ray node);
 replica r runs on host r % 2, one replica per actor. The driver runs inside host 0 and times the op
-K times in a While loop, differenced ((T(K2) - T(K1)) / (K2 - K1): the job's start and its results
-cancel), `--repeat` times, median and spread. Anchors in the same run, half the ranks on each host,
-in that host's namespaces: torch.distributed gloo (one process per rank, rank r on host r % 2, over
-the hosts' addresses) and MPI (mpi4py under MPICH's mpiexec, pip's `mpich`, whose launcher enters
-the hosts' namespaces, so each host's ranks share a hostname and a /dev/shm as on real hosts and
-MPICH uses shared memory within a host, TCP between them: UCX's own shared-memory transports, which
-reach across simulated hosts of one kernel, are turned off). ratio = replicas / the best of gloo and
-MPI. With `--rate`/`--delay`/`--loss` the links are shaped (replicas/cluster/hosts.py: tbf, netem
-where the kernel has it, iptables) and a model column gives the link's bound for the op: its bytes
-over the busiest host's link at the shaped rate, plus one delay per message round (stated per op in
-`model_seconds`; loss is not in the model).
+K times in a While loop on an operand the program makes (`made_inside`), differenced ((T(K2) -
+T(K1)) / (K2 - K1): the job's start and its results cancel), `--repeat` times, median and spread.
+Anchors in the same run, half the ranks on each host, in that host's namespaces: torch.distributed
+gloo (one process per rank, rank r on host r % 2, over the hosts' addresses) and MPI (mpi4py under
+MPICH's mpiexec, pip's `mpich`, whose launcher enters the hosts' namespaces, so each host's ranks
+share a hostname and a /dev/shm as on real hosts and MPICH uses shared memory within a host, TCP
+between them: UCX's own shared-memory transports, which reach across simulated hosts of one kernel,
+are turned off). ratio = replicas / the best of gloo and MPI. With `--rate`/`--delay`/`--loss` the
+links are shaped (replicas/cluster/hosts.py: tbf, netem where the kernel has it, iptables) and a
+model column gives the link's bound for the op: its bytes over the busiest host's link at the shaped
+rate, plus one delay per message round (stated per op in `model_seconds`; loss is not in the model).
 """
 
 from __future__ import annotations
@@ -55,6 +55,23 @@ from common import (  # noqa: E402 - the bench folder is not a package
 MIN_DIFFERENCED = 10
 
 
+def made_inside(module, elements: int):
+    """`module` with its operand made in the program (an iota) from a scalar parameter: a job's
+    arguments of up to 64 MiB a replica went through Ray's object store of each simulated host (a
+    few hundred MiB, spilled to disk beyond), a per-job cost whose spread passed the differenced
+    time of the large rows."""
+    import replicas as rp
+
+    text = module.to_hlo_text()
+    lines = text.splitlines()
+    entry = next(k for k, line in enumerate(lines) if line.startswith("ENTRY"))
+    at = next(k for k in range(entry, len(lines)) if "parameter(0)" in lines[k])
+    name = lines[at].split("=")[0].strip()
+    lines[at:at + 1] = ["  scalar = f32[] parameter(0)",
+                        f"  {name} = f32[{elements}] iota(), iota_dimension=0"]
+    return rp.parse_hlo("\n".join(lines))
+
+
 def child_replicas(n: int, ops: list[str], sizes: list[int], repeat: int) -> dict:
     import numpy as np
 
@@ -66,8 +83,8 @@ def child_replicas(n: int, ops: list[str], sizes: list[int], repeat: int) -> dic
         results[op] = {}
         for nbytes in sizes:
             elements = nbytes // 4
-            module = collective_program(op, elements, n, result_elements=min(elements, 16))
-            x = np.ones(elements, np.float32)
+            module = made_inside(collective_program(op, elements, n, result_elements=min(elements, 16)), elements)
+            x = np.ones((), np.float32)
 
             def run(k: int, module: rp.Module = module, x: np.ndarray = x) -> float:
                 t0 = time.perf_counter()

@@ -49,8 +49,9 @@ def run_driver(cluster: hosts.Cluster, script: str, *args: str, timeout: float =
     return out
 
 
-# Large all-to-alls (chunks of 1 MiB and more: what a node leader forwards is received into its arena,
-# collectives/forwarding.py; the second one receives into the same blocks again) and a ring permute.
+# Large all-to-alls (what a node leader forwards is received into its arena, collectives/forwarding.py;
+# the second one receives into the same blocks again), a ring permute and a large all-gather (streamed
+# between node leaders one piece per process).
 ROUTED = """\
 HloModule routed, replica_count={n}
 
@@ -59,13 +60,14 @@ ENTRY main {{
   a = f32[{size}] all-to-all(x), replica_groups={{}}, dimensions={{0}}
   b = f32[{size}] all-to-all(a), replica_groups={{}}, dimensions={{0}}
   p = f32[{size}] collective-permute(b), source_target_pairs={{{pairs}}}
-  ROOT t = (f32[{size}], f32[{size}]) tuple(b, p)
+  g = f32[{gathered}] all-gather(p), replica_groups={{}}, dimensions={{0}}
+  ROOT t = (f32[{size}], f32[{gathered}]) tuple(b, g)
 }}
 """
 
 
 def routed(n: int, size: int) -> str:
-    return ROUTED.format(n=n, size=size, pairs=",".join(f"{{{r},{(r + 1) % n}}}" for r in range(n)))
+    return ROUTED.format(n=n, size=size, gathered=n * size, pairs=",".join(f"{{{r},{(r + 1) % n}}}" for r in range(n)))
 
 
 CORRECT = textwrap.dedent("""
@@ -120,7 +122,7 @@ def test_values_across_hosts_equal_one_machines(cluster: hosts.Cluster) -> None:
              ("every_8_packed", everything, [0, 0, 1, 1] * 2, 2),
              ("every_8", everything, [0, 1] * 4, 1),
              ("routed", routed(4, 1 << 20), [0, 1, 0, 1], 1),
-             ("routed_8", routed(8, 1 << 21), [0, 1] * 4, 1)]
+             ("routed_8", routed(8, 1 << 18), [0, 1] * 4, 1)]
     out = run_driver(cluster, CORRECT, json.dumps(cases), timeout=600)
     report = json.loads(out.strip().splitlines()[-1])
     h = [x.address for x in cluster.hosts]

@@ -7,10 +7,11 @@ sent; the part for another process of the node went on as a message, which copie
 descriptor of where it already is: no copy on the leader's critical path.
 
 Only the arrays of the transfers a collective announced (`expect(seq)`, before it sends its own
-part across) are placed so; the others (an all-reduce's stream, an all-gather's parts, which are
-copied or reduced where they land anyway) keep the reader's own buffers and leave the arena's room to
-the result buffers. A transfer that arrives before it was announced is received as before and
-forwarded by copy: the same bytes, later.
+part across) are placed in the arena. The others keep the reader's own buffers and leave the arena's
+room to the result buffers: an all-reduce's stream is reduced where it lands, and an all-gather's
+pieces are copied into its result (read from the socket straight into the result's shared-memory
+pages, they took longer than into the reader's buffers plus the copy). A transfer that arrives
+before it was announced is received as before and copied: the same bytes, later.
 
 A block is received into again only when nothing refers to its array any more and every process it
 was forwarded to released it (`BufferPool`'s rule); the blocks go back with the arena at the end of
@@ -25,18 +26,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replicas.transport import keys
+from replicas.transport import keys, shm
 
 if TYPE_CHECKING:
     from replicas.transport.fabric import Fabric
 
 _INSTALL = threading.Lock()  # two node leaders of one actor (packed replicas) may install at once
-KEPT = 16  # blocks at most per actor and job (a bundle holds one array per pair of processes)
+KEPT = 64  # blocks at most per actor and job (a bundle holds one array per pair of processes)
 _FREE_REFS = 3  # the list's tuple, the loop variable and getrefcount's argument
 
 
 class Placer:
-    """One actor's receive blocks in its arena for one job (`Wire.placer` while the job runs)."""
+    """Where one actor's wire receives the announced transfers of one job (`Wire.placer` while the
+    job runs): blocks of its arena."""
 
     def __init__(self, outbox: Any, round_: int) -> None:
         self.outbox = outbox
@@ -57,11 +59,12 @@ class Placer:
         """A writable uint8 buffer of `nbytes` in a leased block for an array of a message whose head
         (token, destination, source, key) names an announced collective's transfer; else None."""
         key = head[3] if len(head) > 3 else None
-        if type(key) is not tuple or len(key) != 3 or key[0] != keys.COLLECTIVE or key[2] != self.round:
+        if type(key) is not tuple or len(key) != 3 or key[0] != keys.COLLECTIVE:
             return None
         outbox = self.outbox
         with self.lock:
-            if key[1] not in self.expected:
+            # Smaller arrays are inlined when forwarded: no copy to save.
+            if key[2] != self.round or key[1] not in self.expected or nbytes < shm.MIN_BYTES:
                 return None
             for owner, offset in self.kept:
                 if owner.nbytes == nbytes and sys.getrefcount(owner) == _FREE_REFS and not outbox.lent(offset):

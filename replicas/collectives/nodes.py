@@ -37,7 +37,7 @@ from replicas.collectives.in_process import (
     reduce_pooled,
     shared,
 )
-from replicas.collectives.reduction import Combine, Values, chunks_of, index_runs, reduce_into
+from replicas.collectives.reduction import Combine, Values, chunks_of, reduce_into
 from replicas.collectives.selector import THRESHOLDS, Algorithm, Situation, Thresholds, register
 from replicas.collectives.topology import LEADER_ROUND, Topology
 
@@ -95,7 +95,7 @@ def _pieces(values: Values, count: int) -> list[Values]:
 
 
 def _rounds(count: int) -> list[int]:
-    return [ACROSS if k == 0 else STREAM + k for k in range(count)]
+    return [_round(k) for k in range(count)]
 
 
 def _across_reduced(ex: Exchange, node: _Node, partial: Values, combine: Combine) -> Values:
@@ -137,29 +137,37 @@ def all_reduce(ex: Exchange, parts: list[Values], combine: Combine) -> Values:
 # -- all-gather ------------------------------------------------------------------------------------
 
 def all_gather(ex: Exchange, parts: list[Values], result: GatherResult) -> Values:
-    """The node leader gathers its node's operands into its result, exchanges the node's places with
-    the other node leaders, and hands its node's other processes the whole result (a leased buffer
-    goes as a descriptor of where it is: the node shares one result)."""
+    """The node leader sends the other node leaders its node's operands as they are, one piece per
+    process of the node, from a thread of its own while it copies them into its result, then copies
+    the other nodes' pieces there as they arrive; then it hands its node's other processes the whole
+    result (a leased buffer goes as a descriptor of where it is: the node shares one result).
+
+    (The pieces are not received straight into the result: into its shared-memory pages the
+    socket's reads ran slower than into the reader's own buffers plus a copy.)"""
     topo = ex.topo
+    layout = topo.layout
     node = _Node(topo)
     if not node.is_leader:
         ex.send(node.leader, IN, [(i, 1, part) for i, part in zip(topo.local, parts)])
         return ex.scatter_local(None, shared(ex.recv_one(node.leader, OUT), topo))
-    result.own()
-    for items in ex.recv(node.peers, IN):
-        place_items(result, items, topo.local)
-    width = len(parts[0])
-    mine = [(first, count, tuple(result.place(k, first, count) for k in range(width)))
-            for first, count in index_runs(sorted(_members(topo, node.node)))]
     peers = [node.leaders[m] for m in node.others]
-    for r in peers:
-        ex.send(r, ACROSS, mine)
-    for items in ex.recv(peers, ACROSS):
-        place_items(result, items, ())
+    pieces = [[(i, 1, part) for i, part in zip(topo.local, parts)], *ex.recv(node.peers, IN)]
+    finish = ex.send_stream(peers, [_round(k) for k in range(len(pieces))], pieces)
+    result.own()
+    for items in pieces[1:]:
+        place_items(result, items, topo.local)
+    for m, r in zip(node.others, peers):
+        for k in range(len(layout.nodes[m])):
+            place_items(result, ex.recv_one(r, _round(k)), ())
+    finish()
     out = result.out
     for r in _frozen(out, node.peers):
         ex.send(r, OUT, out)
     return ex.scatter_local(None, shared(out, topo))
+
+
+def _round(k: int) -> int:
+    return ACROSS if k == 0 else STREAM + k
 
 
 # -- reduce-scatter --------------------------------------------------------------------------------

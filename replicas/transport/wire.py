@@ -486,7 +486,7 @@ def _read_body(conn: socket.socket, body_size: int, buffers: _Buffers | None = N
     kept = buffers if buffers is not None else _Buffers()
     arrays = []
     for size in sizes:
-        into = placer(head, size) if placer is not None and size >= KEPT_MIN_BYTES else None
+        into = placer(head, size) if placer is not None else None
         arrays.append(_recv_into(conn, kept.take(size) if into is None else into))
     return pickle.loads(meta, buffers=arrays)  # noqa: S301 - an authenticated peer's (module doc)
 
