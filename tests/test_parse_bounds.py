@@ -44,22 +44,15 @@ def hlo(n, kind):
     if kind == "operands":
         k = n // 3
         return ENTRY + "  ROOT t = f32[] custom-call(%s), custom_call_target=\"t\"\n}\n" % ", ".join(["p"] * k)
-    if kind == "dense":  # many small instructions, named and written as XLA prints them
-        lines = [ENTRY, "  add.0 = f32[] negate(p)\n", "  add.1 = f32[] negate(p)\n"]
+    if kind in ("dense", "dense-short"):  # many small instructions, named as XLA prints them or shortest
+        a = "add." if kind == "dense" else "a"
+        lines = [ENTRY, f"  {a}0 = f32[] negate(p)\n", f"  {a}1 = f32[] negate(p)\n"]
         i, size = 2, sum(map(len, lines))
         while size < n:
-            lines.append(f"  add.{i} = f32[] add(add.{i - 1}, add.{i - 2})\n")
+            lines.append(f"  {a}{i} = f32[] add({a}{i - 1}, {a}{i - 2})\n")
             size += len(lines[-1])
             i += 1
-        return "".join(lines) + f"  ROOT r = f32[] negate(add.{i - 1})\n}}\n"
-    if kind == "dense-short":  # the same with the shortest names: the most instructions per byte
-        lines = [ENTRY, "  a0 = f32[] negate(p)\n", "  a1 = f32[] negate(p)\n"]
-        i, size = 2, sum(map(len, lines))
-        while size < n:
-            lines.append(f"  a{i} = f32[] add(a{i - 1}, a{i - 2})\n")
-            size += len(lines[-1])
-            i += 1
-        return "".join(lines) + f"  ROOT r = f32[] negate(a{i - 1})\n}}\n"
+        return "".join(lines) + f"  ROOT r = f32[] negate({a}{i - 1})\n}}\n"
     raise ValueError(kind)
 
 def packed(n, kind):
