@@ -157,14 +157,19 @@ class Doorbell:
     def hold(self, seconds: float) -> None:
         """The actors' main threads run Ray's loop for the next `seconds` at least (the driver is
         about to make actor calls): any parked one leaves its park now."""
+        words = self.words
+        if words is None:  # closed meanwhile (the job ended in another thread): nothing parks any more
+            return
         until = (_now_ms() + int(seconds * 1000)) & 0xFFFFFFFF
-        if _ahead(until, int(self.words[_HOLD])):
-            self.words[_HOLD] = until
+        if _ahead(until, int(words[_HOLD])):
+            words[_HOLD] = until
         self.wake_main()
 
     def wake_main(self) -> None:
-        self.words[_RELEASE] = (int(self.words[_RELEASE]) + 1) & 0xFFFFFFFF
-        futex.wake(self.base + _RELEASE * 4)
+        words = self.words
+        if words is not None:
+            words[_RELEASE] = (int(words[_RELEASE]) + 1) & 0xFFFFFFFF
+            futex.wake(self.base + _RELEASE * 4)
 
     # -- an actor's side ------------------------------------------------------------------------------
     def wait_request(self, last: int, timeout: float = SLICE, spinner: spin.Spinner = spin.NEVER) -> int | None:

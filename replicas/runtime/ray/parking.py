@@ -61,7 +61,7 @@ def install() -> bool:
     except Exception:  # noqa: BLE001 - no Ray here: no actor to park
         return False
     try:
-        if signal.getsignal(_SIGNAL) not in (signal.SIG_DFL, None):
+        if signal.getsignal(_SIGNAL) is not signal.SIG_DFL:  # (None: a handler set outside Python)
             return False
         signal.signal(_SIGNAL, _parked)
     except (ValueError, OSError):
