@@ -40,8 +40,9 @@ def cholesky_lower_nan(a: np.ndarray) -> np.ndarray:
     out = np.zeros_like(a)
     with np.errstate(all="ignore"):
         for j in range(n):
-            # Column 0 has no earlier columns to subtract: numpy's einsum over an empty axis was seen
-            # to give NaN instead of 0 (rarely, in a replica thread, after other kernels ran).
+            # Column 0 has no earlier columns to subtract. Not an einsum over the empty axis: numpy's
+            # kernel for a stride-0 operand (`np.conj` of an empty array) reads its element even when
+            # the sum is empty, 0 * whatever the buffer held, NaN after a NaN.
             row = out[..., j, :j]
             diag = (a[..., j, j] - np.einsum("...k,...k->...", row, np.conj(row)) if j else a[..., j, j]).real
             pivot = np.where(diag > 0, np.sqrt(np.maximum(diag, 0)), np.nan)  # XLA: sqrt(<0) is NaN
