@@ -46,6 +46,7 @@ MAX_STATEMENTS = 6000
 # A loop whose condition folds (constant bounds) is unrolled up to this many trips and statements.
 MAX_UNROLLED = 16
 MAX_UNROLLED_STATEMENTS = 1500
+MAX_UNROLLED_CALLS = 300  # numpy calls: past them, writing the trips out costs binding time for little
 UNROLL_GAIN = 0.9  # unrolled trips must cost at most this share of the rolled loop's
 # The cost model, in units of one numpy call on a tiny array: an element's Python statement, an
 # operand's or result's conversion, an op left to its numpy kernel (its arrays built and read back),
@@ -504,7 +505,8 @@ class _Generator:
             verdict = self.computation(condition, [current])
             if not isinstance(verdict, list) or verdict[0] in self.variables:
                 break  # decided at run time
-            if self.statements - saved[2] > MAX_UNROLLED_STATEMENTS:
+            if (self.statements - saved[2] > MAX_UNROLLED_STATEMENTS
+                    or self.array_calls - saved[5] > MAX_UNROLLED_CALLS):
                 break
             if not eval(verdict[0], self.env):  # noqa: S307  (a literal)
                 return current, trips
