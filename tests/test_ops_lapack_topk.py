@@ -94,6 +94,27 @@ def test_cholesky_of_a_matrix_that_is_not_positive_definite_is_nan_like_jax():
         np.testing.assert_array_equal(got, jit_answer(jnp.linalg.cholesky, [a])[0], err_msg=form)
 
 
+def test_the_triangular_recurrences_never_ask_einsum_for_an_empty_sum(monkeypatch):
+    # numpy's einsum kernel for a stride-0 operand (`np.conj` of an empty array) reads its element even
+    # when the sum is empty: 0 * whatever that buffer held, NaN after a NaN. The Cholesky fallback's first
+    # column once came out NaN so, now and then. The recurrences skip their empty first step instead.
+    from replicas.ops.linalg import cholesky_lower_nan, solve_lower_left
+
+    einsum = np.einsum
+
+    def nonempty_einsum(subscripts, *operands, **kwargs):
+        assert all(np.size(o) for o in operands), f"einsum {subscripts!r} of an empty operand"
+        return einsum(subscripts, *operands, **kwargs)
+
+    monkeypatch.setattr(np, "einsum", nonempty_einsum)
+    a = np.stack([np.eye(3, dtype=np.float32), -np.eye(3, dtype=np.float32)])
+    factor = cholesky_lower_nan(a)
+    np.testing.assert_array_equal(factor[0], np.eye(3, dtype=np.float32))
+    assert np.isnan(factor[1].diagonal()).all()
+    lower = np.tril(np.arange(1, 10, dtype=np.float64).reshape(3, 3))
+    np.testing.assert_allclose(lower @ solve_lower_left(lower, np.eye(3)), np.eye(3), atol=1e-12)
+
+
 def test_det_of_a_singular_matrix_is_zero_like_jax():
     a = np.array([[[1, 2], [2, 4]], [[1, 0], [0, 3]]], dtype=np.float32)
     _check(jnp.linalg.det, [a], "compiled", rtol=1e-6)
