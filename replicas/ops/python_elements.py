@@ -94,6 +94,8 @@ class _Refused(Exception):
 def compile_fusion(comp: Computation, ctx: KernelContext, *, cost_model: bool = True) -> Callable[..., Any] | None:
     """`comp` (a fusion's computation, arrays in and out) as per-element Python code, or None when
     it is not small and element-wise, or the numpy kernels would cost less (unless not `cost_model`)."""
+    if not all(_small(inst.shape) for inst in comp.instructions):
+        return None  # a large value: known before anything is generated (most fusions of a model)
     try:
         gen = _Generator(ctx, cost_model)
         params = sorted(comp.parameters, key=lambda p: p.attrs["parameter_number"])
