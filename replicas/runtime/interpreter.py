@@ -69,6 +69,7 @@ class Interpreter:
             weakref.finalize(self, where.give_back, self.where)
         self.attach(fabric)
         self._binding: Computation | None = None
+        self._entry_params: list[Instruction] | None = None
         self._bound: dict[tuple[str, Donation, frozenset[int]], BoundComputation] = {}
         self._batch: tuple[Any, tuple[int, ...] | None] = (None, None)  # (placement, batched members)
         # A replica that runs batched (`runtime/batched`) binds nothing of its own unless it falls back:
@@ -121,11 +122,14 @@ class Interpreter:
     # -- running ---------------------------------------------------------------------------------
     def run(self, args: Sequence[Any] = (), *, checked: bool = False) -> Any:
         """The entry computation's result on `args` (`checked`: they already passed `check_arguments`)."""
-        values = args if checked else check_arguments(self.module.entry_computation, args)
+        if not checked:
+            if self._entry_params is None:  # found once: `parameters` walks and sorts the computation
+                self._entry_params = self.module.entry_computation.parameters
+            args = check_arguments(self.module.entry_computation, args, self._entry_params)
         # XLA semantics define every result (x/0, NaN casts, overflow): numpy's warnings about
         # them are noise. Silenced once here, for this thread, instead of in every kernel call.
         try:
-            return self._run(values)
+            return self._run(args)
         finally:
             if self.where is not None:
                 self.where[where.CODE] = where.NOWHERE  # between runs
