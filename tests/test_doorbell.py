@@ -148,12 +148,14 @@ def test_what_a_watched_call_printed_reaches_the_drivers_stdout_once(capfd):
 
     def f(x):
         jax.debug.print("start {s}", s=x[0])
-        y = jax.lax.fori_loop(0, 200000, lambda i, v: v * 0.5 + 1.0, x)  # far past the poll interval
+        # Far past the poll interval: 64 elements keep each trip's ops numpy calls (a loop of a few
+        # elements runs as per-element Python code, fast enough to end before the first poll).
+        y = jax.lax.fori_loop(0, 1_000_000, lambda i, v: v * 0.5 + 1.0, x)
         jax.debug.print("end {s}", s=y[0])
         return y
 
     step = rp.jax.jit(f, backend="ray", timeout=300)
-    x = np.zeros(4, np.float32)
+    x = np.zeros(64, np.float32)
     capfd.readouterr()
     try:
         got = np.asarray(step(x))
