@@ -40,8 +40,9 @@ class Placer:
     """Where one actor's wire receives the announced transfers of one job (`Wire.placer` while the
     job runs): blocks of its arena."""
 
-    def __init__(self, outbox: Any) -> None:
+    def __init__(self, outbox: Any, round_: int) -> None:
         self.outbox = outbox
+        self.round = round_
         self.expected: set[int] = set()  # sequence numbers of the collectives whose transfers land here
         self.kept: list[tuple[np.ndarray, int]] = []
         self.lock = threading.Lock()
@@ -63,7 +64,7 @@ class Placer:
         outbox = self.outbox
         with self.lock:
             # Smaller arrays are inlined when forwarded: no copy to save.
-            if key[1] not in self.expected or nbytes < shm.MIN_BYTES:
+            if key[2] != self.round or key[1] not in self.expected or nbytes < shm.MIN_BYTES:
                 return None
             for owner, offset in self.kept:
                 if owner.nbytes == nbytes and sys.getrefcount(owner) == _FREE_REFS and not outbox.lent(offset):
@@ -91,7 +92,7 @@ class Placer:
         return free
 
 
-def placer_of(fabric: Fabric) -> Placer | None:
+def placer_of(fabric: Fabric, round_: int) -> Placer | None:
     """This actor's placer for the fabric's job, installed on its wire at first use; None where
     nothing is received from other nodes into an arena (no wire, no arena: threads, one node)."""
     wire = getattr(fabric, "wire", None)
@@ -103,7 +104,7 @@ def placer_of(fabric: Fabric) -> Placer | None:
         placer = wire.placer
         if isinstance(placer, Placer) and placer.outbox is outbox:
             return placer
-        placer = Placer(outbox)
+        placer = Placer(outbox, round_)
         wire.placer = placer
     outbox.on_close(lambda: placer.retire(wire))
     return placer

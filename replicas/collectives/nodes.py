@@ -228,7 +228,7 @@ def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], di
     else:
         # What the other nodes send this node's other processes lands in the arena, whence it goes on
         # without a copy (collectives/forwarding.py).
-        placer = placer_of(ex.fabric) if node.peers else None
+        placer = placer_of(ex.fabric, ACROSS) if node.peers else None
         if placer is not None:
             placer.expect(ex.seq)
         try:
@@ -247,36 +247,22 @@ def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], di
 
 def _route_across(ex: Exchange, node: _Node, outgoing: list[Any]) -> list[tuple[int, Any]]:
     """On a node leader: the node's processes' chunks exchanged with the other node leaders and
-    handed to the node's other processes; what this process was sent, by source process.
-
-    The transfer to another node goes as one piece per process there, its other processes' first
-    (their chunks go on from that node's leader) and its leader's last, from a thread of this
-    leader's; a process of this node gets its chunks as soon as every other node's piece for it
-    arrived, while the next pieces travel."""
+    handed to the node's other processes; what this process was sent, by source process."""
     layout = ex.topo.layout
     pos = ex.topo.position
     sent = {pos: outgoing}
     for q, items in zip(node.processes[1:], ex.recv(node.peers, IN)):
         sent[q] = items
     peers = [node.leaders[m] for m in node.others]
-    finishes = []
     for m, r in zip(node.others, peers):
-        there = layout.nodes[m]
-        pieces = [[(p, sent[p][q]) for p in node.processes] for q in (*there[1:], there[0])]
-        finishes.append(ex.send_stream([r], _rounds(len(pieces)), pieces))
-    got: list[tuple[int, Any]] = []
-    for k, q in enumerate((*node.processes[1:], pos)):
-        # Within the node only what this process sends or is sent: the others exchange theirs directly.
-        mine = [(p, sent[p][q]) for p in node.processes if p != q and pos in (p, q)]
-        for r in peers:
-            mine.extend(ex.recv_one(r, _round(k)))
-        if q == pos:
-            got = mine
-        else:
-            ex.send(layout.leaders[q], OUT, mine)
-    for finish in finishes:
-        finish()
-    return got
+        ex.send(r, ACROSS, [(p, q, sent[p][q]) for p in node.processes for q in layout.nodes[m]])
+    # Within the node only what this process sends or is sent: the others exchange theirs directly.
+    arrived = [(p, q, sent[p][q]) for p in node.processes for q in node.processes if p != q and pos in (p, q)]
+    for bundle in ex.recv(peers, ACROSS):
+        arrived.extend(bundle)
+    for q, r in zip(node.processes[1:], node.peers):
+        ex.send(r, OUT, [(p, items) for p, q2, items in arrived if q2 == q])
+    return [(p, items) for p, q2, items in arrived if q2 == pos]
 
 
 # -- the unit ------------------------------------------------------------------------------------------
