@@ -8,9 +8,10 @@ XLA's exponentiation by squaring over the exponent's low 6 bits; a negative expo
 except for bases 1 and -1. maximum/minimum propagate NaN. pred arithmetic is i8 arithmetic
 tested against 0: add and maximum are or, multiply and minimum are and.
 
-Known difference: when maximum/minimum compare -0.0 with +0.0 they return the first operand (as
-numpy does), where XLA:CPU returns +0.0 for maximum and -0.0 for minimum; fixing the sign costs a
-pass over the data on the hot path of relu-like code, and the values compare equal.
+Known difference: when maximum/minimum compare -0.0 with +0.0 they return what numpy's SIMD loops
+return (the second operand, on x86-64), where XLA:CPU returns +0.0 for maximum and -0.0 for minimum;
+fixing the sign costs a pass over the data on the hot path of relu-like code, and the values compare
+equal.
 """
 
 from __future__ import annotations
