@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from replicas.hlo.ir import Computation, Instruction, Module
+from replicas.ops.element_ops import writer
 from replicas.shapes import PrimitiveType, Shape
 
 P = PrimitiveType
@@ -37,29 +38,13 @@ def is_fast(shape: Shape) -> bool:
     return shape.is_array and not shape.dimensions and shape.element_type in FAST_TYPES
 
 
-def _wrap(t: PrimitiveType) -> Callable[[str], str]:
-    """The expression `e` wrapped to `t`'s width, as numpy's fixed-width integers wrap."""
-    bits = t.bit_width
-    mask = (1 << bits) - 1
-    if t.is_unsigned_integral:
-        return lambda e: f"(({e}) & {mask})"
-    half = 1 << (bits - 1)
-    return lambda e: f"(((({e}) + {half}) & {mask}) - {half})"
-
-
-_COMPARE = {"EQ": "==", "NE": "!=", "GE": ">=", "GT": ">", "LE": "<=", "LT": "<"}
-# Python's & | ^ on ints are two's complement on unbounded width: in range for in-range operands.
-_BITWISE = {"and": "&", "or": "|", "xor": "^"}
-_PRED_BINARY = {"add": "|", "maximum": "|", "or": "|", "multiply": "&", "minimum": "&", "and": "&", "xor": "^"}
-
-
 def expression(inst: Instruction, operand_types: list[PrimitiveType], module: Module | None = None,
                depth: int = 0) -> Expression | None:
     """The Python expression of `inst` on Python-number operands, or None when it has none. Only
-    ops whose result is exactly numpy's for every operand value are here (no divide, remainder,
-    shifts or power: their edge cases stay with the numpy kernels). A fusion or call (of `module`)
-    whose computation is such ops on scalars is their expressions composed (XLA's compiled loops
-    wrap their counter's add and compare in fusions)."""
+    ops whose result is exactly numpy's for every operand value are here (`element_ops.writer`'s:
+    no divide, remainder or power, whose edge cases stay with the numpy kernels). A fusion or call
+    (of `module`) whose computation is such ops on scalars is their expressions composed (XLA's
+    compiled loops wrap their counter's add and compare in fusions)."""
     t = inst.shape.element_type
     if not is_fast(inst.shape) or any(o not in FAST_TYPES for o in operand_types):
         return None
@@ -68,41 +53,14 @@ def expression(inst: Instruction, operand_types: list[PrimitiveType], module: Mo
         return lambda a: a[0]
     if op in ("fusion", "call"):
         return None if module is None else _composed(module, module.computation(inst.called_computations()[0]), depth)
-    if op == "compare":
-        symbol = _COMPARE[inst.attrs["comparison_direction"]]
-        return lambda a: f"({a[0]} {symbol} {a[1]})"
-    if op == "select":
-        return lambda a: f"({a[1]} if {a[0]} else {a[2]})"
-    if op == "convert":
-        src = operand_types[0]
-        if t is P.PRED:
-            return lambda a: f"({a[0]} != 0)"
-        if src is P.PRED:
-            return lambda a: f"(1 if {a[0]} else 0)"
-        return _converting(src, t)
-    if t is P.PRED:
-        if op in _PRED_BINARY:
-            symbol = _PRED_BINARY[op]
-            return lambda a: f"({a[0]} {symbol} {a[1]})"
-        if op == "not":
-            return lambda a: f"(not {a[0]})"
+    if op in _LEFT_TO_NUMPY:
         return None
-    wrap = _wrap(t)
-    if op in ("add", "subtract", "multiply"):
-        symbol = {"add": "+", "subtract": "-", "multiply": "*"}[op]
-        return lambda a: wrap(f"{a[0]} {symbol} {a[1]}")
-    if op in _BITWISE:
-        symbol = _BITWISE[op]
-        return lambda a: f"({a[0]} {symbol} {a[1]})"
-    if op == "maximum":
-        return lambda a: f"({a[0]} if {a[0]} >= {a[1]} else {a[1]})"
-    if op == "minimum":
-        return lambda a: f"({a[0]} if {a[0]} <= {a[1]} else {a[1]})"
-    if op == "negate":
-        return lambda a: wrap(f"-{a[0]}")
-    if op == "not":
-        return lambda a: wrap(f"~{a[0]}")
-    return None
+    return writer(inst, operand_types)
+
+
+# Ops element_ops writes that a loop's scalars leave to their numpy kernels: shifts and abs, and
+# bitcast-convert (written with struct helpers the interpreter's generated code does not have).
+_LEFT_TO_NUMPY = frozenset({"shift-left", "shift-right-arithmetic", "shift-right-logical", "abs", "bitcast-convert"})
 
 
 # A composed expression longer than this (a deep fusion repeating its shared values) stays numpy;
@@ -156,15 +114,6 @@ def _composed(module: Module, comp: Computation, depth: int) -> Expression | Non
 
 class _TooLong(Exception):
     pass
-
-
-def _converting(src: PrimitiveType, dst: PrimitiveType) -> Expression:
-    """Integer to integer: numpy's astype keeps the low bits (a wrap to `dst`), or the value itself
-    when `dst` holds every value of `src`."""
-    if src is dst or (dst.bit_width > src.bit_width and (dst.is_signed_integral or src.is_unsigned_integral)):
-        return lambda a: a[0]
-    wrap = _wrap(dst)
-    return lambda a: wrap(a[0])
 
 
 def literal(inst: Instruction) -> str | None:
