@@ -149,7 +149,8 @@ def test_the_default_replica_ceiling_covers_a_pod():
         limits.check_replicas(limits.current().max_replicas + 1)
 
 
-def test_a_job_the_task_table_cannot_hold_is_refused_before_any_thread_starts():
+def test_a_job_the_task_table_cannot_hold_is_refused_before_any_thread_starts(backend):
+    """On Ray, when the cluster is this machine's one node, before any actor starts."""
     room = limits.task_room()
     if room is None:
         pytest.skip("no task table to read (not Linux)")
@@ -158,8 +159,9 @@ def test_a_job_the_task_table_cannot_hold_is_refused_before_any_thread_starts():
     before = threading.active_count()
     previous = limits.configure(max_replicas=n)
     try:
-        with pytest.raises(ResourceExhausted, match=f"a job of {n} replicas on threads needs {n} threads") as info:
-            rp.run(m, [np.zeros(16, np.float32)], num_replicas=n, backend="threads", timeout=60)
+        where = "on threads" if backend == "threads" else "on this machine's Ray node"
+        with pytest.raises(ResourceExhausted, match=f"a job of {n} replicas {where} needs {n} threads") as info:
+            rp.run(m, [np.zeros(16, np.float32)], num_replicas=n, backend=backend, timeout=60)
     finally:
         limits.restore(previous)
     assert info.value.resource == "threads" and "task table" in str(info.value)

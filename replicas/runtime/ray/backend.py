@@ -17,6 +17,7 @@ from replicas.cluster.liveness import host_lost, silent, silent_failure
 from replicas.diagnostics import host_output
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError, ResourceExhausted, exhausted_resource
+from replicas.limits import check_threads
 from replicas.records import HOST, ReplicaState, replicas_text
 from replicas.runtime.compile import Executable, has_custom_calls
 from replicas.runtime.job import Backend
@@ -37,6 +38,15 @@ _default_packing = default_packing
 ANSWER_GRACE = 1.0
 
 __all__ = ["POOL", "RayBackend", "_AUTHKEY", "_default_packing", "ensure_ray"]
+
+
+def _only_this_node(ray: Any, nodes: list[dict[str, Any]]) -> bool:
+    """The cluster's one alive node is the driver's (local Ray: the laptop case)."""
+    alive = [node for node in nodes if node.get("Alive")]
+    try:
+        return len(alive) == 1 and alive[0].get("NodeID") == ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - a driver without a node id: no pre-check, the actors' own check stays
+        return False
 
 
 class RayBackend(PersistentJob, Backend):
@@ -79,6 +89,8 @@ class RayBackend(PersistentJob, Backend):
             why = unplaceable([(ids, wanted(o)) for ids, o in zip(groups, self._options)], nodes)
             if why is not None:
                 raise ReplicaFailure(why, groups[0][0])
+            if _only_this_node(ray, nodes):  # every replica thread lands in this machine's task table
+                check_threads(n, f"a job of {n} replicas on this machine's Ray node")
         pooled = []
         for ids, options in zip(groups, self._options):
             actor, from_pool = POOL.acquire(options)
