@@ -189,6 +189,29 @@ def test_tcp_listens_only_where_asked_and_authenticates_too():
         b.close()
 
 
+def test_the_latest_bytes_from_each_host_are_noted_small_and_streamed_messages_alike():
+    """What tells the driver a busy host is alive (cluster/liveness.py): a Unix-socket peer is never
+    noted, a TCP peer's address is, by a small message and by each piece of a large one."""
+    inbox = Inbox()
+    a = Wire(inbox.deliver, KEY, "node-a")
+    a.open_tcp("127.0.0.1")
+    b = Wire(lambda m: None, KEY, "node-b")
+    try:
+        b.send(dict(a.address, node="node-b"), ("over unix",))  # a peer of b's own node: its Unix socket
+        assert inbox.wait_for(lambda: len(inbox.messages) == 1)
+        assert a.heard() == {}
+        b.send(a.address, ("small",))
+        assert inbox.wait_for(lambda: len(inbox.messages) == 2)
+        assert list(a.heard()) == ["127.0.0.1"] and a.heard()["127.0.0.1"] >= 0
+        noted = a._heard["127.0.0.1"]  # noqa: SLF001 - when, on the wire's clock
+        b.send(a.address, ("large", np.ones(3 << 20, np.uint8)))  # streamed: read into its own buffer
+        assert inbox.wait_for(lambda: len(inbox.messages) == 3)
+        assert a._heard["127.0.0.1"] > noted  # noqa: SLF001
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_body_over_what_its_head_allows_is_refused_before_it_is_read():
     inbox = Inbox()
 

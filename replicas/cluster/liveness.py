@@ -2,7 +2,9 @@
 such a node only when its heartbeats have been missed for about a minute; a job across hosts
 notices at its next poll: the driver asks every actor for its replicas' states a few times a
 second, and an actor on another node that has not answered for LIVENESS_SECONDS while an actor
-elsewhere did ends the job, naming the replicas it runs and its host.
+elsewhere did ends the job, naming the replicas it runs and its host, unless the actors that
+answered read bytes from that host meanwhile: then it is alive, only busy (a loaded machine while
+large transfers cross), and it gets more time for as long as its bytes keep coming.
 
 An actor of the driver's own node is never judged this way (a busy machine delays them all alike;
 an actor process that dies there is reported by Ray at once), nor is one when no actor answered
@@ -11,6 +13,8 @@ an actor process that dies there is reported by Ray at once), nor is one when no
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 from replicas.errors import ReplicaFailure
@@ -20,16 +24,33 @@ LIVENESS_SECONDS = float(os.environ.get("REPLICAS_LIVENESS_SECONDS", "3"))
 
 
 def silent(ray: Any, refs: list[Any], nodes: list[str | None], here: str | None,
-           limit: float | None = None) -> list[int]:
+           limit: float | None = None,
+           heard: Callable[[list[int], list[int]], set[int]] | None = None) -> list[int]:
     """Indexes of the calls `refs` (one per actor, on `nodes`) to actors of another node than
     `here` that did not answer within LIVENESS_SECONDS (or `limit`, the job's time left, when
-    shorter) while some other actor did."""
-    wait = LIVENESS_SECONDS if limit is None else min(LIVENESS_SECONDS, limit)
-    _, pending = ray.wait(refs, num_returns=len(refs), timeout=wait)
-    if not pending or len(pending) == len(refs):
-        return []
-    waiting = set(pending)
-    return [i for i, ref in enumerate(refs) if ref in waiting and nodes[i] is not None and nodes[i] != here]
+    shorter) while some other actor did.
+
+    `heard(quiet, answered)`: which of the `quiet` actors' hosts the `answered` actors read bytes
+    from within LIVENESS_SECONDS. Such a host is alive, only too busy to answer (on a loaded
+    machine, while large transfers cross): its actors get another LIVENESS_SECONDS, and so on while
+    their bytes keep coming and the job's time lasts. A frozen host or a cut link sends nothing."""
+    end = None if limit is None else time.monotonic() + limit
+    pending = list(range(len(refs)))
+    while True:
+        wait = LIVENESS_SECONDS if end is None else min(LIVENESS_SECONDS, max(0.0, end - time.monotonic()))
+        _, left = ray.wait([refs[i] for i in pending], num_returns=len(pending), timeout=wait)
+        waiting = set(left)
+        still = [i for i in pending if refs[i] in waiting]
+        if not still or len(still) == len(refs):
+            return []
+        quiet = [i for i in still if nodes[i] is not None and nodes[i] != here]
+        if not quiet or heard is None or (end is not None and time.monotonic() >= end):
+            return quiet
+        answered = [i for i in range(len(refs)) if refs[i] not in waiting]
+        busy = heard(quiet, answered)
+        if len(busy) < len(quiet):
+            return [i for i in quiet if i not in busy]
+        pending = still
 
 
 def silent_failure(ray: Any, groups: list[list[int]], indexes: list[int], nodes: list[str | None]) -> ReplicaFailure:

@@ -42,6 +42,7 @@ import struct
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -110,14 +111,17 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(_recv_into(sock, bytearray(n)))
 
 
-def _recv_into(sock: socket.socket, buffer: Any) -> Any:
-    """Fill `buffer` from the socket (a large body lands where it will be used: no second copy)."""
+def _recv_into(sock: socket.socket, buffer: Any, heard: Callable[[], None] | None = None) -> Any:
+    """Fill `buffer` from the socket (a large body lands where it will be used: no second copy);
+    `heard()` after each piece."""
     view, got = memoryview(buffer), 0
     while got < len(buffer):
         n = sock.recv_into(view[got:], min(len(buffer) - got, 4 << 20))
         if not n:
             raise EOFError("connection closed")
         got += n
+        if heard is not None:
+            heard()
     return buffer
 
 
@@ -171,6 +175,9 @@ class Wire:
         # buffers, when it will be forwarded to a process of this node (collectives/forwarding.py):
         # `placer(head, nbytes)` gives a writable uint8 buffer of that size, or None.
         self.placer: Callable[[tuple, int], np.ndarray | None] | None = None
+        # Peer address (TCP) -> `time.monotonic()` of the latest bytes read from it: a host whose
+        # actor is too busy to answer the driver still shows it is alive (cluster/liveness.py).
+        self._heard: dict[str, float] = {}
         self.address: dict[str, Any] = {"node": node, "unix": self._listen_unix(), "tcp": None}
         if node_ip is not None:
             self.open_tcp(node_ip)
@@ -265,7 +272,7 @@ class Wire:
                 return
             self._served.add(conn)
         try:
-            self._read(conn)
+            self._read(conn, peer[1] if peer[0] == "host" else None)
         except Exception as e:  # noqa: BLE001 - a refused message fails the job, never this thread
             self._fault(conn, e)
         finally:
@@ -273,12 +280,16 @@ class Wire:
                 self._served.discard(conn)
             conn.close()
 
-    def _read(self, conn: socket.socket) -> None:
-        """Deliver the peer's messages until it closes; raise on the first one refused."""
+    def _read(self, conn: socket.socket, host: str | None = None) -> None:
+        """Deliver the peer's messages until it closes; raise on the first one refused. `host`: the
+        peer's address over TCP, whose latest bytes are noted (`heard`)."""
         buffers = _Buffers()
+        heard = None if host is None else (lambda: self._heard.__setitem__(host, time.monotonic()))
         while True:
             try:
                 head_size, body_size = _LENGTHS.unpack(_recv_exact(conn, _LENGTHS.size))
+                if heard is not None:
+                    heard()
                 if head_size > MAX_HEAD_BYTES:
                     raise WireError(f"a message head of {head_size} bytes (the limit is {MAX_HEAD_BYTES})")
                 if body_size > max_frame_bytes():
@@ -296,7 +307,7 @@ class Wire:
                 self._check(head, body_size)
             try:
                 body = decode_body(view[head_size:]) if together else _read_body(conn, body_size, buffers,
-                                                                                  head, self.placer)
+                                                                                  head, self.placer, heard)
             except (OSError, EOFError):
                 return
             self._deliver(head + (body,))
@@ -385,6 +396,11 @@ class Wire:
 
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+    def heard(self) -> dict[str, float]:
+        """Seconds since the latest bytes from each peer address over TCP."""
+        now = time.monotonic()
+        return {host: now - at for host, at in list(self._heard.items())}
 
     @property
     def connections(self) -> int:
@@ -475,7 +491,8 @@ class _Buffers:
 
 
 def _read_body(conn: socket.socket, body_size: int, buffers: _Buffers | None = None, head: tuple = (),
-               placer: Callable[[tuple, int], np.ndarray | None] | None = None) -> Any:
+               placer: Callable[[tuple, int], np.ndarray | None] | None = None,
+               heard: Callable[[], None] | None = None) -> Any:
     """A large body read from the socket: each array straight into its own buffer (where `placer`
     gives one, there; else one of `buffers` that nothing refers to any more, where one of the size is)."""
     if body_size < _BODY.size:
@@ -487,7 +504,7 @@ def _read_body(conn: socket.socket, body_size: int, buffers: _Buffers | None = N
     arrays = []
     for size in sizes:
         into = placer(head, size) if placer is not None else None
-        arrays.append(_recv_into(conn, kept.take(size) if into is None else into))
+        arrays.append(_recv_into(conn, kept.take(size) if into is None else into, heard))
     return pickle.loads(meta, buffers=arrays)  # noqa: S301 - an authenticated peer's (module doc)
 
 

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from replicas.cluster.liveness import host_lost, silent, silent_failure
+from replicas.cluster.liveness import LIVENESS_SECONDS, host_lost, silent, silent_failure
 from replicas.diagnostics import host_output
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError, ResourceExhausted, exhausted_resource
@@ -409,7 +409,7 @@ class RayBackend(PersistentJob, Backend):
         here = self._ray.get_runtime_context().get_node_id()
         left = self._left()  # one allowance for the liveness wait and the answers together
         until = None if left is None else time.monotonic() + left
-        quiet = silent(self._ray, refs, nodes, here, left)
+        quiet = silent(self._ray, refs, nodes, here, left, self._heard_from)
         if quiet:  # a host cut off or frozen: Ray would take a minute to say so (cluster/liveness.py)
             self._dead.update(quiet)
             raise silent_failure(self._ray, self._groups, quiet, nodes)
@@ -423,6 +423,20 @@ class RayBackend(PersistentJob, Backend):
             out.extend(states)
         self._last = {s.replica: s for s in out}
         return out
+
+    def _heard_from(self, quiet: list[int], answered: list[int]) -> set[int]:
+        """Which of the `quiet` actors' hosts the `answered` actors read bytes from lately (their
+        wires: cluster/liveness.py)."""
+        hosts = {i: ((POOL.note(self._actors[i]).get("address") or {}).get("tcp") or (None,))[0] for i in quiet}
+        refs = [self._actors[j].heard.remote() for j in answered]
+        self.calls["heard"] += len(refs)
+        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=1.0)
+        latest: dict[str, float] = {}
+        for ref in ready:
+            with contextlib.suppress(Exception):  # an actor that died now: the next poll names it
+                for host, age in self._ray.get(ref).items():
+                    latest[host] = min(age, latest.get(host, age))
+        return {i for i in quiet if hosts[i] is not None and latest.get(hosts[i], LIVENESS_SECONDS) < LIVENESS_SECONDS}
 
     def wait(self, timeout: float) -> None:
         self._touch("wait")

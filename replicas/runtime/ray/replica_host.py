@@ -337,6 +337,10 @@ class ReplicaHost(PersistentCalls):
     def ping(self) -> bool:
         return True
 
+    def heard(self) -> dict[str, float]:
+        """Seconds since this actor's wire last read bytes from each other host (cluster/liveness.py)."""
+        return {} if self._wire is None else self._wire.heard()
+
     def printed(self) -> list[tuple[int, str]]:
         """What this actor's replicas printed (host callbacks) since the last call, for the driver's
         stdout: (replica, its lines), in the order printed."""
