@@ -24,7 +24,7 @@ from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicaFailure, ReplicasError
 from replicas.records import HOST, ReplicaState
 from replicas.runtime.compile import Executable, runs_bounded_alone
-from replicas.runtime.ray import parking, reaper
+from replicas.runtime.ray import give_back, parking, reaper
 from replicas.runtime.ray.faults import is_memory_error
 from replicas.runtime.ray.persistent_host import PersistentCalls
 from replicas.transport import board as shared_board
@@ -207,7 +207,8 @@ class ReplicaHost(PersistentCalls):
 
     def setup(self, token: str, replica_ids: list[int], num_replicas: int, module_bytes: bytes, strict: bool,
               record_every_instruction: bool, custom_calls: dict[str, Any] | None = None,
-              trace_events: int = DEFAULT_CAPACITY, digest: bytes | None = None, persistent: bool = False) -> None:
+              trace_events: int = DEFAULT_CAPACITY, digest: bytes | None = None, persistent: bool = False,
+              placement: list[int] | None = None) -> None:
 
         from replicas.ops.custom_call import register_custom_call
         from replicas.runtime.replica_runner import ReplicaRunner
@@ -253,10 +254,13 @@ class ReplicaHost(PersistentCalls):
                 self._board = shared_board.Board(token, replica_ids)
             except OSError:  # leaders then exchange messages (every actor of a node fails alike)
                 self._board = None
+        # One placement list for every fabric (`connect` sets the job's; a list per replica is
+        # O(N) each: thousands of replicas of an actor would hold O(N^2) of them).
+        placement = placement if placement is not None else [0] * num_replicas
         for r in replica_ids:
             recorder = FlightRecorder(r, capacity=trace_events, every_instruction=record_every_instruction)
             fabric = RayFabric(r, num_replicas, self._mailboxes[r], self._mailboxes, strict=strict,
-                               recorder=recorder)
+                               recorder=recorder, placement=placement)
             fabric.wire, fabric.token = self._wire, token
             fabric.shared = SharedMemoryLink(self._board, self._outbox, self._inbox, spinner=spin.NEVER,
                                              count=fabric.count_shm)
@@ -272,6 +276,7 @@ class ReplicaHost(PersistentCalls):
     def reset(self, timeout: float) -> bool:
         """Stop this job's replicas; True if every one stopped within `timeout` (reusable)."""
         stopped = ReplicasError("job stopped")
+        hosted = len(self._runners)
         for box in self._mailboxes.values():
             box.abort(stopped)
         clean = all(runner.join(timeout) for runner in self._runners.values())
@@ -293,6 +298,8 @@ class ReplicaHost(PersistentCalls):
             self._token = ""
         # After the job's objects are let go: the collection there frees what their cycles still map.
         self._close_shared_memory(token)
+        if clean:
+            give_back.after_job(hosted)
         return clean
 
     def _close_shared_memory(self, token: str) -> None:
@@ -417,7 +424,8 @@ class ReplicaHost(PersistentCalls):
             try:
                 if self._token:
                     self.reset(STOP_SECONDS)
-                self.setup(token, replica_ids, num_replicas, module_bytes, digest=digest, **options)
+                self.setup(token, replica_ids, num_replicas, module_bytes, digest=digest, placement=placement,
+                           **options)
                 self.connect(routes, wire_routes, placement)
             except BaseException:
                 self._launched = ("failed", token)
