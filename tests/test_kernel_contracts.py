@@ -71,7 +71,7 @@ ALLOWED_RAISES: dict[tuple[str, str], tuple[int, str]] = {
     ("python_elements.py", "array_of"): (1, "a value per-element code does not write"),
     ("python_elements.py", "array_kernel"): (2, "an op per-element code does not write"),
     ("python_elements.py", "constant"): (2, "a constant per-element code does not write"),
-    ("python_elements.py", "layout"): (1, "a layout op per-element code does not write"),
+    ("element_layout.py", "layout"): (1, "a layout op per-element code does not write"),
     ("python_elements.py", "_check_f32"): (1, "an f32 signaling NaN among a call's operands"),
     ("element_ops.py", "signaling"): (1, "an f32 signaling NaN made by a bitcast"),
     ("reduce_window.py", "window_geometry"): (1, "a kernel limit: padding that removes the whole operand"),

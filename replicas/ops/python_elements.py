@@ -14,7 +14,8 @@ f32 signaling NaN (an operand's, or a bitcast's), which a Python float cannot ho
 numpy kernels instead.
 
 A compiled loop notices a cancel, timeout or deadlock abort at each trip's start, as the
-interpreter's loops do; the interpreter's `current` instruction stays the While's.
+interpreter's loops do; the interpreter's `current` instruction stays the While's. A loop that runs
+long enough moves on to machine code with the same bits (`ops.machine`: numba compiles its trip).
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ import numpy as np
 from replicas.hlo.ir import Computation, Instruction
 from replicas.hlo.opcodes import opcode as opcode_record
 from replicas.ops import element_ops
+from replicas.ops.element_layout import Refused, layout
 from replicas.ops.element_ops import BITCAST, DEFAULT_NAN, TYPES, divide_by_zero, rounds, writer
 from replicas.ops.elementwise_util import WithOperandShapes
+from replicas.ops.machine import loops as machine_loops
 from replicas.ops.registry import KernelContext, lookup
 from replicas.shapes import PrimitiveType, Shape
 
@@ -87,8 +90,7 @@ class _Array:
 Value = list[str] | _Array | tuple["Value", ...]
 
 
-class _Refused(Exception):
-    """The computation has something this code generator does not write."""
+_Refused = Refused  # the computation has something this code generator does not write
 
 
 def compile_fusion(comp: Computation, ctx: KernelContext, *, cost_model: bool = True) -> Callable[..., Any] | None:
@@ -113,7 +115,8 @@ def compile_loop(inst: Instruction, ctx: KernelContext) -> Callable[[Any], Any] 
         gen = _Generator(ctx, arrays=True)
         state = gen.unpack("a0", inst.shape, _constant_elements(inst, ctx))
         result = gen.loop(inst, state)
-        return gen.finish(["a0"], inst.shape, result, len(_leaves(inst.shape)), inst.name)
+        run = gen.finish(["a0"], inst.shape, result, len(_leaves(inst.shape)), inst.name)
+        return machine_loops.tiered(run, gen.text, gen.env, gen.statements)
     except _Refused:
         return None
 
@@ -154,23 +157,6 @@ def _elemental(shape: Shape, limit: int = MAX_ELEMENTS) -> bool:
     """An array kept as Python numbers, one per element."""
     return (shape.is_array and shape.element_type in TYPES and 0 < shape.numel <= limit
             and _default_layout(shape))
-
-
-def _strides(dims: tuple[int, ...]) -> list[int]:
-    strides, step = [], 1
-    for d in reversed(dims):
-        strides.append(step)
-        step *= d
-    return strides[::-1]
-
-
-def _indices(dims: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Every multi-index of `dims`, row-major."""
-    return list(itertools.product(*[range(d) for d in dims]))
-
-
-def _flat(index: tuple[int, ...], dims: tuple[int, ...]) -> int:
-    return sum(i * s for i, s in zip(index, _strides(dims)))
 
 
 class _Generator:
@@ -321,6 +307,7 @@ class _Generator:
         # kernels (`run.plain`: the bound computation or loop the caller set).
         text = (f"def run({', '.join(args)}):\n    try:\n" + "\n".join("    " + line for line in self.lines)
                 + f"\n    except _SignalingNaN:\n        return run.plain({', '.join(args)})\n")
+        self.text = text
         exec(compile(text, f"<elements {name}>", "exec"), self.env)  # noqa: S102
         return self.env["run"]
 
@@ -357,7 +344,7 @@ class _Generator:
             raise _Refused
         if small and op in _LAYOUT and all(isinstance(v, list) for v in ins):
             self.numpy_calls += LAYOUT_CALL
-            return self.layout(inst, operands, ins)  # type: ignore[arg-type]
+            return layout(inst, operands, ins, self.literal)  # type: ignore[arg-type]
         if not small or record.family not in _FALLBACK_FAMILIES:
             return self.array_kernel(inst, operands, ins, record.family)
         types = [o.shape.element_type for o in operands]
@@ -544,51 +531,6 @@ class _Generator:
         if isinstance(v, float) and not math.isfinite(v):
             return self.global_(v) if math.isnan(v) else "_inf" if v > 0 else "(-_inf)"  # a NaN keeps its bits
         return repr(v)
-
-    def layout(self, inst: Instruction, operands: list[Instruction], ins: list[list[str]]) -> list[str]:
-        op = inst.opcode
-        dims = tuple(inst.shape.dimensions)
-        if op in ("reshape", "copy") or (op == "bitcast"
-                                         and operands[0].shape.element_type is inst.shape.element_type):
-            return list(ins[0])
-        if op == "iota":
-            d = inst.attrs["iota_dimension"]
-            kind = inst.shape.element_type
-            return [self.literal(float(i[d]) if kind in (P.F32, P.F64) else (i[d] != 0 if kind is P.PRED else i[d]))
-                    for i in _indices(dims)]
-        src = tuple(operands[0].shape.dimensions) if operands else ()
-        if op == "broadcast":
-            mapping = list(inst.attrs.get("dimensions") or [])
-            return [ins[0][_flat(tuple(i[d] for d in mapping), src)] for i in _indices(dims)]
-        if op == "slice":
-            spec = inst.attrs["slice"]
-            return [ins[0][_flat(tuple(s[0] + i[k] * s[2] for k, s in enumerate(spec)), src)] for i in _indices(dims)]
-        if op == "transpose":
-            perm = list(inst.attrs["dimensions"])
-            out = []
-            for i in _indices(dims):
-                source = [0] * len(perm)
-                for k, p in enumerate(perm):
-                    source[p] = i[k]
-                out.append(ins[0][_flat(tuple(source), src)])
-            return out
-        if op == "reverse":
-            flip = set(inst.attrs["dimensions"])
-            return [ins[0][_flat(tuple(src[k] - 1 - x if k in flip else x for k, x in enumerate(i)), src)]
-                    for i in _indices(dims)]
-        if op == "concatenate":
-            axis = inst.attrs["dimensions"][0]
-            out = []
-            for i in _indices(dims):
-                offset = i[axis]
-                for o, elems in zip(operands, ins):
-                    size = o.shape.dimensions[axis]
-                    if offset < size:
-                        out.append(elems[_flat((*i[:axis], offset, *i[axis + 1:]), tuple(o.shape.dimensions))])
-                        break
-                    offset -= size
-            return out
-        raise _Refused  # a bitcast between element types
 
     def kernel(self, inst: Instruction, operands: list[Instruction], ins: list[list[str]], out: list[str]) -> None:
         """An op without a Python form: its numpy kernel on arrays of the elements."""

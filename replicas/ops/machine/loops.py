@@ -1,0 +1,247 @@
+"""A per-element While loop compiled to machine code by numba once it has run long enough to pay for it.
+
+`compile_loop` (`ops.python_elements`) gives a While loop of small values as one generated Python
+function; its trip is hundreds of Python statements, each ~50 ns. `tiered` wraps that function:
+calls run the Python code and add up its time, and once that time passes what compiling would
+cost (numba takes seconds for a trip of hundreds of ops), the loop's trip is translated
+(`ops.machine.text`) and compiled, and later calls run it as machine code with the same bits.
+The compiled module is a file in the cache directory, compiled with numba's on-disk cache: another
+process (a Ray actor, the next run) loads it in a fraction of the compile, so a loop found there
+is loaded as soon as its Python time passes `LOAD_SECONDS`. Compiled code is shared by source
+within a process (every replica thread of a job).
+
+The machine code runs a bounded number of trips per call (`trips(..., budget)`) without the GIL,
+then returns to the Python driver, which checks for a cancel, timeout or deadlock abort as the
+interpreter's loops do, and doubles the budget while a call takes under `SLICE_SECONDS`. Without
+numba, or when a loop has no machine form or fails to compile, the Python code runs, silently.
+
+`REPLICAS_COMPILED_LOOPS`: `auto` (the default: as above), `on` (compile at a loop's first call,
+for tests and benchmarks), `off` (never). `REPLICAS_CACHE_DIR`: where compiled loops are kept
+(default `$XDG_CACHE_HOME/replicas` or `~/.cache/replicas`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from replicas.ops.machine.text import Refused, Translation, translate
+
+log = logging.getLogger(__name__)
+
+# Seconds of a loop's Python time (all its replicas in this process) before it is compiled: numba's
+# start and compile, estimated by the trip's statements; or loaded from the on-disk cache.
+COMPILE_SECONDS = 1.0
+COMPILE_SECONDS_PER_STATEMENT = 0.005
+LOAD_SECONDS = 0.1
+SLICE_SECONDS = 0.005  # a machine-code call's length the trip budget grows to: the abort check's period
+FIRST_BUDGET = 64
+MAX_BUDGET = 1 << 24
+
+_lock = threading.Lock()  # one compile at a time; a loop compiling elsewhere runs its Python code meanwhile
+_loops: dict[str, _Shared] = {}  # generated Python text -> what its replicas share
+
+
+class _Shared:
+    """A loop's state in this process, shared by every replica that bound the same Python code."""
+
+    __slots__ = ("text", "spent", "threshold", "translation", "trips", "failed", "checked")
+
+    def __init__(self, text: str, statements: int, mode: str) -> None:
+        self.text = text
+        self.spent = 0.0
+        self.threshold = 0.0 if mode == "on" else COMPILE_SECONDS + COMPILE_SECONDS_PER_STATEMENT * statements
+        self.translation: Translation | None = None
+        self.trips: Callable[..., Any] | None = None
+        self.failed = False
+        self.checked = mode == "on"  # looked in the on-disk cache
+
+
+def mode() -> str:
+    value = os.environ.get("REPLICAS_COMPILED_LOOPS", "auto").strip().lower()
+    return {"1": "on", "0": "off", "true": "on", "false": "off"}.get(value, value)
+
+
+def tiered(python: Callable[[Any], Any], text: str, env: dict[str, Any], statements: int) -> Callable[[Any], Any]:
+    """The loop `python` (generated from `text` with globals `env`) as a callable that moves to
+    machine code when it pays; `python` itself when compiled loops are off."""
+    how = mode()
+    if how == "off" or "while True:" not in text:
+        return python
+    shared = _loops.get(text)
+    if shared is None:
+        shared = _loops.setdefault(text, _Shared(text, statements, how))
+    elif how == "on":
+        shared.threshold, shared.checked = 0.0, True
+    return _Tiered(python, env, shared)
+
+
+def compiled_loops() -> int:
+    """How many loops have their trips compiled in this process."""
+    return sum(1 for shared in list(_loops.values()) if shared.trips is not None)
+
+
+def is_compiled(loop: Callable[[Any], Any]) -> bool:
+    """Whether the loop `loop` (as `tiered` gave it) has its trips compiled in this process."""
+    return isinstance(loop, _Tiered) and loop.shared.trips is not None
+
+
+class _Tiered:
+    """A bound loop: its Python code until the machine code is ready, then the machine driver."""
+
+    __slots__ = ("python", "env", "shared", "machine")
+
+    def __init__(self, python: Callable[[Any], Any], env: dict[str, Any], shared: _Shared) -> None:
+        self.python = python
+        self.env = env
+        self.shared = shared
+        self.machine: Callable[[Any], Any] | None = None
+
+    @property
+    def plain(self) -> Any:
+        """What a recorded run (and a call meeting an f32 signaling NaN) steps through instead."""
+        return self.python.plain  # type: ignore[attr-defined]
+
+    @plain.setter
+    def plain(self, value: Any) -> None:
+        self.python.plain = value  # type: ignore[attr-defined]
+        if self.machine is not None:
+            self.machine.plain = value  # type: ignore[attr-defined]
+
+    def __call__(self, a0: Any) -> Any:
+        if self.machine is not None:
+            return self.machine(a0)
+        shared = self.shared
+        if not shared.failed and (shared.spent >= shared.threshold
+                                  or (not shared.checked and shared.spent >= LOAD_SECONDS)):
+            self.machine = _tier_up(self, a0)
+            if self.machine is not None:
+                return self.machine(a0)
+        if shared.failed:
+            return self.python(a0)
+        start = time.perf_counter()
+        try:
+            return self.python(a0)
+        finally:
+            shared.spent += time.perf_counter() - start
+
+
+def _tier_up(loop: _Tiered, a0: Any) -> Callable[[Any], Any] | None:
+    """The machine driver of `loop` once its trips are compiled (now, or by another replica), else None."""
+    shared = loop.shared
+    if shared.trips is None:
+        if not _lock.acquire(blocking=False):
+            return None  # another replica compiles: this call runs the Python code
+        try:
+            if shared.trips is None and not shared.failed:
+                _compile(loop, a0)
+        finally:
+            _lock.release()
+    if shared.trips is None:
+        return None
+    try:
+        return _driver(loop, shared.translation, shared.trips)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - the Python code stays: correct, only slower
+        log.debug("compiled loop driver failed", exc_info=True)
+        shared.failed = True
+        return None
+
+
+def _compile(loop: _Tiered, a0: Any) -> None:
+    shared = loop.shared
+    try:
+        if shared.translation is None:
+            shared.translation = translate(shared.text, loop.env)
+        translation = shared.translation
+        path = _source_file(translation)
+        if not shared.checked:
+            shared.checked = True
+            if os.path.exists(path + ".compiled"):
+                shared.threshold = min(shared.threshold, LOAD_SECONDS)
+            if shared.spent < shared.threshold:
+                return
+        module = _load(translation, path)
+        trips = module.trips
+        # Compiled now, for the types of this call's state (numba compiles at a first call).
+        driver = _driver(loop, translation, trips)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = driver.entry(a0)  # type: ignore[attr-defined]
+            trips(*state, 0, *[a for pair in translation.loops for a in pair])
+        if not os.path.exists(path + ".compiled"):
+            with open(path + ".compiled", "w"):
+                pass
+        shared.trips = trips
+    except Refused:
+        shared.failed = True
+    except Exception:  # noqa: BLE001 - no numba, or numba refused the code: the Python code stays
+        log.debug("loop not compiled", exc_info=True)
+        shared.failed = True
+
+
+def cache_dir() -> str:
+    base = os.environ.get("REPLICAS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "replicas")
+    return os.path.join(base, "loops")
+
+
+def _source_file(translation: Translation) -> str:
+    """The module's file, written once (atomically) under its digest: numba's cache keys on the file's
+    stamp, so an existing one is left as it is."""
+    directory = cache_dir()
+    path = os.path.join(directory, f"loop_{translation.key}.py")
+    if not os.path.exists(path):
+        os.makedirs(directory, exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.{threading.get_ident()}"
+        with open(temporary, "w") as f:
+            f.write(translation.source)
+        os.replace(temporary, path)
+    return path
+
+
+def _load(translation: Translation, path: str) -> Any:
+    name = f"replicas_loop_{translation.key}"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return module
+
+
+def _driver(loop: _Tiered, translation: Translation, trips: Callable[..., Any]) -> Callable[[Any], Any]:
+    """The Python function around the machine code: the loop's prologue and result as the Python code
+    has them, and between, calls of `trips` of a growing budget with an abort check before each."""
+    names = ", ".join(translation.state)
+    loops = "".join(f", _p{k}, _d{k}" for k in range(len(translation.loops)))
+    text = "\n".join([
+        "def run(a0):", "    try:", *translation.prologue,
+        "        _b = _budget[0]",
+        "        while True:",
+        "            if _interp.mailbox is not None and _interp.mailbox.aborted is not None: "
+        "raise _interp.mailbox.aborted",
+        "            _t = _clock()",
+        f"            _done, {names}, = _trips({names}, _b{loops})",
+        "            if _done: break",
+        f"            if _b < {MAX_BUDGET} and _clock() - _t < {SLICE_SECONDS}: _b = _budget[0] = 2 * _b",
+        translation.result,
+        "    except _SignalingNaN:", "        return run.plain(a0)", "",
+        "def entry(a0):", *[line[4:] for line in translation.prologue], f"    return ({names},)", ""])
+    env = dict(loop.env)
+    env.update({"_trips": trips, "_budget": [FIRST_BUDGET], "_clock": time.perf_counter})
+    for k, (function, data) in enumerate(translation.loops):
+        env[f"_p{k}"], env[f"_d{k}"] = function, data
+    exec(compile(text, f"<machine loop {translation.key}>", "exec"), env)  # noqa: S102
+    run = env["run"]
+    run.plain = loop.python.plain  # type: ignore[attr-defined]
+    run.entry = env["entry"]
+    return run
