@@ -11,6 +11,12 @@ calls, the three interleaved round by round (the machine is shared). A call's ou
 Goals (issue 30): median <= 2x XLA on threads, <= 3x on Ray; the 1,500-trip loop <= 20x.
 
     python bench/small_programs.py [--calls 5] [--rounds 3] [--only attention,adam] [--no-ray] [--verbose]
+                                   [--compiled-loops auto|on|off]
+
+`--compiled-loops` sets `REPLICAS_COMPILED_LOOPS` (replicas' per-element loops as machine code):
+`on` compiles a loop at its first call (the warm-up), so the timed calls run the machine code;
+`auto`, the default, compiles once a loop's Python time would pay for it, which a benchmark's few
+calls may not reach (the loop's compile time is printed when it happens).
 """
 
 from __future__ import annotations
@@ -115,11 +121,15 @@ def main() -> None:
     p.add_argument("--no-ray", action="store_true")
     p.add_argument("--no-loop", action="store_true")
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--compiled-loops", choices=["auto", "on", "off"], default=None)
     ns = p.parse_args()
+    if ns.compiled_loops:  # before any loop is bound, and before Ray starts (its actors inherit it)
+        os.environ["REPLICAS_COMPILED_LOOPS"] = ns.compiled_loops
     backends = ["threads"] + ([] if ns.no_ray else ["ray"])
     wanted = {w for w in ns.only.split(",") if w}
     programs = [(name, *rest) for name, *rest in PROGRAMS if not wanted or name in wanted]
-    print(f"load average before: {load_average()}; {len(programs)} programs; backends {', '.join(backends)}")
+    print(f"load average before: {load_average()}; {len(programs)} programs; backends {', '.join(backends)}; "
+          f"compiled loops {os.environ.get('REPLICAS_COMPILED_LOOPS', 'auto')}")
     entries = [Entry(name, f, args, n, specs, backends) for name, f, args, n, specs in programs]
     times = measure(entries, ns.calls, ns.rounds)
     columns = ["interp", *backends]
@@ -148,7 +158,9 @@ def main() -> None:
             print(f"{c:8} {len(r):>8} {np.median(list(r.values())):7.2f}x {r[worst]:8.1f}x ({worst})")
     if not ns.no_loop:
         name, f, args, n, specs = LANGEVIN
+        start = time.perf_counter()
         loop = Entry(name, f, args, n, specs, backends)
+        print(f"{name}: compiled and first calls {time.perf_counter() - start:.1f} s")
         t = measure([loop], max(2, ns.calls // 2), ns.rounds)[name]
         text = ", ".join(f"{c} {t[c] / t['xla']:.1f}x" for c in columns if c in t)
         print(f"{name}: xla {t['xla'] * 1e3:.2f} ms; {text}")

@@ -36,11 +36,13 @@ from replicas.ops.machine.text import Refused, Translation, translate
 
 log = logging.getLogger(__name__)
 
-# Seconds of a loop's Python time (all its replicas in this process) before it is compiled: numba's
-# start and compile, estimated by the trip's statements; or loaded from the on-disk cache.
-COMPILE_SECONDS = 1.0
+# Seconds of a loop's Python time (all its replicas in this process) before it is compiled: what
+# compiling costs, estimated by the trip's statements, or loading from the on-disk cache; importing
+# numba first, in a process that has not.
+COMPILE_SECONDS = 0.5
 COMPILE_SECONDS_PER_STATEMENT = 0.005
-LOAD_SECONDS = 0.1
+LOAD_SECONDS = 0.05
+IMPORT_SECONDS = 0.6
 SLICE_SECONDS = 0.005  # a machine-code call's length the trip budget grows to: the abort check's period
 FIRST_BUDGET = 64
 MAX_BUDGET = 1 << 24
@@ -57,7 +59,8 @@ class _Shared:
     def __init__(self, text: str, statements: int, mode: str) -> None:
         self.text = text
         self.spent = 0.0
-        self.threshold = 0.0 if mode == "on" else COMPILE_SECONDS + COMPILE_SECONDS_PER_STATEMENT * statements
+        self.threshold = 0.0 if mode == "on" else (COMPILE_SECONDS + COMPILE_SECONDS_PER_STATEMENT * statements
+                                                   + _import_seconds())
         self.translation: Translation | None = None
         self.trips: Callable[..., Any] | None = None
         self.failed = False
@@ -133,6 +136,10 @@ class _Tiered:
             shared.spent += time.perf_counter() - start
 
 
+def _import_seconds() -> float:
+    return 0.0 if "numba" in sys.modules else IMPORT_SECONDS
+
+
 def _tier_up(loop: _Tiered, a0: Any) -> Callable[[Any], Any] | None:
     """The machine driver of `loop` once its trips are compiled (now, or by another replica), else None."""
     shared = loop.shared
@@ -164,7 +171,7 @@ def _compile(loop: _Tiered, a0: Any) -> None:
         if not shared.checked:
             shared.checked = True
             if os.path.exists(path + ".compiled"):
-                shared.threshold = min(shared.threshold, LOAD_SECONDS)
+                shared.threshold = min(shared.threshold, LOAD_SECONDS + _import_seconds())
             if shared.spent < shared.threshold:
                 return
         module = _load(translation, path)
