@@ -105,6 +105,10 @@ CORRECT = textwrap.dedent("""
                                      for a, b in zip(got[r], one[r])),
                         "repeat": all(a.tobytes() == b.tobytes() for r in range(n) for a, b in zip(got[r], runs[1][r])),
                         "hosts": [where[nodes[r]] for r in range(n)]}
+    # What the liveness check asks of actors that answered: whom their wires read bytes from lately.
+    from replicas.runtime.ray.backend import POOL
+    idle = [a for actors in POOL._idle.values() for a in actors]
+    report["heard"] = sorted({host for heard in ray.get([a.heard.remote() for a in idle]) for host in heard})
     print(json.dumps(report))
 """)
 
@@ -127,6 +131,7 @@ def test_values_across_hosts_equal_one_machines(cluster: hosts.Cluster) -> None:
     report = json.loads(out.strip().splitlines()[-1])
     h = [x.address for x in cluster.hosts]
     assert report.pop("auth") == "token"
+    assert report.pop("heard") == sorted(h)  # each host's actors heard the other's, by its address
     for name, _, hosts_of, _ in cases:
         assert report[name] == {"equal": True, "close": True, "repeat": True, "hosts": [h[k] for k in hosts_of]}, name
     assert [hosts.shm_left(x) for x in cluster.hosts] == [[], []]
