@@ -108,6 +108,25 @@ class BufferPool:
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < MIN_BYTES or dtype.hasobject:
             return np.empty(shape, dtype)
+        found = self.reused_or_leased(shape, dtype)
+        if found is not None:
+            return found
+        key = (shape, dtype)
+        room = len(self._kept[key]) < PER_SHAPE and self._bytes + nbytes <= BUDGET
+        buffer = SPARE.take(key) if self._keeps else None
+        if buffer is None:
+            buffer = np.empty(shape, dtype)
+        else:
+            buffer.flags.writeable = True
+        if room:
+            self._kept[key].append((buffer, None))
+            self._bytes += nbytes
+        return buffer
+
+    def reused_or_leased(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        """A free kept buffer of `shape` and `dtype`, else a newly leased block of the outbox where
+        there is room; None when neither (`empty` then allocates)."""
+        nbytes = math.prod(shape) * dtype.itemsize
         key = (shape, dtype)
         kept = self._kept.setdefault(key, [])
         outbox = self._outbox
@@ -125,15 +144,7 @@ class BufferPool:
             kept.append((owner, offset))
             self._bytes += nbytes
             return owner.view(np.ndarray)
-        buffer = SPARE.take(key) if self._keeps else None
-        if buffer is None:
-            buffer = np.empty(shape, dtype)
-        else:
-            buffer.flags.writeable = True
-        if room:
-            kept.append((buffer, None))
-            self._bytes += nbytes
-        return buffer
+        return None
 
     def retire(self) -> bool:
         """The job is over: its free buffers go to the process's spare ones (a pool that keeps),

@@ -20,31 +20,30 @@ the job.
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from replicas.collectives.buffers import BufferPool
 from replicas.transport import keys, shm
 
 if TYPE_CHECKING:
     from replicas.transport.fabric import Fabric
 
 _INSTALL = threading.Lock()  # two node leaders of one actor (packed replicas) may install at once
-KEPT = 64  # blocks at most per actor and job (a bundle holds one array per pair of processes)
-_FREE_REFS = 3  # the list's tuple, the loop variable and getrefcount's argument
+_BYTES = np.dtype(np.uint8)
 
 
 class Placer:
     """Where one actor's wire receives the announced transfers of one job (`Wire.placer` while the
-    job runs): blocks of its arena."""
+    job runs): blocks of its arena, kept and reused by a `BufferPool` of the arena."""
 
     def __init__(self, outbox: Any, round_: int) -> None:
         self.outbox = outbox
         self.round = round_
         self.expected: set[int] = set()  # sequence numbers of the collectives whose transfers land here
-        self.kept: list[tuple[np.ndarray, int]] = []
+        self.blocks = BufferPool(outbox=outbox)
         self.lock = threading.Lock()
 
     def expect(self, seq: int) -> None:
@@ -61,35 +60,18 @@ class Placer:
         key = head[3] if len(head) > 3 else None
         if type(key) is not tuple or len(key) != 3 or key[0] != keys.COLLECTIVE:
             return None
-        outbox = self.outbox
         with self.lock:
             # Smaller arrays are inlined when forwarded: no copy to save.
             if key[2] != self.round or key[1] not in self.expected or nbytes < shm.MIN_BYTES:
                 return None
-            for owner, offset in self.kept:
-                if owner.nbytes == nbytes and sys.getrefcount(owner) == _FREE_REFS and not outbox.lent(offset):
-                    return owner.view(np.ndarray)
-            if len(self.kept) >= KEPT:
-                return None
-            offset = outbox.lease(nbytes)
-            if offset is None:
-                return None
-            owner = outbox.leased_array(offset, (nbytes,), np.dtype(np.uint8))
-            self.kept.append((owner, offset))
-            return owner.view(np.ndarray)
+            return self.blocks.reused_or_leased((nbytes,), _BYTES)
 
     def retire(self, wire: Any) -> bool:
         """The job's arena closes: stop placing; False if a block is still referred to."""
         if getattr(wire, "placer", None) is self:
             wire.placer = None
         with self.lock:
-            kept, self.kept = self.kept, []
-            free = True
-            while kept:
-                owner, _ = kept.pop()
-                free = free and sys.getrefcount(owner) == _FREE_REFS - 1  # the local name and the argument
-                del owner
-        return free
+            return self.blocks.retire()
 
 
 def placer_of(fabric: Fabric, round_: int) -> Placer | None:
