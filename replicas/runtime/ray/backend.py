@@ -15,6 +15,7 @@ from typing import Any
 
 from replicas.cluster.liveness import LIVENESS_SECONDS, host_lost, silent, silent_failure
 from replicas.diagnostics import host_output
+from replicas.diagnostics.monitor import stuck_key
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ExecutionTimeout, ReplicaFailure, ReplicasError, ResourceExhausted, exhausted_resource
 from replicas.limits import check_threads
@@ -23,7 +24,7 @@ from replicas.runtime.compile import Executable, has_custom_calls
 from replicas.runtime.job import Backend
 from replicas.runtime.memory import check_peak
 from replicas.runtime.ray.driver_process import AUTHKEY, POOL, job_ended, new_job_token
-from replicas.runtime.ray.faults import actor_failure, doing_at, not_started, published, unplaceable
+from replicas.runtime.ray.faults import actor_failure, doing_at, not_started, published, unplaceable, without_report
 from replicas.runtime.ray.persistent import PersistentJob
 from replicas.runtime.ray.placement import actor_options, cluster_resources, default_packing, reachable, wanted
 from replicas.runtime.ray.replica_host import STOP_SECONDS
@@ -117,6 +118,8 @@ class RayBackend(PersistentJob, Backend):
         self._finish_refs: list[Any] | None = None
         self._finished: dict[int, tuple[dict[int, Any], bytes, dict[int, Any]]] = {}  # actor -> its `finish`
         self._clean = False  # every replica finished, seen by `completed`: the actors need no waited reset
+        self._aborted = False  # `abort` was called: the actors' resets are not waited for (`shutdown`)
+        self._drained: dict[int, tuple[list[Any], dict[int, list[Any]]]] | None = None  # `_take_drained`
         self.calls: Counter[str] = Counter()  # actor calls this job made, by method (see tests)
         self._token = new_job_token()
         try:
@@ -461,8 +464,16 @@ class RayBackend(PersistentJob, Backend):
 
     def abort(self, exc: BaseException) -> None:
         self._touch("abort", quiet=True)
+        self._aborted = True
+        if self._drained is None and self._last and stuck_key(list(self._last.values()), True) is not None:
+            # Stuck (the monitor's verdict: nobody runs, nothing in flight, nobody waits for the host):
+            # no replica can write to the host before the abort wakes it, so what it wrote is taken
+            # now, while the actors' threads still sleep (once woken, thousands of them unwinding
+            # hold each actor's GIL for seconds).
+            self._drained = self._take_drained()
+        light = without_report(exc)  # the replicas only wake with it; the report stays the driver's
         for a in self._actors:
-            a.abort.remote(exc)
+            a.abort.remote(light)
 
     def shutdown(self) -> None:
         if self._stopped:
@@ -476,7 +487,9 @@ class RayBackend(PersistentJob, Backend):
             POOL.hand_back([(self._actors[i], self._options[i]) for i in live])
         else:  # (several actors: each holds shared memory its peers may still read until all finished)
             self.calls["reset"] += len(live)
-            POOL.release([(self._actors[i], self._options[i]) for i in live], within=self._left())
+            # An aborted job's error does not wait for its replica threads to unwind (the pool does).
+            POOL.release([(self._actors[i], self._options[i]) for i in live], within=self._left(),
+                         later=self._aborted)
         POOL.discard([self._actors[i] for i in self._dead])
         job_ended(self._token)  # what killed actors of this node left behind, and late launches
 
@@ -503,13 +516,21 @@ class RayBackend(PersistentJob, Backend):
             merged.update(drained)
         if self._clean:
             return merged
+        if self._drained is None:
+            self._drained = self._take_drained()
+        for r, values in self._drained.items():
+            if values[0] or values[1] or r not in merged:
+                merged[r] = values
+        return merged
+
+    def _take_drained(self) -> dict[int, tuple[list[Any], dict[int, list[Any]]]]:
+        """What the live actors' replicas wrote to the host and nobody read yet (taken from them)."""
+        merged: dict[int, tuple[list[Any], dict[int, list[Any]]]] = {}
         self._touch("drain", quiet=True)
         live = [i for i in range(len(self._actors)) if i not in self._dead]
         for ref in self._answered([self._actors[i].drain.remote() for i in live], live, 5.0):
             try:
-                for r, values in self._ray.get(ref).items():
-                    if values[0] or values[1] or r not in merged:
-                        merged[r] = values
+                merged.update(self._ray.get(ref))
             except Exception:  # noqa: BLE001 - a dead actor's values are lost with it
                 pass
         return merged

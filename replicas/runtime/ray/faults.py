@@ -9,6 +9,7 @@ driver's node), else names what each was last seen doing. Placement that can nev
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from replicas.errors import ReplicaFailure
@@ -160,3 +161,13 @@ def _ids(replicas: list[int]) -> str:
 
 
 __all__ = ["is_memory_error", "doing", "actor_failure", "published", "unplaceable", "not_started"]
+
+
+def without_report(exc: BaseException) -> BaseException:
+    """`exc` without its report (a copy), for the actors: a report holds every replica's state and
+    events, pickled once per actor for replicas that only wake with it."""
+    if getattr(exc, "report", None) is None:
+        return exc
+    light = copy.copy(exc)
+    light.report = None
+    return light

@@ -12,12 +12,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import threading
 
 # Replicas an actor hosts from which a job's end pays for a full collection and a trim: below,
 # the next job of the same program reuses most of what the last one allocated anyway.
 MANY_REPLICAS = 64
 
 _libc = None
+_busy = threading.Lock()  # one give-back at a time (jobs may end faster than a collection)
 
 
 def _trim() -> None:
@@ -34,8 +36,17 @@ def _trim() -> None:
 
 
 def after_job(replicas: int) -> None:
-    """Collect the job's cycles and return free heap pages, when it hosted `replicas` (>= MANY_REPLICAS)."""
-    if replicas < MANY_REPLICAS:
+    """Collect the job's cycles and return free heap pages, when it hosted `replicas` (>= MANY_REPLICAS),
+    in a thread of its own: the reset that calls it answers at once (the collection holds the GIL
+    for as long as it takes, so the actor's next call waits for it, but the driver does not)."""
+    if replicas < MANY_REPLICAS or not _busy.acquire(blocking=False):
         return
-    gc.collect()
-    _trim()
+    threading.Thread(target=_give_back, name="give back memory", daemon=True).start()
+
+
+def _give_back() -> None:
+    try:
+        gc.collect()
+        _trim()
+    finally:
+        _busy.release()
