@@ -156,6 +156,8 @@ def test_a_job_the_task_table_cannot_hold_is_refused_before_any_thread_starts(ba
         pytest.skip("no task table to read (not Linux)")
     n = max(room[0], 0) + 16384  # beyond any room other processes' ending tasks could leave meanwhile
     m = rp.parse_hlo(ALL_REDUCE)
+    if backend == "ray":  # idle actors in the pool for every group: the job would start without asking Ray
+        rp.run(m, [np.zeros(16, np.float32)], num_replicas=4, backend="ray", replicas_per_actor=1, timeout=60)
     before = threading.active_count()
     previous = limits.configure(max_replicas=n)
     try:

@@ -29,6 +29,7 @@ from replicas.runtime.ray.persistent import PersistentJob
 from replicas.runtime.ray.placement import actor_options, cluster_resources, default_packing, reachable, wanted
 from replicas.runtime.ray.replica_host import STOP_SECONDS
 from replicas.runtime.ray.startup import ensure_ray
+from replicas.runtime.threads import CHECKED_THREADS
 from replicas.transport import where
 
 # Names other modules, tests and benchmarks import from here (their homes are the modules above).
@@ -84,14 +85,13 @@ class RayBackend(PersistentJob, Backend):
         self._options = [actor_options(ids, resources, num_cpus) for ids in groups]
         # Every actor from the pool: they were placed already, so the cluster is not asked (a GCS round trip).
         warm = POOL.can_serve(self._options)
-        nodes = None
+        nodes = ray.nodes() if not warm or n >= CHECKED_THREADS else None
         if not warm:
-            nodes = ray.nodes()
             why = unplaceable([(ids, wanted(o)) for ids, o in zip(groups, self._options)], nodes)
             if why is not None:
                 raise ReplicaFailure(why, groups[0][0])
-            if _only_this_node(ray, nodes):  # every replica thread lands in this machine's task table
-                check_threads(n, f"a job of {n} replicas on this machine's Ray node")
+        if nodes is not None and _only_this_node(ray, nodes):  # every replica thread is in this machine's task table
+            check_threads(n, f"a job of {n} replicas on this machine's Ray node")
         pooled = []
         for ids, options in zip(groups, self._options):
             actor, from_pool = POOL.acquire(options)
