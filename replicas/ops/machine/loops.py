@@ -22,6 +22,7 @@ for tests and benchmarks), `off` (never). `REPLICAS_CACHE_DIR`: where compiled l
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import logging
 import os
@@ -174,17 +175,24 @@ def _compile(loop: _Tiered, a0: Any) -> None:
                 shared.threshold = min(shared.threshold, LOAD_SECONDS + _import_seconds())
             if shared.spent < shared.threshold:
                 return
-        module = _load(translation, path)
-        trips = module.trips
-        # Compiled now, for the types of this call's state (numba compiles at a first call).
-        driver = _driver(loop, translation, trips)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            state = driver.entry(a0)  # type: ignore[attr-defined]
-            trips(*state, 0, *[a for pair in translation.loops for a in pair])
-        if not os.path.exists(path + ".compiled"):
-            with open(path + ".compiled", "w"):
-                pass
+        with open(path + ".lock", "a") as lock:
+            cached = os.path.exists(path + ".compiled")
+            if not cached:
+                try:  # one process compiles (a job's actors run the same loops); the others load it after
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    shared.threshold = shared.spent + LOAD_SECONDS  # looked at again a little later
+                    return
+            trips = _load(translation, path).trips
+            # Compiled (or loaded) now, for the types of this call's state: numba does it at a first call.
+            driver = _driver(loop, translation, trips)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                state = driver.entry(a0)  # type: ignore[attr-defined]
+                trips(*state, 0, *[a for pair in translation.loops for a in pair])
+            if not cached:
+                with open(path + ".compiled", "w"):
+                    pass
         shared.trips = trips
     except Refused:
         shared.failed = True
