@@ -15,9 +15,10 @@ anchor's microseconds per numpy call, and the ratio of the two loops' times (goa
 
 `--corpus` instead measures the interpreter alone (`Interpreter.run`, one replica, no call path) on
 the single-device programs of `small_corpus.py` and its 1,500-trip Langevin loop, against `jax.jit`
-(XLA on CPU) in the same process, rounds interleaved: the best call of each, and the same with the
-per-element Python code of small fusions and loops (`ops/python_elements.py`) turned off. Results
-must be the same bits both ways (checked).
+(XLA on CPU) in the same process, rounds interleaved: the best call of each with the per-element
+loops as machine code (`ops/machine`, compiled at their first call), as Python code
+(`REPLICAS_COMPILED_LOOPS=off`), and with the per-element Python code of small fusions and loops
+(`ops/python_elements.py`) turned off. Results must be the same bits all three ways (checked).
 
     python bench/interpreter_overhead.py --corpus [--calls 7] [--rounds 3] [--only adam,langevin_1500]
 """
@@ -145,42 +146,53 @@ def corpus(calls: int, rounds: int, only: set[str]) -> None:
 
     hooks = (control_flow.compile_fusion, control_flow.compile_loop)
 
-    def interpreter(module: rp.Module, per_element: bool) -> Interpreter:
+    def interpreter(module: rp.Module, per_element: bool, machine: bool = False) -> Interpreter:
         if not per_element:
             control_flow.compile_fusion = control_flow.compile_loop = lambda *a, **k: None
+        saved = os.environ.get("REPLICAS_COMPILED_LOOPS")
+        os.environ["REPLICAS_COMPILED_LOOPS"] = "on" if machine else "off"  # read as loops are bound
         try:
             return Interpreter(module)
         finally:
             control_flow.compile_fusion, control_flow.compile_loop = hooks
+            if saved is None:
+                del os.environ["REPLICAS_COMPILED_LOOPS"]
+            else:
+                os.environ["REPLICAS_COMPILED_LOOPS"] = saved
 
     print(f"load average before: {load_average()}")
-    print(f"{'program':22} {'xla us':>9} {'interp':>9} {'x xla':>8} {'no per-element':>15} {'x xla':>8}")
-    ratios: dict[str, list[float]] = {"on": [], "off": []}
+    print(f"{'program':22} {'xla us':>9} {'machine':>9} {'x xla':>8} {'python':>9} {'x xla':>8} "
+          f"{'no per-element':>15} {'x xla':>8}")
+    ratios: dict[str, list[float]] = {"machine": [], "on": [], "off": []}
     for name, f, args, n, _ in [*PROGRAMS, LANGEVIN]:
         if n != 1 or (only and name not in only):
             continue
         module = rp.jax.compile_jax(f, *args).module
         flat = [np.asarray(a) for a in jax.tree_util.tree_leaves(list(args))]
         jitted = jax.jit(f)
-        on, off = interpreter(module, True), interpreter(module, False)
-        got, want = (jax.tree_util.tree_leaves(i.run(flat)) for i in (on, off))
-        if any(np.asarray(a).tobytes() != np.asarray(b).tobytes() for a, b in zip(got, want)):
-            raise SystemExit(f"{name}: the per-element code and the numpy kernels differ")
+        machine, on, off = interpreter(module, True, True), interpreter(module, True), interpreter(module, False)
+        got, python, want = (jax.tree_util.tree_leaves(i.run(flat)) for i in (machine, on, off))
+        for other, what in ((python, "the per-element code"), (got, "the machine code")):
+            if any(np.asarray(a).tobytes() != np.asarray(b).tobytes() for a, b in zip(other, want)):
+                raise SystemExit(f"{name}: {what} and the numpy kernels differ")
         k = max(2, calls // 3) if name == LANGEVIN[0] else calls
         runs = {"xla": lambda j=jitted, a=args: jax.block_until_ready(j(*a)),
+                "machine": lambda i=machine, a=flat: i.run(a),
                 "on": lambda i=on, a=flat: i.run(a), "off": lambda i=off, a=flat: i.run(a)}
         best = dict.fromkeys(runs, float("inf"))
         for _ in range(rounds):
             for column, fn in runs.items():
                 best[column] = min(best[column], best_of(k, fn)[0])
         if name != LANGEVIN[0]:
-            for column in ("on", "off"):
+            for column in ratios:
                 ratios[column].append(best[column] / best["xla"])
-        print(f"{name:22} {best['xla'] * 1e6:9.1f} {best['on'] * 1e6:9.1f} {best['on'] / best['xla']:7.2f}x "
+        print(f"{name:22} {best['xla'] * 1e6:9.1f} {best['machine'] * 1e6:9.1f} {best['machine'] / best['xla']:7.2f}x "
+              f"{best['on'] * 1e6:9.1f} {best['on'] / best['xla']:7.2f}x "
               f"{best['off'] * 1e6:15.1f} {best['off'] / best['xla']:7.2f}x", flush=True)
     if ratios["on"]:
-        print(f"median of {len(ratios['on'])} programs (Langevin apart): {np.median(ratios['on']):.2f}x, "
-              f"without per-element code {np.median(ratios['off']):.2f}x")
+        print(f"median of {len(ratios['on'])} programs (Langevin apart): {np.median(ratios['machine']):.2f}x with "
+              f"machine-code loops, {np.median(ratios['on']):.2f}x with Python ones, without per-element code "
+              f"{np.median(ratios['off']):.2f}x")
     print(f"load average after: {load_average()}")
 
 

@@ -44,6 +44,7 @@ COMPILE_SECONDS = 0.5
 COMPILE_SECONDS_PER_STATEMENT = 0.005
 LOAD_SECONDS = 0.05
 IMPORT_SECONDS = 0.6
+TRIAL_CALLS = 8
 SLICE_SECONDS = 0.005  # a machine-code call's length the trip budget grows to: the abort check's period
 FIRST_BUDGET = 64
 MAX_BUDGET = 1 << 24
@@ -55,17 +56,23 @@ _loops: dict[str, _Shared] = {}  # generated Python text -> what its replicas sh
 class _Shared:
     """A loop's state in this process, shared by every replica that bound the same Python code."""
 
-    __slots__ = ("text", "spent", "threshold", "translation", "trips", "failed", "checked")
+    __slots__ = ("text", "spent", "calls", "threshold", "translation", "trips", "failed", "checked", "trial",
+                 "trial_spent")
 
     def __init__(self, text: str, statements: int, mode: str) -> None:
         self.text = text
-        self.spent = 0.0
+        self.spent = 0.0  # the Python code's time and calls
+        self.calls = 0
         self.threshold = 0.0 if mode == "on" else (COMPILE_SECONDS + COMPILE_SECONDS_PER_STATEMENT * statements
                                                    + _import_seconds())
         self.translation: Translation | None = None
         self.trips: Callable[..., Any] | None = None
         self.failed = False
         self.checked = mode == "on"  # looked in the on-disk cache
+        # The machine code's first calls are timed: a loop of few trips a call may cost less as Python
+        # than the machine code's call (its arguments' conversion), and goes back to Python then.
+        self.trial = TRIAL_CALLS
+        self.trial_spent = 0.0
 
 
 def mode() -> str:
@@ -120,9 +127,12 @@ class _Tiered:
             self.machine.plain = value  # type: ignore[attr-defined]
 
     def __call__(self, a0: Any) -> Any:
-        if self.machine is not None:
-            return self.machine(a0)
         shared = self.shared
+        if self.machine is not None:
+            if shared.trial > 0:
+                return self.timed(a0)
+            if not shared.failed:
+                return self.machine(a0)
         if not shared.failed and (shared.spent >= shared.threshold
                                   or (not shared.checked and shared.spent >= LOAD_SECONDS)):
             self.machine = _tier_up(self, a0)
@@ -135,6 +145,19 @@ class _Tiered:
             return self.python(a0)
         finally:
             shared.spent += time.perf_counter() - start
+            shared.calls += 1
+
+    def timed(self, a0: Any) -> Any:
+        """A machine-code call of the trial: the last one compares their mean with the Python code's."""
+        shared = self.shared
+        start = time.perf_counter()
+        try:
+            return self.machine(a0)  # type: ignore[misc]
+        finally:
+            shared.trial_spent += time.perf_counter() - start
+            shared.trial -= 1
+            if shared.trial == 0 and shared.calls and shared.trial_spent / TRIAL_CALLS > shared.spent / shared.calls:
+                shared.failed = True  # slower than the Python code: it stays
 
 
 def _import_seconds() -> float:
