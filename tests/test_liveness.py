@@ -35,16 +35,16 @@ def actors(ray_session, monkeypatch):
             self.released.set()
 
     monkeypatch.setattr(liveness, "LIVENESS_SECONDS", 0.3)
-    pair = [Holder.remote(), Holder.remote()]
-    ray.get([a.answer.remote() for a in pair])
-    yield ray, pair
-    for a in pair:
+    trio = [Holder.remote(), Holder.remote(), Holder.remote()]
+    ray.get([a.answer.remote() for a in trio])
+    yield ray, trio
+    for a in trio:
         ray.get(a.release.remote())
         ray.kill(a)
 
 
 def test_a_quiet_host_is_named_once_its_bytes_stop_coming(actors):
-    ray, (quick, slow) = actors
+    ray, (quick, slow, _) = actors
     asked = []
 
     def heard(quiet, answered):
@@ -57,7 +57,7 @@ def test_a_quiet_host_is_named_once_its_bytes_stop_coming(actors):
 
 
 def test_a_busy_host_that_answers_within_its_extra_time_is_not_named(actors):
-    ray, (quick, slow) = actors
+    ray, (quick, slow, _) = actors
 
     def heard(quiet, answered):
         ray.get(slow.release.remote())  # busy, then answers
@@ -69,13 +69,33 @@ def test_a_busy_host_that_answers_within_its_extra_time_is_not_named(actors):
 
 
 def test_without_word_of_its_bytes_a_quiet_host_is_named_after_one_window(actors):
-    ray, (quick, slow) = actors
+    ray, (quick, slow, _) = actors
     refs = [quick.answer.remote(), slow.hold.remote()]
     assert liveness.silent(ray, refs, ["here", "there"], "here") == [1]
     assert liveness.silent(ray, refs, ["here", "there"], "here", heard=lambda quiet, answered: set()) == [1]
 
 
 def test_an_actor_of_the_drivers_node_or_a_poll_nobody_answered_is_never_judged(actors):
-    ray, (quick, slow) = actors
+    ray, (quick, slow, _) = actors
     assert liveness.silent(ray, [quick.answer.remote(), slow.hold.remote()], ["here", "here"], "here") == []
     assert liveness.silent(ray, [quick.hold.remote(), slow.hold.remote()], ["there", "there"], "here") == []
+
+
+def test_a_quiet_actor_whose_host_mate_answered_gets_one_more_window(actors):
+    """A host cut off, frozen or lost silences all of its actors at once: one that answered is a
+    sign of life, worth one more window, not more."""
+    ray, (quick, slow, mate) = actors
+    asked = []
+    refs = [quick.answer.remote(), slow.hold.remote(), mate.answer.remote()]
+    assert liveness.silent(ray, refs, ["here", "there", "there"], "here",
+                           heard=lambda quiet, answered: asked.append((quiet, answered)) or set()) == [1]
+    assert asked == [([1], [0, 2])]  # asked after its second window: the first was its mate's
+
+
+def test_a_host_none_of_whose_actors_answered_is_named_after_one_window(actors):
+    ray, (quick, slow, mate) = actors
+    asked = []
+    refs = [quick.answer.remote(), slow.hold.remote(), mate.hold.remote()]
+    assert liveness.silent(ray, refs, ["here", "there", "there"], "here",
+                           heard=lambda quiet, answered: asked.append((quiet, answered)) or set()) == [1, 2]
+    assert asked == [([1, 2], [0])]

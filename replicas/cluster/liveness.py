@@ -2,9 +2,10 @@
 such a node only when its heartbeats have been missed for about a minute; a job across hosts
 notices at its next poll: the driver asks every actor for its replicas' states a few times a
 second, and an actor on another node that has not answered for LIVENESS_SECONDS while an actor
-elsewhere did ends the job, naming the replicas it runs and its host, unless the actors that
-answered read bytes from that host meanwhile: then it is alive, only busy (a loaded machine while
-large transfers cross), and it gets more time for as long as its bytes keep coming.
+elsewhere did ends the job, naming the replicas it runs and its host, unless its host shows
+another sign of life: another of its actors answered (one more window), or the actors that answered
+read bytes from that host meanwhile (alive, only busy: a loaded machine while large transfers
+cross; more time for as long as its bytes keep coming).
 
 An actor of the driver's own node is never judged this way (a busy machine delays them all alike;
 an actor process that dies there is reported by Ray at once), nor is one when no actor answered
@@ -28,14 +29,17 @@ def silent(ray: Any, refs: list[Any], nodes: list[str | None], here: str | None,
            heard: Callable[[list[int], list[int]], set[int]] | None = None) -> list[int]:
     """Indexes of the calls `refs` (one per actor, on `nodes`) to actors of another node than
     `here` that did not answer within LIVENESS_SECONDS (or `limit`, the job's time left, when
-    shorter) while some other actor did.
+    shorter) while some other actor did, and whose host shows no other sign of life.
 
-    `heard(quiet, answered)`: which of the `quiet` actors' hosts the `answered` actors read bytes
-    from within LIVENESS_SECONDS. Such a host is alive, only too busy to answer (on a loaded
-    machine, while large transfers cross): its actors get another LIVENESS_SECONDS, and so on while
-    their bytes keep coming and the job's time lasts. A frozen host or a cut link sends nothing."""
+    Signs of life: another actor of the same host answered (a host cut off, frozen or lost silences
+    all of its actors at once), which is worth one more LIVENESS_SECONDS; and `heard(quiet,
+    answered)`: which of the `quiet` actors' hosts the `answered` actors read bytes from within
+    LIVENESS_SECONDS. Such a host is alive, only too busy to answer (on a loaded machine, while large
+    transfers cross): its actors get another LIVENESS_SECONDS, and so on while their bytes keep
+    coming and the job's time lasts. A frozen host or a cut link sends nothing."""
     end = None if limit is None else time.monotonic() + limit
     pending = list(range(len(refs)))
+    spared: set[int] = set()  # given their one more window because an actor of their host answered
     while True:
         wait = LIVENESS_SECONDS if end is None else min(LIVENESS_SECONDS, max(0.0, end - time.monotonic()))
         _, left = ray.wait([refs[i] for i in pending], num_returns=len(pending), timeout=wait)
@@ -44,10 +48,14 @@ def silent(ray: Any, refs: list[Any], nodes: list[str | None], here: str | None,
         if not still or len(still) == len(refs):
             return []
         quiet = [i for i in still if nodes[i] is not None and nodes[i] != here]
-        if not quiet or heard is None or (end is not None and time.monotonic() >= end):
+        if not quiet or (end is not None and time.monotonic() >= end):
             return quiet
         answered = [i for i in range(len(refs)) if refs[i] not in waiting]
-        busy = heard(quiet, answered)
+        answering_hosts = {nodes[i] for i in answered}
+        busy = {i for i in quiet if nodes[i] in answering_hosts and i not in spared}
+        spared |= busy
+        if heard is not None and len(busy) < len(quiet):
+            busy |= heard([i for i in quiet if i not in busy], answered)
         if len(busy) < len(quiet):
             return [i for i in quiet if i not in busy]
         pending = still
