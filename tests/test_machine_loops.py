@@ -237,3 +237,22 @@ def test_without_numba_the_python_code_runs(compiled, monkeypatch):
     got = interp.run(ARGS)
     assert not machine_loops.is_compiled(loop)
     same_bits(got, python_code(module, ARGS, monkeypatch))
+
+
+def test_by_default_a_loop_compiles_in_the_background_once_its_python_time_would_pay(monkeypatch, tmp_path):
+    import threading
+
+    monkeypatch.setenv("REPLICAS_COMPILED_LOOPS", "auto")
+    monkeypatch.setenv("REPLICAS_CACHE_DIR", str(tmp_path))
+    for name in ("COMPILE_SECONDS", "COMPILE_SECONDS_PER_STATEMENT", "IMPORT_SECONDS", "LOAD_SECONDS"):
+        monkeypatch.setattr(machine_loops, name, 0.0)  # any Python time pays
+    module = rp.parse_hlo(OPS.replace("constant(6)", "constant(4)"))  # a loop not compiled before
+    interp = Interpreter(module)
+    loop = compile_loop(module.entry_computation.root_instruction, interp)
+    python = interp.run(ARGS)  # the Python code; its time passes the threshold
+    interp.run(ARGS)  # starts the compile, and runs the Python code meanwhile
+    for thread in threading.enumerate():
+        if thread.name == "replicas-compile-loop":
+            thread.join()
+    assert machine_loops.is_compiled(loop)
+    same_bits(interp.run(ARGS), python)

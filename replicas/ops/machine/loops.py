@@ -2,9 +2,11 @@
 
 `compile_loop` (`ops.python_elements`) gives a While loop of small values as one generated Python
 function; its trip is hundreds of Python statements, each ~50 ns. `tiered` wraps that function:
-calls run the Python code and add up its time, and once that time passes what compiling would
-cost (numba takes seconds for a trip of hundreds of ops), the loop's trip is translated
-(`ops.machine.text`) and compiled, and later calls run it as machine code with the same bits.
+calls run the Python code and add up its time (calls that end normally: one ended by an abort
+paid for nothing), and once that time passes what compiling would cost (numba takes seconds for a
+trip of hundreds of ops), the loop's trip is translated (`ops.machine.text`) and compiled in a
+background thread while the replicas go on with the Python code, which keeps checking for aborts;
+the calls after it is ready run it as machine code with the same bits.
 The compiled module is a file in the cache directory, compiled with numba's on-disk cache: another
 process (a Ray actor, the next run) loads it in a fraction of the compile, so a loop found there
 is loaded as soon as its Python time passes `LOAD_SECONDS`. Compiled code is shared by source
@@ -49,15 +51,15 @@ SLICE_SECONDS = 0.005  # a machine-code call's length the trip budget grows to: 
 FIRST_BUDGET = 64
 MAX_BUDGET = 1 << 24
 
-_lock = threading.Lock()  # one compile at a time; a loop compiling elsewhere runs its Python code meanwhile
+_lock = threading.Lock()  # one compile at a time in the process
 _loops: dict[str, _Shared] = {}  # generated Python text -> what its replicas share
 
 
 class _Shared:
     """A loop's state in this process, shared by every replica that bound the same Python code."""
 
-    __slots__ = ("text", "spent", "calls", "threshold", "translation", "trips", "failed", "checked", "trial",
-                 "trial_spent")
+    __slots__ = ("text", "spent", "calls", "threshold", "translation", "trips", "failed", "checked", "compiling",
+                 "trial", "trial_spent")
 
     def __init__(self, text: str, statements: int, mode: str) -> None:
         self.text = text
@@ -69,6 +71,7 @@ class _Shared:
         self.trips: Callable[..., Any] | None = None
         self.failed = False
         self.checked = mode == "on"  # looked in the on-disk cache
+        self.compiling = False
         # The machine code's first calls are timed: a loop of few trips a call may cost less as Python
         # than the machine code's call (its arguments' conversion), and goes back to Python then.
         self.trial = TRIAL_CALLS
@@ -128,64 +131,54 @@ class _Tiered:
 
     def __call__(self, a0: Any) -> Any:
         shared = self.shared
-        if self.machine is not None:
-            if shared.trial > 0:
-                return self.timed(a0)
-            if not shared.failed:
-                return self.machine(a0)
-        if not shared.failed and (shared.spent >= shared.threshold
-                                  or (not shared.checked and shared.spent >= LOAD_SECONDS)):
-            self.machine = _tier_up(self, a0)
+        if not shared.failed:
+            if self.machine is None and shared.trips is not None:
+                self.machine = _machine(self)
             if self.machine is not None:
-                return self.machine(a0)
+                return self.timed(a0) if shared.trial > 0 else self.machine(a0)
+            if not shared.compiling and (shared.spent >= shared.threshold
+                                         or (not shared.checked and shared.spent >= LOAD_SECONDS)):
+                _tier_up(self, a0)
+                if shared.trips is not None:  # compiled in this call (`on`)
+                    return self(a0)
         if shared.failed:
             return self.python(a0)
         start = time.perf_counter()
-        try:
-            return self.python(a0)
-        finally:
-            shared.spent += time.perf_counter() - start
-            shared.calls += 1
+        result = self.python(a0)  # a call ended by an abort does not count: it paid for nothing
+        shared.spent += time.perf_counter() - start
+        shared.calls += 1
+        return result
 
     def timed(self, a0: Any) -> Any:
         """A machine-code call of the trial: the last one compares their mean with the Python code's."""
         shared = self.shared
         start = time.perf_counter()
-        try:
-            return self.machine(a0)  # type: ignore[misc]
-        finally:
-            shared.trial_spent += time.perf_counter() - start
-            shared.trial -= 1
-            if shared.trial == 0 and shared.calls and shared.trial_spent / TRIAL_CALLS > shared.spent / shared.calls:
-                shared.failed = True  # slower than the Python code: it stays
+        result = self.machine(a0)  # type: ignore[misc]
+        shared.trial_spent += time.perf_counter() - start
+        shared.trial -= 1
+        if shared.trial == 0 and shared.calls and shared.trial_spent / TRIAL_CALLS > shared.spent / shared.calls:
+            shared.failed = True  # slower than the Python code: it stays
+        return result
 
 
 def _import_seconds() -> float:
     return 0.0 if "numba" in sys.modules else IMPORT_SECONDS
 
 
-def _tier_up(loop: _Tiered, a0: Any) -> Callable[[Any], Any] | None:
-    """The machine driver of `loop` once its trips are compiled (now, or by another replica), else None."""
-    shared = loop.shared
-    if shared.trips is None:
-        if not _lock.acquire(blocking=False):
-            return None  # another replica compiles: this call runs the Python code
-        try:
-            if shared.trips is None and not shared.failed:
-                _compile(loop, a0)
-        finally:
-            _lock.release()
-    if shared.trips is None:
-        return None
+def _machine(loop: _Tiered) -> Callable[[Any], Any] | None:
+    """`loop`'s machine driver, its trips compiled."""
     try:
-        return _driver(loop, shared.translation, shared.trips)  # type: ignore[arg-type]
+        return _driver(loop, loop.shared.translation, loop.shared.trips)  # type: ignore[arg-type]
     except Exception:  # noqa: BLE001 - the Python code stays: correct, only slower
         log.debug("compiled loop driver failed", exc_info=True)
-        shared.failed = True
+        loop.shared.failed = True
         return None
 
 
-def _compile(loop: _Tiered, a0: Any) -> None:
+def _tier_up(loop: _Tiered, a0: Any) -> None:
+    """Start compiling `loop`'s trips (after looking in the on-disk cache, the first time): in the
+    background, while the replicas run the Python code, which keeps checking for aborts; in this
+    call when compiled loops are `on`."""
     shared = loop.shared
     try:
         if shared.translation is None:
@@ -198,7 +191,28 @@ def _compile(loop: _Tiered, a0: Any) -> None:
                 shared.threshold = min(shared.threshold, LOAD_SECONDS + _import_seconds())
             if shared.spent < shared.threshold:
                 return
-        with open(path + ".lock", "a") as lock:
+        # The types numba compiles for: those of this call's state on entry.
+        state = _driver(loop, translation, None).entry(a0)  # type: ignore[attr-defined]
+    except Refused:
+        shared.failed = True
+        return
+    except Exception:  # noqa: BLE001
+        log.debug("loop not translated", exc_info=True)
+        shared.failed = True
+        return
+    shared.compiling = True
+    if mode() == "on":
+        _compile(shared, path, state)
+    else:
+        threading.Thread(target=_compile, args=(shared, path, state), name="replicas-compile-loop",
+                         daemon=True).start()
+
+
+def _compile(shared: _Shared, path: str, state: tuple) -> None:
+    translation = shared.translation
+    assert translation is not None
+    try:
+        with _lock, open(path + ".lock", "a") as lock:
             cached = os.path.exists(path + ".compiled")
             if not cached:
                 try:  # one process compiles (a job's actors run the same loops); the others load it after
@@ -207,21 +221,18 @@ def _compile(loop: _Tiered, a0: Any) -> None:
                     shared.threshold = shared.spent + LOAD_SECONDS  # looked at again a little later
                     return
             trips = _load(translation, path).trips
-            # Compiled (or loaded) now, for the types of this call's state: numba does it at a first call.
-            driver = _driver(loop, translation, trips)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                state = driver.entry(a0)  # type: ignore[attr-defined]
-                trips(*state, 0, *[a for pair in translation.loops for a in pair])
+                trips(*state, 0, *[a for pair in translation.loops for a in pair])  # numba compiles at a first call
             if not cached:
                 with open(path + ".compiled", "w"):
                     pass
         shared.trips = trips
-    except Refused:
-        shared.failed = True
     except Exception:  # noqa: BLE001 - no numba, or numba refused the code: the Python code stays
         log.debug("loop not compiled", exc_info=True)
         shared.failed = True
+    finally:
+        shared.compiling = False
 
 
 def cache_dir() -> str:
@@ -256,7 +267,7 @@ def _load(translation: Translation, path: str) -> Any:
     return module
 
 
-def _driver(loop: _Tiered, translation: Translation, trips: Callable[..., Any]) -> Callable[[Any], Any]:
+def _driver(loop: _Tiered, translation: Translation, trips: Callable[..., Any] | None) -> Callable[[Any], Any]:
     """The Python function around the machine code: the loop's prologue and result as the Python code
     has them, and between, calls of `trips` of a growing budget with an abort check before each."""
     names = ", ".join(translation.state)
