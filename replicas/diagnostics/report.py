@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -46,22 +45,41 @@ def with_derived_waits(states: list[ReplicaState]) -> list[ReplicaState]:
     canonical: dict[Any, tuple] = {}
     by_id: dict[int, tuple] = {}
     joined: dict[tuple[int, int], tuple[tuple, set[int]]] = {}
+    # A batched run's members (blocked in it) are in whatever collective the member running it is
+    # blocked in: one that leaves their process (runtime/batched_spanning.py) has them joined.
+    followers: dict[int, list[int]] = {}
+    for s in states:
+        b = s.block
+        if s.status == "blocked" and b is not None and b.opcode == BATCHED_OPCODE and b.group:
+            followers.setdefault(b.group[0], []).append(s.replica)
     for s in states:
         b = s.block
         if s.status == "blocked" and b is not None and b.needs == "group":
             group = by_id.get(id(b.group))
             if group is None:
                 group = by_id[id(b.group)] = canonical.setdefault(b.group, b.group)
-            joined.setdefault((b.seq, id(group)), (group, set()))[1].add(s.replica)
+            members = joined.setdefault((b.seq, id(group)), (group, set()))[1]
+            members.add(s.replica)
+            if b.opcode != BATCHED_OPCODE:
+                members.update(followers.get(s.replica, ()))
     missing = {key: tuple(t for t in group or () if t not in members) for key, (group, members) in joined.items()}
     out = []
     for s in states:
         b = s.block
         if s.status == "blocked" and b is not None and b.needs == "group":
-            derived = dataclasses.replace(b, waits_for=missing[(b.seq, id(by_id[id(b.group)]))], needs="all")
-            s = dataclasses.replace(s, block=derived)
+            derived = _changed(b, waits_for=missing[(b.seq, id(by_id[id(b.group)]))], needs="all")
+            s = _changed(s, block=derived)
         out.append(s)
     return out
+
+
+def _changed(record: Any, **changes: Any) -> Any:
+    """A copy of the plain dataclass `record` with `changes` (what `dataclasses.replace` does, without
+    its per-field checks: a report of thousands of blocked replicas makes two per replica)."""
+    new = object.__new__(type(record))
+    new.__dict__.update(record.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 _NAMED = re.compile(r"%([A-Za-z_][A-Za-z0-9_.\-]*)")
@@ -220,7 +238,7 @@ class Report:
         out = [title]
         out.extend(f"  {line}" for line in _capped(findings, FINDINGS_SHOWN, "findings (report.lines)"))
         out.append("replicas:")
-        groups = _state_groups(self.states, sources)
+        groups = self._groups()
         shown = [f"{replicas_text(ids)}: {text}" for ids, text in groups]
         out.extend(f"  {line}" for line in _capped(shown, GROUPS_SHOWN, "groups (report.to_dict() has every replica)"))
         if self.edges:
@@ -248,6 +266,13 @@ class Report:
                     out.append(f"  replica {r}: {_event_text(ev, sources)}  {(ev.get('start_us', 0) - base) / 1000:.3f}"
                                f" .. {end}")
         return "\n".join(out)
+
+    def _groups(self) -> list[tuple[list[int], str]]:
+        """`_state_groups` of the states, made once per states list (an error's text asks twice)."""
+        made = self.__dict__.get("_made_groups")
+        if made is None or made[0] is not self.states:
+            made = self.__dict__["_made_groups"] = (self.states, _state_groups(self.states, self.sources))
+        return made[1]
 
     def _named_replicas(self) -> list[int]:
         """The replicas the diagnosis is about: those waited for, then one waiter; every one when few."""
@@ -322,9 +347,21 @@ def _state_groups(states: list[ReplicaState], sources: SourceMap = NO_SOURCES) -
     once they would make more than 3 lines."""
     by_place: dict[str, dict[str, list[int]]] = {}
     group_texts: dict[int, str] = {}  # the states hold their groups alive meanwhile: ids stay unique
+    # Replicas in one situation share its texts, made once: by what a state's texts depend on (the
+    # group and the waited-for tuple by identity: shared by the members of one collective).
+    texts: dict[tuple, tuple[str, str]] = {}
     for s in states:
-        waits = _waits_text(s.block) if s.status == "blocked" and s.block is not None else ""
-        by_place.setdefault(_state_text(s, None, group_texts, sources), {}).setdefault(waits, []).append(s.replica)
+        b = s.block
+        if s.status == "blocked" and b is not None:
+            key: tuple = (b.kind, b.instruction, b.opcode, b.computation, b.seq, b.channel_id, b.detail,
+                          id(b.group), id(b.waits_for), b.needs)
+        else:
+            key = (s.status, s.instruction, s.error)
+        found = texts.get(key)
+        if found is None:
+            waits = _waits_text(b) if s.status == "blocked" and b is not None else ""
+            found = texts[key] = (_state_text(s, None, group_texts, sources), waits)
+        by_place.setdefault(found[0], {}).setdefault(found[1], []).append(s.replica)
     groups: list[tuple[list[int], str]] = []
     for place, by_waits in by_place.items():
         if len(by_waits) > 3:

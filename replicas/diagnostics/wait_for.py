@@ -11,7 +11,7 @@ from replicas.diagnostics.progress import host_waits
 from replicas.diagnostics.report import Edge, Report, find_cycles, source_suffix, where, with_derived_waits
 from replicas.errors import CollectiveMismatchError, DeadlockError, ReplicasError
 from replicas.hlo.source import NO_SOURCES, SourceMap
-from replicas.records import HOST, BlockInfo, ReplicaState, replicas_text
+from replicas.records import BATCHED_OPCODE, HOST, BlockInfo, ReplicaState, replicas_text
 
 _replicas = replicas_text
 
@@ -22,7 +22,9 @@ def _coll(b: BlockInfo, sources: SourceMap = NO_SOURCES) -> str:
 
 def passed(b: BlockInfo, target: ReplicaState) -> bool:
     """Whether `target` already started its collective number `b.seq` (elsewhere: it did not send to us)."""
-    if b.kind != "collective" or b.seq is None:
+    if b.kind != "collective" or b.seq is None or b.opcode == BATCHED_OPCODE:
+        # (A batched run's members wait for the member that runs it, wherever that one is blocked: a
+        # collective of the run that leaves the process, `runtime/batched_spanning.py`.)
         return False
     started = target.collectives_started
     if target.status == "blocked" and target.block is not None and target.block.kind == "collective" \
@@ -49,6 +51,8 @@ def explain(states: list[ReplicaState], sources: SourceMap = NO_SOURCES) -> Repo
             continue
         for t in b.waits_for:
             edges.append(Edge(s.replica, t, b.needs, b.instruction))
+        if b.opcode == BATCHED_OPCODE:
+            continue  # waiting for the member that runs the batch: that one's wait is the finding
         if b.kind == "collective":
             waiting_in.setdefault((b.seq, b.instruction), []).append(s)
         else:

@@ -22,7 +22,10 @@ flow would diverge (a While condition or a conditional's branch that differs bet
 any kernel raises, the leader hands every member `FALLBACK` instead, and each runs the program on
 its own, from its own arguments, as without batching: nothing of the batched run is visible.
 Only programs that cannot wait or talk to anyone but the process's own members are batched: no
-channel, feed, custom call or stateful rng, and every collective group within the process.
+channel, feed, custom call or stateful rng, and every collective group within the process, but for
+an all-reduce of one group of every replica (`batched_spanning.py`): the process's partial, then
+the leaders' step, run by the first member (a run that spans processes is led by it and never
+falls back once a spanning collective ran).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from replicas.errors import ReplicasError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.ops.elementwise_util import SUB_BYTE_WIDE
 from replicas.records import BATCHED_OPCODE, BlockInfo
+from replicas.runtime import batched_spanning
 from replicas.runtime.batched_kernels import kernel_for
 from replicas.runtime.bound import GENERATED, BoundComputation
 from replicas.runtime.codegen import straight_line
@@ -178,7 +182,9 @@ class BatchedContext:
         self.size = len(members)
         self.replica_id = members[0]
         self.num_replicas = num_replicas
-        self.fabric: Any = None  # batched kernels talk to nobody
+        self.fabric: Any = None  # batched kernels talk to nobody (but a spanning all-reduce's leaders' step)
+        self.fabrics: Sequence[Any] = ()  # the members' fabrics, while a run that spans processes runs
+        self.spanned = 0  # spanning collectives run by the current run (it can no longer fall back)
         self.mailbox: Any = None  # the leading member's, while it runs (an abort stops the run)
         self.every_instruction_recorder = None
         self.current: Instruction | None = None
@@ -313,11 +319,14 @@ class BatchedProgram:
         self.ctx = BatchedContext(executable, members, num_replicas)
         self.entry = self.ctx.module.entry_computation
 
-    def run(self, per_member: Sequence[Sequence[Any]], mailbox: Any, fabrics: Sequence[Any]) -> list[Any]:
+    def run(self, per_member: Sequence[Sequence[Any]], mailbox: Any, fabrics: Sequence[Any],
+            spanning: bool = False) -> list[Any]:
         """Each member's result, from each member's arguments (in member order); their collectives
-        recorded on their `fabrics`."""
+        recorded on their `fabrics`. `spanning`: some all-reduce leaves the process (run by the first
+        member, whose fabric is `fabrics[0]`)."""
         stacks, values = [], []
         inputs: set[int] = set()
+        self.ctx.spanned = 0
         if _bytes_to_stack(per_member) > STACK_BYTES:
             raise Divergent  # each member runs on its own arguments instead of copies of them all
         for j in range(len(per_member[0])):
@@ -325,12 +334,17 @@ class BatchedProgram:
             stacks.append(s)
             values.append(v)
         ctx = self.ctx
+        ctx.spanned = 0
+        if spanning and batched_spanning.may_diverge(ctx.analysis, self.entry.name, tuple(stacks)):
+            raise Divergent  # a spanning collective cannot be taken back: each member runs on its own
         ctx.mailbox = mailbox
+        ctx.fabrics = fabrics if spanning else ()
         ctx.log.clear()
         try:
             out = ctx.batched(self.entry.name, tuple(stacks))(*values)
         finally:
             ctx.mailbox = None
+            ctx.fabrics = ()
         ctx.replay(fabrics)
         root = ctx.analysis.root(self.entry.name, tuple(stacks))
         return [_member(out, root, k, inputs) for k in range(ctx.size)]
@@ -375,7 +389,9 @@ def _member(value: Any, stack: Stack, k: int, inputs: set[int]) -> Any:
 # -- the members' meeting ----------------------------------------------------------------------------
 
 _WIRE = ("batched program",)  # the meeting's fingerprint: the same tuple for every member
-# (program, id(members), replicas) -> (members, kept alive for its id; members, or () when not batched)
+_LEAD = RESULT - 1  # the meeting's round handing a spanning run's deposits to its first member
+# (program, id(members), replicas) -> (members, kept alive for its id; members, or () when not batched;
+# whether a collective leaves the process)
 _plans: Cache[Any] = Cache("batched plans", 1024)
 _plans_lock = threading.Lock()  # a program's list of free BatchedPrograms changes under it
 _programs: Cache[list[BatchedProgram]] = Cache("batched programs", 64)
@@ -401,10 +417,17 @@ def plan(executable: Executable, replica_id: int, num_replicas: int, placement: 
                 module = executable.module
                 # A program that cannot wait may run its replicas one after the other in one thread
                 # (threads: `runs_quickly`; a Ray actor's persistent calls): its members would never meet.
-                ok = (batchable(module) and not runs_bounded_alone(executable)
-                      and groups_within(module, members, num_replicas))
-                found = _plans.put(key, (members, members if ok else ()))
+                ok = batchable(module) and not runs_bounded_alone(executable)
+                within = ok and groups_within(module, members, num_replicas)
+                spanning = ok and not within and batched_spanning.spans(module, members, num_replicas)
+                found = _plans.put(key, (members, members if within or spanning else (), spanning))
     return found[1] or None
+
+
+def spanning(executable: Executable, members: tuple[int, ...], num_replicas: int) -> bool:
+    """Whether the batched run of `members` (a `plan`) has collectives that leave the process."""
+    found = _plans.get((executable.fingerprint, id(members), num_replicas))
+    return bool(found is not None and found[0] is members and found[2])
 
 
 _by_process: Cache[tuple[int, dict[Any, tuple[int, ...]]]] = Cache("members by process", 64, by_identity=True)
@@ -435,12 +458,21 @@ def run(executable: Executable, members: tuple[int, ...], fabric: Any, args: Seq
                                            _never)
     key = keys.collective(seq, RESULT)
     block = BlockInfo("collective", "batched program", BATCHED_OPCODE, needs="group", group=members, seq=seq)
+    across = spanning(executable, members, fabric.num_replicas)
+    if across and rank != 0 and got is not None:
+        # A run whose collectives leave the process is led by the first member: the peers' messages
+        # and the board's waits are its mailbox's. The last to arrive hands it the deposits.
+        mailbox.count_sent()
+        fabric.local_mailbox(first).deliver(first, keys.collective(seq, _LEAD), got)
+        got = None
+    elif across and rank == 0 and got is None:
+        got = fabric.recv(first, keys.collective(seq, _LEAD), block)
     if got is None:
         results, leader, boxes = fabric.recv(first, key, block)
         _hand_on(mailbox, first, seq, (results, leader, boxes), rank)
     else:
         deposits, boxes = got
-        results = _lead(executable, members, deposits, mailbox, fabric.num_replicas)
+        results = _lead(executable, members, deposits, mailbox, fabric.num_replicas, across)
         lanes = _hand_on(mailbox, first, seq, (results, rank, boxes), -1)
         if results is FALLBACK:
             # Every other member goes first (the end of each lane says it was handed on), so the
@@ -474,7 +506,7 @@ def _hand_on(mailbox: Any, first: int, seq: int, message: tuple, rank: int) -> i
 
 
 def _lead(executable: Executable, members: tuple[int, ...], deposits: list[Any], mailbox: Any,
-          num_replicas: int) -> Any:
+          num_replicas: int, across: bool = False) -> Any:
     key = (executable.fingerprint, members, num_replicas)
     with _plans_lock:
         free = _programs.get(key)
@@ -484,12 +516,12 @@ def _lead(executable: Executable, members: tuple[int, ...], deposits: list[Any],
     try:
         if program is None:
             program = BatchedProgram(executable, members, num_replicas)
-        results: Any = program.run([d[0] for d in deposits], mailbox, [d[1] for d in deposits])
+        results: Any = program.run([d[0] for d in deposits], mailbox, [d[1] for d in deposits], across)
     except BaseException as e:  # noqa: BLE001 - an abort propagates; anything else is each member's to meet
         if mailbox.aborted is not None and e is mailbox.aborted:
             raise
-        if not isinstance(e, Exception):
-            raise
+        if not isinstance(e, Exception) or (program is not None and program.ctx.spanned):
+            raise  # (after a collective that left the process, nobody can run it again on their own)
         results = FALLBACK
     if program is not None:
         with _plans_lock:

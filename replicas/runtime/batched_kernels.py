@@ -28,6 +28,7 @@ from replicas.hlo.ir import Instruction
 from replicas.hlo.opcodes import OPCODES
 from replicas.ops.elementwise_util import WithOperandShapes
 from replicas.ops.registry import lookup
+from replicas.runtime import batched_spanning
 from replicas.runtime.stacks import (
     COLLECTIVES,
     Divergent,
@@ -349,6 +350,17 @@ def _collective_values(inst: Instruction, ctx: BatchedContext, stacks: list[Stac
     if op in ("all-reduce", "reduce-scatter"):
         combine = make_combine(inst, ctx, [s.dtype for s in shapes])
         scatter = op == "reduce-scatter"
+        if op == "all-reduce" and len(groups) == 1 and not set(groups[0]) <= set(local):
+            # The group leaves the process: this process's partial, then the leaders' step.
+            group = groups[0]
+            here = tuple(m for m in group if m in local)
+            fingerprint = ctx.collectives[ctx.collective(inst)][1][0][1]  # member 0's: the first member runs it
+
+            def reduce_spanning(*operands: np.ndarray) -> Any:
+                total = batched_spanning.all_reduce(ctx, inst, group, rows_of(operands, here), combine, fingerprint)
+                return tuple(total) if as_tuple else total[0]
+
+            return reduce_spanning
 
         def reduce(*operands: np.ndarray) -> Any:
             per_group = []

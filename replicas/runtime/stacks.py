@@ -112,8 +112,10 @@ class Analysis:
         return full(inst.shape, any(any_stacked(s) for s in operands))
 
     def one_group(self, inst: Instruction) -> bool:
-        """Whether one group holds every member (so every member gets the same result)."""
-        return plan_groups(inst, self.module, self.members[0], self.num_replicas).group == self.members
+        """Whether one group holds every member (so every member gets the same result): the members'
+        own, or the one group of every replica (which leaves the process: `batched_spanning`)."""
+        plan = plan_groups(inst, self.module, self.members[0], self.num_replicas)
+        return plan.group == self.members or len(plan.groups) == 1
 
 
 def conditional_branches(inst: Instruction) -> list[str]:

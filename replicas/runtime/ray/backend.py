@@ -118,6 +118,7 @@ class RayBackend(PersistentJob, Backend):
         self._finish_refs: list[Any] | None = None
         self._finished: dict[int, tuple[dict[int, Any], bytes, dict[int, Any]]] = {}  # actor -> its `finish`
         self._clean = False  # every replica finished, seen by `completed`: the actors need no waited reset
+        self._stuck_events: tuple[dict[int, ReplicaState], dict[int, Any]] | None = None  # (snapshot, events)
         self._aborted = False  # `abort` was called: the actors' resets are not waited for (`shutdown`)
         self._drained: dict[int, tuple[list[Any], dict[int, list[Any]]]] | None = None  # `_take_drained`
         self.calls: Counter[str] = Counter()  # actor calls this job made, by method (see tests)
@@ -543,6 +544,11 @@ class RayBackend(PersistentJob, Backend):
             for _, events, _ in self._finished.values():
                 merged.update(pickle.loads(events))  # noqa: S301 - our own actors' bytes
             return merged
+        kept = self._stuck_events
+        if kept is not None and kept[0] is self._last and not self._aborted:
+            # Asked again (the job's end, after its deadlock report): nobody moved since the snapshot
+            # that was stuck, so nobody recorded anything.
+            return dict(kept[1])
         self._touch("events", quiet=True)
         live = [i for i in range(len(self._actors)) if i not in self._dead]  # the dead never answer
         for ref in self._answered([self._actors[i].events.remote() for i in live], live, 10.0):
@@ -550,6 +556,8 @@ class RayBackend(PersistentJob, Backend):
                 merged.update(pickle.loads(self._ray.get(ref)))  # noqa: S301 - our own actors' bytes
             except Exception:  # noqa: BLE001 - events are a best-effort addition to a report
                 pass
+        if self._last and stuck_key(list(self._last.values()), True) is not None:
+            self._stuck_events = (self._last, dict(merged))
         return merged
 
     def _answered(self, refs: list[Any], indexes: list[int], most: float) -> list[Any]:
