@@ -134,6 +134,9 @@ def test_a_deadlock_across_batched_processes_is_reported():
     assert "all-reduce #3" in text and "replicas [2, 3] finished" in text, text
     report = info.value.report
     assert sorted(report.blocked) == [0, 1]
+    # The run's collectives so far are on its members' recorders while it waits (as without batching).
+    for r in (0, 1):
+        assert [e["seq"] for e in report.events[r] if e.get("kind") == "collective"] == [0, 1, 2], r
 
 
 def test_packed_actors_run_a_spanning_all_reduce_batched(ray_session):
@@ -150,3 +153,18 @@ def test_packed_actors_run_a_spanning_all_reduce_batched(ray_session):
     want = documented(xs, placement, 3)
     for r, y in enumerate(out):
         assert y.tobytes() == want.tobytes(), f"replica {r}"
+
+
+def test_each_member_records_the_runs_collectives_once_numbered_in_order():
+    placement = [0, 0, 0, 1, 1, 1]
+    xs = operands(6)
+    k = np.asarray(4, np.int32)
+    m = rp.parse_hlo(LOOP.format(n=6, e=64))
+    job = Job(ThreadBackend(compile_module(m), [[x, k] for x in xs], placement=placement), None, timeout=60,
+              host_may_send=False)
+    job.result()
+    events = job.events()
+    for r in range(6):
+        collectives = [e for e in events[r] if e.get("kind") == "collective"]
+        assert [e["seq"] for e in collectives] == [0, 1, 2, 3], r
+        assert {e["algorithm"] for e in collectives} == {"batched"}, r

@@ -185,6 +185,7 @@ class BatchedContext:
         self.fabric: Any = None  # batched kernels talk to nobody (but a spanning all-reduce's leaders' step)
         self.fabrics: Sequence[Any] = ()  # the members' fabrics, while a run that spans processes runs
         self.spanned = 0  # spanning collectives run by the current run (it can no longer fall back)
+        self.live: Replayed | None = None  # the current run, on its members' recorders already (`go_live`)
         self.mailbox: Any = None  # the leading member's, while it runs (an abort stops the run)
         self.every_instruction_recorder = None
         self.current: Instruction | None = None
@@ -242,15 +243,42 @@ class BatchedContext:
         `Replayed` log the members' flight recorders share (recording stays O(1) per member and run)."""
         log = list(self.log)  # the kernels append to this very list: emptied, never replaced
         self.log.clear()
+        live, self.live = self.live, None
         if not log:
+            if live is not None:
+                live.freeze([], 0)
             return
         recorders = [fabric.recorder for fabric in fabrics if fabric.recorder is not None]
         keep = max((r.capacity for r in recorders), default=0)  # what a member's ring can show of it
-        replayed = Replayed(self.collectives, log[len(log) - keep:] if keep else [], len(log))
+        kept = log[len(log) - keep:] if keep else []
+        if live is not None:  # already on the recorders (`go_live`): its final log, then the count
+            live.freeze(kept, len(log))
+        replayed = live or Replayed(self.collectives, kept, len(log))
         for k, fabric in enumerate(fabrics):
             first = fabric.next_collectives(len(log))
             if fabric.recorder is not None:
-                fabric.recorder.record_deferred(replayed, (k, first), len(log))
+                if live is None:
+                    fabric.recorder.record_deferred(replayed, (k, first), len(log))
+                else:
+                    fabric.recorder.recorded += len(log)
+
+    def go_live(self, fabrics: Sequence[Any]) -> None:
+        """Put the run on its members' flight recorders now, its log read as it grows (a run that can
+        no longer fall back and waits for other processes: a report made meanwhile shows what it ran,
+        as the unbatched path records each collective when it runs). Once per run."""
+        if self.live is not None:
+            return
+        live = self.live = Replayed(self.collectives, self.log, 0, live=True)
+        for k, fabric in enumerate(fabrics):
+            if fabric.recorder is not None:
+                fabric.recorder.record_deferred(live, (k, fabric.collectives_started()), 0)
+
+    def end_live(self) -> None:
+        """A run that failed: its members' recorders keep what it ran, as it was."""
+        live, self.live = self.live, None
+        if live is not None:
+            log = list(self.log)
+            live.freeze(log, len(log))
 
     def batched(self, name: str, stacks: tuple) -> BatchedComputation:
         key = (name, stacks)
@@ -279,23 +307,29 @@ class BatchedContext:
 class Replayed:
     """The collectives one batched run made, as each member's flight recorder shows them (expanded
     when read: `FlightRecorder.record_deferred`): the last `log` entries (index in `collectives`,
-    start ns, end ns) of the `count` the run made."""
+    start ns, end ns) of the `count` the run made; `live`: `log` is the running run's own, read as
+    it grows, until `freeze`."""
 
-    __slots__ = ("collectives", "log", "count", "anchor")
+    __slots__ = ("collectives", "log", "count", "anchor", "live")
 
     def __init__(self, collectives: list[tuple[Instruction, list[tuple[tuple[int, ...], Any]]]],
-                 log: list[tuple[int, int, int]], count: int) -> None:
-        self.collectives, self.log, self.count = collectives, log, count
+                 log: list[tuple[int, int, int]], count: int, live: bool = False) -> None:
+        self.collectives, self.log, self.count, self.live = collectives, log, count, live
         self.anchor = clock_anchor()
+
+    def freeze(self, log: list[tuple[int, int, int]], count: int) -> None:
+        self.log, self.count, self.live = log, count, False
 
     def events(self, member: tuple[int, int], replica: int) -> list[dict[str, Any]]:
         """Member k's events, its collectives numbered from `first` (`member` = (k, first))."""
         k, first = member
         t0, epoch_us = self.anchor
-        seq = first + self.count - len(self.log)
+        log = list(self.log) if self.live else self.log
+        count = len(log) if self.live else self.count
+        seq = first + count - len(log)
         templates: dict[int, dict[str, Any]] = {}
         out = []
-        for j, (index, start, end) in enumerate(self.log):
+        for j, (index, start, end) in enumerate(log):
             template = templates.get(index)
             if template is None:
                 inst, per_member = self.collectives[index]
@@ -342,6 +376,9 @@ class BatchedProgram:
         ctx.log.clear()
         try:
             out = ctx.batched(self.entry.name, tuple(stacks))(*values)
+        except BaseException:
+            ctx.end_live()
+            raise
         finally:
             ctx.mailbox = None
             ctx.fabrics = ()

@@ -93,6 +93,9 @@ def all_reduce(ctx: Any, inst: Any, group: tuple[int, ...], rows: Sequence[tuple
     else:
         partial = reduce_into(tuple(np.empty(v.shape, v.dtype) for v in rows[0]), rows, combine)
     fabric = ctx.fabrics[0]
+    # The run can no longer fall back: it goes on the members' flight recorders now (as the unbatched
+    # path records each collective when it runs), for a report made while this one waits.
+    ctx.go_live(ctx.fabrics)
     # Numbered as the replay will number it (`BatchedContext.replay`): after the run's earlier ones.
     seq = fabric.collectives_started() + len(ctx.log)
     full = topology(group, _index(group, fabric.replica_id), fabric.placement, fabric.nodes)
