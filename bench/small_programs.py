@@ -163,7 +163,10 @@ def main() -> None:
         print(f"{name}: compiled and first calls {time.perf_counter() - start:.1f} s")
         t = measure([loop], max(2, ns.calls // 2), ns.rounds)[name]
         text = ", ".join(f"{c} {t[c] / t['xla']:.1f}x" for c in columns if c in t)
-        print(f"{name}: xla {t['xla'] * 1e3:.2f} ms; {text}")
+        from replicas.ops.machine.loops import compiled_loops
+
+        print(f"{name}: xla {t['xla'] * 1e3:.2f} ms; {text} ({compiled_loops()} loops as machine code in this "
+              "process)")
         for c, err in loop.errors.items():
             print(f"  {name} on {c}: {err}")
     print(f"load average after: {load_average()}")
