@@ -256,3 +256,47 @@ def test_by_default_a_loop_compiles_in_the_background_once_its_python_time_would
             thread.join()
     assert machine_loops.is_compiled(loop)
     same_bits(interp.run(ARGS), python)
+
+
+SIGNALING_LOOP = """HloModule snan
+
+cond {
+  c = (s32[], u32[4], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(c), index=0
+  n = s32[] constant(3)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+body {
+  s = (s32[], u32[4], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  k = u32[4] get-tuple-element(s), index=1
+  x = f32[4] get-tuple-element(s), index=2
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  f = f32[4] bitcast-convert(k)
+  neg = f32[4] negate(f)
+  ROOT next = (s32[], u32[4], f32[4]) tuple(i1, k, neg)
+}
+
+ENTRY main {
+  i0 = s32[] parameter(0)
+  k0 = u32[4] parameter(1)
+  x0 = f32[4] parameter(2)
+  s0 = (s32[], u32[4], f32[4]) tuple(i0, k0, x0)
+  ROOT w = (s32[], u32[4], f32[4]) while(s0), condition=cond, body=body
+}
+"""
+
+
+def test_a_signaling_nan_made_in_machine_code_runs_the_call_on_the_numpy_kernels(compiled):
+    # As in the Python code: the bitcast's signaling NaN would not survive a double, so the call runs
+    # on the numpy kernels, which keep its bits (negate flips the sign bit only).
+    module = rp.parse_hlo(SIGNALING_LOOP)
+    interp = Interpreter(module)
+    loop = compile_loop(module.entry_computation.root_instruction, interp)
+    for k in ([0x3F800000, 0, 0xFFC00000, 7], [0x7F800001, 0x3F800000, 0, 0xFFA00000]):
+        args = [np.int32(0), np.array(k, np.uint32), np.zeros(4, np.float32)]
+        got = interp.run(args)
+        assert machine_loops.is_compiled(loop)
+        same_bits(got, rp.run(module, args, num_replicas=1, backend="threads", record_every_instruction=True)[0])
