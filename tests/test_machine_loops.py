@@ -239,14 +239,15 @@ def test_without_numba_the_python_code_runs(compiled, monkeypatch):
     same_bits(got, python_code(module, ARGS, monkeypatch))
 
 
-def test_by_default_a_loop_compiles_in_the_background_once_its_python_time_would_pay(monkeypatch, tmp_path):
+def test_by_default_a_loop_compiles_in_the_background_once_its_python_time_would_pay(compiled, monkeypatch,
+                                                                                       tmp_path):
     import threading
 
     monkeypatch.setenv("REPLICAS_COMPILED_LOOPS", "auto")
-    monkeypatch.setenv("REPLICAS_CACHE_DIR", str(tmp_path))
     for name in ("COMPILE_SECONDS", "COMPILE_SECONDS_PER_STATEMENT", "IMPORT_SECONDS", "LOAD_SECONDS"):
         monkeypatch.setattr(machine_loops, name, 0.0)  # any Python time pays
-    module = rp.parse_hlo(OPS.replace("constant(6)", "constant(4)"))  # a loop not compiled before
+    monkeypatch.setattr(machine_loops, "_loops", {})  # no loop compiled in this process (it may be on disk)
+    module = rp.parse_hlo(OPS)
     interp = Interpreter(module)
     loop = compile_loop(module.entry_computation.root_instruction, interp)
     python = interp.run(ARGS)  # the Python code; its time passes the threshold
