@@ -50,8 +50,10 @@ TRIAL_CALLS = 8
 SLICE_SECONDS = 0.005  # a machine-code call's length the trip budget grows to: the abort check's period
 FIRST_BUDGET = 64
 MAX_BUDGET = 1 << 24
+MAX_LOOPS = 1024  # loops remembered per process (a bound loop keeps its own entry however many are)
 
 _lock = threading.Lock()  # one compile at a time in the process
+_table_lock = threading.Lock()  # guards `_loops`
 _loops: dict[str, _Shared] = {}  # generated Python text -> what its replicas share
 
 
@@ -89,17 +91,21 @@ def tiered(python: Callable[[Any], Any], text: str, env: dict[str, Any], stateme
     how = mode()
     if how == "off" or "while True:" not in text:
         return python
-    shared = _loops.get(text)
-    if shared is None:
-        shared = _loops.setdefault(text, _Shared(text, statements, how))
-    elif how == "on":
+    with _table_lock:
+        shared = _loops.get(text)
+        if shared is None:
+            while len(_loops) >= MAX_LOOPS:
+                del _loops[next(iter(_loops))]  # the oldest
+            shared = _loops[text] = _Shared(text, statements, how)
+    if how == "on":
         shared.threshold, shared.checked = 0.0, True
     return _Tiered(python, env, shared)
 
 
 def compiled_loops() -> int:
-    """How many loops have their trips compiled in this process."""
-    return sum(1 for shared in list(_loops.values()) if shared.trips is not None)
+    """How many loops have their trips compiled in this process (among those it remembers)."""
+    with _table_lock:
+        return sum(1 for shared in _loops.values() if shared.trips is not None)
 
 
 def is_compiled(loop: Callable[[Any], Any]) -> bool:
