@@ -168,3 +168,43 @@ def test_each_member_records_the_runs_collectives_once_numbered_in_order():
         collectives = [e for e in events[r] if e.get("kind") == "collective"]
         assert [e["seq"] for e in collectives] == [0, 1, 2, 3], r
         assert {e["algorithm"] for e in collectives} == {"batched"}, r
+
+
+REDUCE = """\
+HloModule one, replica_count={n}
+
+red {{
+  a = {t}[] parameter(0)
+  b = {t}[] parameter(1)
+  ROOT s = {t}[] {op}(a, b)
+}}
+
+ENTRY main {{
+  x = {t}[16] parameter(0)
+  ROOT y = {t}[16] all-reduce(x), replica_groups={{}}, to_apply=red
+}}
+"""
+
+
+@pytest.mark.parametrize(("t", "op", "dtype"), [("s8", "add", np.int8), ("f32", "maximum", np.float32),
+                                                ("f64", "multiply", np.float64), ("u32", "add", np.uint32)])
+def test_other_types_and_reductions_give_the_unbatched_bits(t, op, dtype, monkeypatch):
+    placement = [0, 0, 0, 1, 1, 1, 2, 2]
+    n = len(placement)
+    rng = np.random.default_rng(5)
+    raw = rng.standard_normal((n, 16)) * 100
+    xs = [raw[r].astype(dtype) if dtype in (np.float32, np.float64) else
+          rng.integers(0 if dtype == np.uint32 else -128, 127, 16).astype(dtype) for r in range(n)]
+    m = compile_module(rp.parse_hlo(REDUCE.format(n=n, t=t, op=op)))
+
+    def run() -> list:
+        return Job(ThreadBackend(m, [[x] for x in xs], placement=placement), None, timeout=60,
+                   host_may_send=False).result()
+
+    before = dict(batched.RUNS)
+    out = run()
+    assert batched.RUNS["batched"] - before["batched"] == 3
+    monkeypatch.setattr(batched, "ENABLED", False)
+    alone = run()
+    for r, (y, z) in enumerate(zip(out, alone)):
+        assert y.dtype == z.dtype == dtype and y.tobytes() == z.tobytes(), f"replica {r}"

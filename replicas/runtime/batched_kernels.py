@@ -357,7 +357,8 @@ def _collective_values(inst: Instruction, ctx: BatchedContext, stacks: list[Stac
             fingerprint = ctx.collectives[ctx.collective(inst)][1][0][1]  # member 0's: the first member runs it
 
             def reduce_spanning(*operands: np.ndarray) -> Any:
-                total = batched_spanning.all_reduce(ctx, inst, group, rows_of(operands, here), combine, fingerprint)
+                partial = batched_spanning.partial_of(rows_of(operands, here), combine)
+                total = batched_spanning.all_reduce(ctx, inst, group, partial, combine, fingerprint)
                 return tuple(total) if as_tuple else total[0]
 
             return reduce_spanning

@@ -83,15 +83,20 @@ def may_diverge(analysis: Analysis, entry: str, stacks: tuple) -> bool:
                         analysis.root(branch, (values[inst.operands[k + 1]],))
 
 
-def all_reduce(ctx: Any, inst: Any, group: tuple[int, ...], rows: Sequence[tuple[np.ndarray, ...]],
-               combine: Any, fingerprint: Any) -> tuple[np.ndarray, ...]:
-    """The total of the spanning all-reduce `inst` over `group`: this process's members' `rows` (in
-    group order) reduced here, the partials of the processes combined by the leaders' step, run as
-    the first member (`ctx.fabrics[0]`)."""
+def partial_of(rows: Sequence[tuple[np.ndarray, ...]], combine: Any) -> tuple[np.ndarray, ...]:
+    """This process's members' operands (`rows`, in group order) reduced as the in-process leader
+    reduces them: the same operations in the same order. (A ufunc's `accumulate` over the replica
+    axis gives the same bits in one call, but took twice as long as this loop of one call a row.)"""
     if len(rows) == 1:
-        partial = tuple(np.array(v) for v in rows[0])
-    else:
-        partial = reduce_into(tuple(np.empty(v.shape, v.dtype) for v in rows[0]), rows, combine)
+        return tuple(np.array(v) for v in rows[0])
+    return reduce_into(tuple(np.empty(v.shape, v.dtype) for v in rows[0]), rows, combine)
+
+
+def all_reduce(ctx: Any, inst: Any, group: tuple[int, ...], partial: tuple[np.ndarray, ...],
+               combine: Any, fingerprint: Any) -> tuple[np.ndarray, ...]:
+    """The total of the spanning all-reduce `inst` over `group`: this process's `partial`
+    (`partial_of`) combined with the other processes' by the leaders' step, run as the first member
+    (`ctx.fabrics[0]`)."""
     fabric = ctx.fabrics[0]
     # The run can no longer fall back: it goes on the members' flight recorders now (as the unbatched
     # path records each collective when it runs), for a report made while this one waits.
