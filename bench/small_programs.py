@@ -15,8 +15,8 @@ Goals (issue 30): median <= 2x XLA on threads, <= 3x on Ray; the 1,500-trip loop
 
 `--compiled-loops` sets `REPLICAS_COMPILED_LOOPS` (replicas' per-element loops as machine code):
 `on` compiles a loop at its first call (the warm-up), so the timed calls run the machine code;
-`auto`, the default, compiles once a loop's Python time would pay for it, which a benchmark's few
-calls may not reach (the loop's compile time is printed when it happens).
+`auto`, the default, compiles once a loop's Python time would pay for it (a few calls of the
+Langevin loop), in the background, so with few `--calls` some timed calls may still run Python.
 """
 
 from __future__ import annotations
