@@ -15,7 +15,7 @@ numpy kernels instead.
 
 A compiled loop notices a cancel, timeout or deadlock abort at each trip's start, as the
 interpreter's loops do; the interpreter's `current` instruction stays the While's. A loop that runs
-long enough moves on to machine code with the same bits (`ops.machine`: numba compiles its trip).
+long enough moves on to machine code with the same bits (`ops.machine`: its trip emitted as LLVM IR).
 """
 
 from __future__ import annotations

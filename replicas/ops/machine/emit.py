@@ -1,7 +1,7 @@
 """A translated loop's trips (`machine.text`) as LLVM IR, compiled by llvmlite.
 
-numba compiled the same function too, but spent ~5 ms an op typing and lowering it (seconds for a
-threefry trip) where LLVM needs a tenth of that. `compile_trips` reads the `trips` function
+numba compiled the same function too, but its typing and lowering of every op cost many times what
+LLVM itself needs (bench/LOG-2026.md). `compile_trips` reads the `trips` function
 `machine.text` writes (a small subset of Python:
 int64, double and bool variables, arithmetic, compares, conditional expressions, named operations'
 calls, fixed-size scratch arrays for numpy's inner loops) and emits it as one LLVM function

@@ -1,10 +1,10 @@
 """A per-element While loop compiled to machine code once it has run long enough to pay for it.
 
 `compile_loop` (`ops.python_elements`) gives a While loop of small values as one generated Python
-function; its trip is hundreds of Python statements, each ~50 ns. `tiered` wraps that function:
+function; its trip is hundreds of Python statements. `tiered` wraps that function:
 calls run the Python code and add up its time (calls that end normally: one ended by an abort
-paid for nothing), and once that time passes what compiling would cost (~0.3 ms a statement of the
-trip), the loop's trip is translated (`ops.machine.text`) and compiled to LLVM IR
+paid for nothing), and once that time passes what compiling would cost (estimated by the trip's
+statements), the loop's trip is translated (`ops.machine.text`) and compiled to LLVM IR
 (`ops.machine.emit`, llvmlite) in a background thread while the replicas go on with the Python
 code, which keeps checking for aborts; the calls after it is ready run it as machine code with the
 same bits. Compiled code is shared by source within a process (every replica thread of a job).
