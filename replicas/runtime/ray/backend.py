@@ -23,6 +23,7 @@ from replicas.records import HOST, ReplicaState, replicas_text
 from replicas.runtime.compile import Executable, has_custom_calls
 from replicas.runtime.job import Backend
 from replicas.runtime.memory import check_peak
+from replicas.runtime.ray import state_columns
 from replicas.runtime.ray.driver_process import AUTHKEY, POOL, job_ended, new_job_token
 from replicas.runtime.ray.faults import actor_failure, doing_at, not_started, published, unplaceable, without_report
 from replicas.runtime.ray.persistent import PersistentJob
@@ -423,8 +424,8 @@ class RayBackend(PersistentJob, Backend):
         except ReplicaFailure as e:  # an actor died: on another host, its host's others with it
             raise host_lost(self._ray, e, refs, nodes, here, self._dead, self._dead - dead_before,
                             self._groups) from None
-        for states in parts:
-            out.extend(states)
+        for columns in parts:
+            out.extend(state_columns.decode(columns))
         self._last = {s.replica: s for s in out}
         return out
 

@@ -22,9 +22,9 @@ from typing import Any
 from replicas.diagnostics import host_output
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY, FlightRecorder
 from replicas.errors import ReplicaFailure, ReplicasError
-from replicas.records import HOST, ReplicaState
+from replicas.records import HOST
 from replicas.runtime.compile import Executable, runs_bounded_alone
-from replicas.runtime.ray import give_back, parking, reaper
+from replicas.runtime.ray import give_back, parking, reaper, state_columns
 from replicas.runtime.ray.faults import is_memory_error
 from replicas.runtime.ray.persistent_host import PersistentCalls
 from replicas.transport import board as shared_board
@@ -484,7 +484,8 @@ class ReplicaHost(PersistentCalls):
             box.deliver(src, key, value)
             self._ring_doorbell(dst, key)
 
-    def states(self) -> list[ReplicaState]:
+    def states(self) -> tuple:
+        """The hosted replicas' states, as columns (state_columns.py: `decode` gives the list)."""
         import ray
 
         if self._rings is not None:
@@ -498,7 +499,7 @@ class ReplicaHost(PersistentCalls):
             if fault is not None:
                 state.status, state.error = "failed", str(fault)
             out.append(state)
-        return out
+        return state_columns.encode(out)
 
     def results(self) -> dict[int, Any]:
         return {r: runner.result for r, runner in self._runners.items()}
