@@ -99,12 +99,16 @@ def _shard_map(f: Callable[..., Any], mesh: Any, in_specs: Any, out_specs: Any) 
     return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)  # as rp.jax.jit does
 
 
-def measure(entries: list[Entry], calls: int, rounds: int) -> dict[str, dict[str, float]]:
-    """Per program, per column: the best call over all rounds (columns interleaved per round)."""
+def measure(entries: list[Entry], calls: int, rounds: int, warm: float = 0.0) -> dict[str, dict[str, float]]:
+    """Per program, per column: the best call over all rounds (columns interleaved per round), after
+    one warm-up call per column, or calls for `warm` seconds (a loop compiled once it has run a while)."""
     times: dict[str, dict[str, float]] = {e.name: {} for e in entries}
     for e in entries:
         for fn in e.calls.values():
+            start = time.perf_counter()
             _fetch(fn())
+            while time.perf_counter() - start < warm:
+                _fetch(fn())
     for _ in range(rounds):
         for e in entries:
             for column, fn in e.calls.items():
@@ -161,7 +165,8 @@ def main() -> None:
         start = time.perf_counter()
         loop = Entry(name, f, args, n, specs, backends)
         print(f"{name}: compiled and first calls {time.perf_counter() - start:.1f} s")
-        t = measure([loop], max(2, ns.calls // 2), ns.rounds)[name]
+        # Warm as a sampler that runs on: replicas compile a loop after a few calls (`ops/machine`).
+        t = measure([loop], max(2, ns.calls // 2), ns.rounds, warm=2.0)[name]
         text = ", ".join(f"{c} {t[c] / t['xla']:.1f}x" for c in columns if c in t)
         from replicas.ops.machine.loops import compiled_loops
 
