@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from test_python_elements import FOREVER
 
 import replicas as rp
 from replicas.ops.machine import loops as machine_loops
@@ -191,33 +192,6 @@ def test_threefry_sampler_as_jax_writes_it_matches_xla_and_the_python_code(compi
     got = got[0] if isinstance(got, tuple) else got
     np.testing.assert_allclose(got, np.asarray(jax.jit(sampler)(jnp.asarray(key), jnp.asarray(x))), rtol=1e-5,
                                atol=1e-5)
-
-
-FOREVER = """HloModule forever
-
-cond {
-  c = (s32[], u32[2]) parameter(0)
-  ROOT t = pred[] constant(true)
-}
-
-body {
-  s = (s32[], u32[2]) parameter(0)
-  i = s32[] get-tuple-element(s), index=0
-  k = u32[2] get-tuple-element(s), index=1
-  one = s32[] constant(1)
-  i1 = s32[] add(i, one)
-  k1 = u32[2] xor(k, k)
-  k2 = u32[2] add(k1, k)
-  ROOT next = (s32[], u32[2]) tuple(i1, k2)
-}
-
-ENTRY main {
-  i0 = s32[] parameter(0)
-  k0 = u32[2] parameter(1)
-  s0 = (s32[], u32[2]) tuple(i0, k0)
-  ROOT w = (s32[], u32[2]) while(s0), condition=cond, body=body
-}
-"""
 
 
 def test_a_compiled_loop_stops_at_the_deadline_naming_its_while(compiled):
