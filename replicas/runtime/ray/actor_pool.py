@@ -54,11 +54,14 @@ class ActorPool:
         import ray
 
         pending, self._pending = self._pending, []
-        if not pending:
-            return
+        if not pending or not ray.is_initialized():
+            return  # (Ray was shut down: its actors went with it; asking would start a new Ray)
         refs = [ref for _, _, ref, _ in pending]
         left = max(0.0, max(deadline for _, _, _, deadline in pending) - time.monotonic())
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=left)
+        try:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=left)
+        except Exception:  # noqa: BLE001 - refs of a session that ended meanwhile: none is reused
+            ready = []
         self._sort_out([(actor, options) for actor, options, _, _ in pending], refs, set(ready))
 
     def note(self, actor: Any) -> dict[str, Any]:
