@@ -208,3 +208,43 @@ def test_other_types_and_reductions_give_the_unbatched_bits(t, op, dtype, monkey
     alone = run()
     for r, (y, z) in enumerate(zip(out, alone)):
         assert y.dtype == z.dtype == dtype and y.tobytes() == z.tobytes(), f"replica {r}"
+
+
+TUPLE = """\
+HloModule pair, replica_count={n}
+
+red {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  s = f32[] add(a, b)
+  half = f32[] constant(0.5)
+  ROOT h = f32[] multiply(s, half)
+}}
+
+ENTRY main {{
+  x = f32[8] parameter(0)
+  y = f32[4] parameter(1)
+  ROOT z = (f32[8], f32[4]) all-reduce(x, y), replica_groups={{}}, to_apply=red
+}}
+"""
+
+
+def test_a_tuple_all_reduce_with_a_computed_reduction_gives_the_unbatched_bits(monkeypatch):
+    placement = [0, 0, 0, 1, 1, 2, 2, 2]
+    n = len(placement)
+    xs = operands(n, 8)
+    rng = np.random.default_rng(9)
+    ys = [rng.standard_normal(4).astype(np.float32) for _ in range(n)]
+    m = compile_module(rp.parse_hlo(TUPLE.format(n=n)))
+
+    def run() -> list:
+        return Job(ThreadBackend(m, [[x, y] for x, y in zip(xs, ys)], placement=placement), None, timeout=60,
+                   host_may_send=False).result()
+
+    before = dict(batched.RUNS)
+    out = run()
+    assert batched.RUNS["batched"] - before["batched"] == 3
+    monkeypatch.setattr(batched, "ENABLED", False)
+    alone = run()
+    for r, (got, want) in enumerate(zip(out, alone)):
+        assert [v.tobytes() for v in got] == [v.tobytes() for v in want], f"replica {r}"
