@@ -79,6 +79,19 @@ def operands(n: int, e: int = 64) -> list[np.ndarray]:
     return [(rng.standard_normal(e) * 10.0 ** rng.integers(-4, 5, e)).astype(np.float32) for _ in range(n)]
 
 
+def batched_then_alone(m, args: list[list], placement: list[int], runs: int, monkeypatch) -> tuple[list, list]:
+    """The job's results as it runs (`runs` of its processes batched), then with batching off."""
+
+    def run() -> list:
+        return Job(ThreadBackend(m, args, placement=placement), None, timeout=60, host_may_send=False).result()
+
+    before = dict(batched.RUNS)
+    out = run()
+    assert batched.RUNS["batched"] - before["batched"] == runs
+    monkeypatch.setattr(batched, "ENABLED", False)
+    return out, run()
+
+
 def run_placed(n: int, placement: list[int], args: list[list]) -> list:
     m = rp.parse_hlo(LOOP.format(n=n, e=len(args[0][0])))
     return Job(ThreadBackend(compile_module(m), args, placement=placement), None, timeout=60,
@@ -196,16 +209,7 @@ def test_other_types_and_reductions_give_the_unbatched_bits(t, op, dtype, monkey
     xs = [raw[r].astype(dtype) if dtype in (np.float32, np.float64) else
           rng.integers(0 if dtype == np.uint32 else -128, 127, 16).astype(dtype) for r in range(n)]
     m = compile_module(rp.parse_hlo(REDUCE.format(n=n, t=t, op=op)))
-
-    def run() -> list:
-        return Job(ThreadBackend(m, [[x] for x in xs], placement=placement), None, timeout=60,
-                   host_may_send=False).result()
-
-    before = dict(batched.RUNS)
-    out = run()
-    assert batched.RUNS["batched"] - before["batched"] == 3
-    monkeypatch.setattr(batched, "ENABLED", False)
-    alone = run()
+    out, alone = batched_then_alone(m, [[x] for x in xs], placement, 3, monkeypatch)
     for r, (y, z) in enumerate(zip(out, alone)):
         assert y.dtype == z.dtype == dtype and y.tobytes() == z.tobytes(), f"replica {r}"
 
@@ -236,15 +240,6 @@ def test_a_tuple_all_reduce_with_a_computed_reduction_gives_the_unbatched_bits(m
     rng = np.random.default_rng(9)
     ys = [rng.standard_normal(4).astype(np.float32) for _ in range(n)]
     m = compile_module(rp.parse_hlo(TUPLE.format(n=n)))
-
-    def run() -> list:
-        return Job(ThreadBackend(m, [[x, y] for x, y in zip(xs, ys)], placement=placement), None, timeout=60,
-                   host_may_send=False).result()
-
-    before = dict(batched.RUNS)
-    out = run()
-    assert batched.RUNS["batched"] - before["batched"] == 3
-    monkeypatch.setattr(batched, "ENABLED", False)
-    alone = run()
+    out, alone = batched_then_alone(m, [[x, y] for x, y in zip(xs, ys)], placement, 3, monkeypatch)
     for r, (got, want) in enumerate(zip(out, alone)):
         assert [v.tobytes() for v in got] == [v.tobytes() for v in want], f"replica {r}"
