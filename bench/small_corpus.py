@@ -325,3 +325,6 @@ PROGRAMS: list[tuple[str, Any, list[Any], int, Any]] = [
 ]
 
 LANGEVIN = ("langevin_1500", langevin, [KEY, np.zeros(2, np.float32)], 1, ONE)
+# The same sampler as independent chains, one a replica (each its own key): data-parallel sampling.
+CHAINS = ("langevin_chains_2", lambda k, x: langevin(k[0], x[0])[None],
+          [np.stack([KEY, KEY ^ np.uint32(0x9E3779B9)]), np.zeros((2, 2), np.float32)], 2, S2)

@@ -2,9 +2,10 @@
 
 A corpus of typical small programs (optimizer updates, attention, scans, linalg, random, small
 SPMD steps; single-device and `shard_map` over 2 or 4 replicas) and one ~1,500-trip `fori_loop`
-of small ops (a Langevin sampler drawing its noise with threefry). Each is jitted by JAX and by
-`rp.jax.jit` (threads and Ray backends), called until warm, then timed as the best of `--calls`
-calls, the three interleaved round by round (the machine is shared). A call's outputs are fetched
+of small ops (a Langevin sampler drawing its noise with threefry), also as two independent chains,
+one a replica. Each is jitted by JAX and by `rp.jax.jit` (threads and Ray backends), called until
+warm, then timed as the best of `--calls` calls, the three interleaved round by round (the machine
+is shared). A call's outputs are fetched
 (`np.asarray`) on both sides. Also reported for single-device programs: the interpreter alone
 (`Interpreter.run` on the compiled module: the per-instruction cost without any call path).
 
@@ -34,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from common import load_average  # noqa: E402
-from small_corpus import LANGEVIN, PROGRAMS  # noqa: E402
+from small_corpus import CHAINS, LANGEVIN, PROGRAMS  # noqa: E402
 
 import replicas as rp  # noqa: E402
 from replicas.runtime.interpreter import Interpreter  # noqa: E402
@@ -160,8 +161,7 @@ def main() -> None:
         if r:
             worst = max(r, key=r.get)
             print(f"{c:8} {len(r):>8} {np.median(list(r.values())):7.2f}x {r[worst]:8.1f}x ({worst})")
-    if not ns.no_loop:
-        name, f, args, n, specs = LANGEVIN
+    for name, f, args, n, specs in [] if ns.no_loop else [LANGEVIN, CHAINS]:
         start = time.perf_counter()
         loop = Entry(name, f, args, n, specs, backends)
         print(f"{name}: compiled and first calls {time.perf_counter() - start:.1f} s")

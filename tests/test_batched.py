@@ -305,3 +305,43 @@ ENTRY main {
     finally:
         step.close()
     del jax
+
+
+CHAIN = """HloModule chain, replica_count=2
+""" + ADD + """
+cond {
+  s = (s32[], f32[2]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  bound = s32[] constant(TRIPS)
+  ROOT lt = pred[] compare(i, bound), direction=LT
+}
+
+body {
+  s = (s32[], f32[2]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  x = f32[2] get-tuple-element(s), index=1
+  one = s32[] constant(1)
+  j = s32[] add(i, one)
+  half = f32[2] constant({0.5, 0.25})
+  h = f32[2] multiply(x, half)
+  y = f32[2] sine(h)
+  ROOT next = (s32[], f32[2]) tuple(j, y)
+}
+
+ENTRY main {
+  x = f32[2] parameter(0)
+  zero = s32[] constant(0)
+  init = (s32[], f32[2]) tuple(zero, x)
+  w = (s32[], f32[2]) while(init), condition=cond, body=body
+  y = f32[2] get-tuple-element(w), index=1
+  ROOT total = f32[2] all-reduce(y), replica_groups={}, to_apply=add
+}
+"""
+
+
+@pytest.mark.parametrize("trips, expect", [(300, "none"), (8, "batched")])
+def test_a_long_loop_of_a_few_numbers_runs_replica_by_replica(monkeypatch, trips, expect):
+    """Its members' loops then run as per-element (or machine) code instead of numpy calls on stacked
+    rows every trip; a short loop (threefry's rounds in a training step) stays batched. The same
+    bits either way."""
+    run_both(monkeypatch, CHAIN.replace("TRIPS", str(trips)), per_replica(2, (2,), seed=6), 2, expect=expect)

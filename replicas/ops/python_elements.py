@@ -149,6 +149,11 @@ def _default_layout(shape: Shape) -> bool:
     return shape.layout is None or shape.layout.minor_to_major == tuple(range(shape.rank - 1, -1, -1))
 
 
+def small_state(inst: Instruction) -> bool:
+    """Whether the While `inst` keeps its whole state as Python numbers (`compile_loop` may take it)."""
+    return _small(inst.shape)
+
+
 def _small(shape: Shape) -> bool:
     return all(_elemental(s) for s in _leaves(shape))
 

@@ -48,6 +48,7 @@ from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.ops.elementwise_util import SUB_BYTE_WIDE
 from replicas.records import BATCHED_OPCODE, BlockInfo
 from replicas.runtime import batched_spanning
+from replicas.runtime.alone_loops import loops_run_alone
 from replicas.runtime.batched_kernels import kernel_for
 from replicas.runtime.bound import GENERATED, BoundComputation
 from replicas.runtime.codegen import straight_line
@@ -454,7 +455,7 @@ def plan(executable: Executable, replica_id: int, num_replicas: int, placement: 
                 module = executable.module
                 # A program that cannot wait may run its replicas one after the other in one thread
                 # (threads: `runs_quickly`; a Ray actor's persistent calls): its members would never meet.
-                ok = batchable(module) and not runs_bounded_alone(executable)
+                ok = batchable(module) and not runs_bounded_alone(executable) and not loops_run_alone(module)
                 within = ok and groups_within(module, members, num_replicas)
                 spanning = ok and not within and batched_spanning.spans(module, members, num_replicas)
                 found = _plans.put(key, (members, members if within or spanning else (), spanning))
