@@ -53,6 +53,7 @@ def _bound(module: Module, inst: Instruction) -> int | None:
 
 
 def _talks(module: Module, inst: Instruction) -> bool:
+    """Whether the While's condition or body (or what they call) has an op of `_SHARED`."""
     seen: set[str] = set()
     todo = [inst.attrs["condition"], inst.attrs["body"]]
     while todo:
