@@ -347,6 +347,8 @@ def stop(name: str) -> None:
         _sh("ip", "link", "del", host.veth, check=False)
     _sh("ip", "link", "del", cluster.bridge, check=False)
     shutil.rmtree(cluster.directory, ignore_errors=True)
+    with contextlib.suppress(OSError):  # the last cluster leaves no folder behind (another's stays)
+        BASE.rmdir()
 
 
 def status(name: str) -> list[dict[str, object]]:
