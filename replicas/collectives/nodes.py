@@ -152,7 +152,7 @@ def all_gather(ex: Exchange, parts: list[Values], result: GatherResult) -> Value
         return ex.scatter_local(None, shared(ex.recv_one(node.leader, OUT), topo))
     peers = [node.leaders[m] for m in node.others]
     pieces = [[(i, 1, part) for i, part in zip(topo.local, parts)], *ex.recv(node.peers, IN)]
-    finish = ex.send_stream(peers, [_round(k) for k in range(len(pieces))], pieces)
+    finish = ex.send_stream(peers, _rounds(len(pieces)), pieces)
     result.own()
     for items in pieces[1:]:
         place_items(result, items, topo.local)

@@ -361,7 +361,6 @@ class BatchedProgram:
         member, whose fabric is `fabrics[0]`)."""
         stacks, values = [], []
         inputs: set[int] = set()
-        self.ctx.spanned = 0
         if _bytes_to_stack(per_member) > STACK_BYTES:
             raise Divergent  # each member runs on its own arguments instead of copies of them all
         for j in range(len(per_member[0])):
