@@ -3,6 +3,7 @@ the replicas as `rp.Array`s; a training loop gives what the same loop gives unde
 
 from __future__ import annotations
 
+import importlib
 import os
 import select
 
@@ -117,6 +118,31 @@ def test_a_new_signature_compiles_again_and_static_arguments_are_keys():
     assert step.cache_size() == 3
     with pytest.raises(ProgramError, match="hashable"):
         step(v, [2])
+
+
+def test_signatures_beyond_the_cache_bound_compile_again_and_the_one_called_all_along_stays(monkeypatch):
+    # `replicas.jax.jit` the attribute is the function: the module by its name
+    monkeypatch.setattr(importlib.import_module("replicas.jax.jit"), "CACHE_SIZE", 2)
+    traced = []
+
+    def double(v):
+        traced.append(v.shape)  # once per compile
+        return v * 2
+
+    step = rp.jax.jit(double, backend="threads")
+    a = np.arange(4, dtype=np.float32)
+    for n in (5, 6, 7):  # other signatures come and go between calls of `a`'s
+        for _ in range(2):  # the second call of a signature takes the quick path
+            np.testing.assert_array_equal(np.asarray(step(a)), a * 2)
+            np.testing.assert_array_equal(np.asarray(step(np.ones(n, np.float32))), np.full(n, 2))
+    assert traced.count((4,)) == 1 and step.cache_size() == 2
+    np.testing.assert_array_equal(np.asarray(step(np.ones(5, np.float32))), np.full(5, 2))  # evicted: again
+    np.testing.assert_array_equal(np.asarray(step(np.ones(5, np.float32))), np.full(5, 2))
+    assert traced.count((5,)) == 2 and step.cache_size() == 2
+    np.testing.assert_array_equal(np.asarray(step(np.arange(4, dtype=np.int32))), np.arange(4) * 2)  # a dtype
+    np.testing.assert_array_equal(np.asarray(step(a)), a * 2)
+    assert traced == [(4,), (5,), (6,), (7,), (5,), (4,), (4,)]
+    step.close()
 
 
 def test_a_donated_array_is_deleted_by_the_call():

@@ -27,7 +27,7 @@ from replicas.jax.divergence import check_jax_outputs, checked_tolerance
 from replicas.jax.program import JaxProgram, _indices, _jax, _output_leaves, compile_jax, run_compiled
 from replicas.runtime.job import checked_executable
 from replicas.runtime.options import LaunchOptions
-from replicas.runtime.resident import Array, Kept, same_index
+from replicas.runtime.resident import Array, Kept, gather_replicas, same_index
 from replicas.runtime.session import Session
 
 # Options of a jitted function's job: every option of `rp.run` (`trace`: written when the job ends,
@@ -48,8 +48,15 @@ class Compiled:
     out_index: list[list[tuple]]  # per flattened output
     donated: frozenset[int]  # flattened argument positions donated to the call
     # Per flattened output, what its `Array` is made of (computed once: a call only adds the shards).
-    out_meta: list[tuple[tuple[int, ...], np.dtype, list[tuple], Any]]
+    out_meta: list[tuple[tuple[int, ...], np.dtype, list[tuple], Any, tuple[int, ...]]]
     checked: bool  # some output is declared replicated: the replicas' copies are compared each call
+    in_whole: list[bool]  # per flattened argument: every replica takes the whole value
+    out_leaf: bool  # the function returns one array, not a tree of them
+    evicted: bool = False  # dropped from the cache (its session closed): the quick path must not call it
+
+    def evict(self) -> None:
+        self.evicted = True
+        self.session.close()
 
 
 class JitFunction:
@@ -72,12 +79,22 @@ class JitFunction:
         self._tolerance = checked_tolerance(options.pop("replicated_tolerance", 0.0))
         self._options = LaunchOptions.of(**options)
         self._cache: Cache[Compiled] = Cache(f"rp.jax.jit {getattr(f, '__qualname__', f)}", CACHE_SIZE,
-                                             on_evict=lambda old: old.session.close())
+                                             on_evict=Compiled.evict)
         self._last: Compiled | None = None  # the signature called last (`progress`, `write_trace`)
+        # The last signature's (quick key, compiled) when its arguments were plain arrays: the
+        # next call of plain arrays of the same shapes and dtypes takes it without flattening a tree,
+        # building the cache key or looking it up (most of a small program's call).
+        self._quick: tuple[tuple, Compiled] | None = None
         functools.update_wrapper(self, f)
 
     # -- calling ----------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
+        quick = self._quick
+        if quick is not None:
+            compiled = quick[1]
+            # The quick signature is always the cache's most recently used: its hits need no `get`.
+            if not compiled.evicted and _quick_key(args, self._in_specs is not None) == quick[0]:
+                return self._call(compiled, args)
         jax = _jax()
         statics, dynamic = self._split_static(args)
         leaves, tree = jax.tree_util.tree_flatten(list(dynamic))
@@ -86,6 +103,11 @@ class JitFunction:
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self._compile(args, statics, dynamic, leaves, key)
+        quick_key = None if statics else _quick_key(args, by_specs)
+        self._quick = None if quick_key is None else (quick_key, compiled)
+        return self._call(compiled, leaves)
+
+    def _call(self, compiled: Compiled, leaves: Sequence[Any]) -> Any:
         self._last = compiled
         per_replica = self._shards(compiled, leaves)
         seq, results = compiled.session.call(per_replica, len(compiled.out_meta))
@@ -134,7 +156,8 @@ class JitFunction:
         out_index = [_indices(s, tuple(a.shape), n) for s, a in zip(program.out_shardings, program.out_avals)]
         # An output placed as some argument is the same list: passed back, one `is` says it fits.
         out_index = [next((i for i in in_index if same_index(i, o)), o) for o in out_index]
-        out_meta = [(physical_shape(a.shape, a.dtype), np.dtype(physical_dtype(a.dtype)), index, sharding)
+        out_meta = [(physical_shape(a.shape, a.dtype), np.dtype(physical_dtype(a.dtype)), index, sharding,
+                     gather_replicas(index))
                     for a, index, sharding in zip(program.out_avals, out_index, program.out_shardings)]
         checked = self._tolerance is not None and n > 1 and any(
             s is None or getattr(s, "is_fully_replicated", False) for s in program.out_shardings)
@@ -143,51 +166,61 @@ class JitFunction:
         session = Session(checked_executable(program.module, n), n, options)
         owners = [j for j, a in enumerate(dynamic) for _ in jax.tree_util.tree_leaves(a)]
         donated = frozenset(i for i, j in enumerate(owners) if j in donate)
-        compiled = Compiled(program, session, in_index, out_index, donated, out_meta, checked)
+        in_whole = [all(all(s == slice(None) for s in ix) for ix in index) for index in in_index]
+        out_leaf = program.out_tree.num_nodes == 1 and program.out_tree.num_leaves == 1
+        compiled = Compiled(program, session, in_index, out_index, donated, out_meta, checked, in_whole, out_leaf)
         self._cache.put(key, compiled)
         return compiled
 
-    def _shards(self, compiled: Compiled, leaves: list[Any]) -> list[list[Any]]:
+    def _shards(self, compiled: Compiled, leaves: Sequence[Any]) -> list[list[Any]]:
         """Each replica's arguments: a resident array's own shards, a host value's split."""
         program, session = compiled.program, compiled.session
         n = program.num_replicas
         per_replica: list[list[Any]] = [[] for _ in range(n)]
-        for i, (leaf, index, dtype) in enumerate(zip(leaves, compiled.in_index, program.arg_dtypes)):
-            if isinstance(leaf, Array):
-                leaf.check_alive(f"argument {i}")
-                if leaf.dtype == dtype and (leaf.index is index or same_index(leaf.index, index)):
-                    if leaf.home is session and session.holds(leaf.key):
-                        kept = Kept(leaf.key[1], leaf.key[2])  # where it is: nothing moves
-                        for p in range(n):
-                            per_replica[p].append(kept)
-                        continue
-                    local = leaf.local_shards()
-                    if local is not None:
-                        for p in range(n):
-                            per_replica[p].append(local[p])
-                        continue
-                leaf = leaf.value()
-            value = host_value(leaf, dtype)
-            whole = tuple(slice(None) for _ in value.shape)
-            for p in range(n):
-                if index[p] == whole:
-                    per_replica[p].append(value)
-                else:
+        for i, (leaf, index, dtype, whole) in enumerate(zip(leaves, compiled.in_index, program.arg_dtypes,
+                                                           compiled.in_whole)):
+            if type(leaf) is np.ndarray:  # the usual host argument: host_value's checks, inline
+                value = leaf if leaf.dtype == dtype else leaf.astype(dtype)
+            else:
+                if isinstance(leaf, Array):
+                    leaf.check_alive(f"argument {i}")
+                    if leaf.dtype == dtype and (leaf.index is index or same_index(leaf.index, index)):
+                        if leaf.home is session and session.holds(leaf.key):
+                            kept = Kept(leaf.key[1], leaf.key[2])  # where it is: nothing moves
+                            for p in range(n):
+                                per_replica[p].append(kept)
+                            continue
+                        local = leaf.local_shards()
+                        if local is not None:
+                            for p in range(n):
+                                per_replica[p].append(local[p])
+                            continue
+                    leaf = leaf.value()
+                value = host_value(leaf, dtype)
+            if whole:
+                for row in per_replica:
+                    row.append(value)
+            else:
+                for p in range(n):
                     per_replica[p].append(np.ascontiguousarray(value[index[p]]))
         return per_replica
 
     def _outputs(self, compiled: Compiled, seq: int, results: list[Any]) -> Any:
-        program, session = compiled.program, compiled.session
+        session = compiled.session
         meta = compiled.out_meta
         resident = session.resident
         per_replica = results if resident else [_output_leaves(r, len(meta)) for r in results]
         outputs = []
-        for i, (shape, dtype, index, sharding) in enumerate(meta):
+        for i, (shape, dtype, index, sharding, gather) in enumerate(meta):
             shards = [part[i] for part in per_replica]
-            here = None if any(s is None for s in shards) else shards  # came back with the reply (or here)
-            key = (session.job, seq, i) if resident else None
-            outputs.append(Array(shape, dtype, index, shards=here, home=session, key=key, sharding=sharding))
-        return program.out_tree.unflatten(outputs)
+            if resident:
+                here = None if any(s is None for s in shards) else shards  # came back with the reply
+                key = (session.job, seq, i)
+            else:
+                here, key = shards, None
+            outputs.append(Array(shape, dtype, index, shards=here, home=session, key=key, sharding=sharding,
+                                 gather=gather))
+        return outputs[0] if compiled.out_leaf else compiled.program.out_tree.unflatten(outputs)
 
     # -- what a one-shot job offers ----------------------------------------------------------------
     def _last_session(self) -> Session:
@@ -221,7 +254,7 @@ class JitFunction:
     def close(self) -> None:
         """End every compiled signature's job and forget the compiles."""
         self._cache.clear()
-        self._last = None
+        self._last = self._quick = None
 
 
 def jit(f: Callable[..., Any] | None = None, *, num_replicas: int | None = None, mesh: Any = None,
@@ -287,6 +320,20 @@ def _positions(numbers: Sequence[int] | int, what: str) -> set[int]:
             raise ProgramError(f"{what} must be non-negative argument positions, got {k!r}")
         out.add(int(k))
     return out
+
+
+def _quick_key(args: tuple, by_specs: bool) -> tuple | None:
+    """The arguments' shapes and dtypes when each is a numpy array (or, `by_specs`, an `rp.Array`, whose
+    signature is then the same), else None: for such arguments, equal quick keys are equal cache keys
+    (each is its own leaf of the same tree, `_signature` reads only these)."""
+    key: list[Any] = []
+    for a in args:
+        t = type(a)
+        if t is not np.ndarray and not (t is Array and by_specs):
+            return None
+        key.append(a.shape)
+        key.append(a.dtype)
+    return tuple(key)
 
 
 def _signature(leaf: Any, by_specs: bool) -> Hashable:

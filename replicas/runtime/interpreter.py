@@ -145,9 +145,9 @@ class Interpreter:
             _ERRORS.reset(token)
 
     def _execute(self, values: Sequence[Any]) -> Any:
-        fabric = self.slot.current
-        members = self._batched_members(fabric)
+        members = None if self.num_replicas < 2 else self._batched_members(self.slot.current)
         if members is not None:
+            fabric = self.slot.current
             out = batched.run(self.executable, members, fabric, values)
             if out is not batched.FALLBACK:
                 return out

@@ -46,14 +46,15 @@ class Array:
     """
 
     __slots__ = ("shape", "dtype", "index", "home", "key", "sharding", "_shards", "_value", "_deleted",
-                 "__weakref__")
+                 "_gather", "__weakref__")
     __array_priority__ = 100
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype, index: Sequence[tuple[slice, ...]],
-                 shards: list[Any] | None = None, home: Home | None = None, key: Any = None,
-                 sharding: Any = None) -> None:
-        self.shape = tuple(shape)
-        self.dtype = np.dtype(dtype)
+                 shards: Sequence[Any] | None = None, home: Home | None = None, key: Any = None,
+                 sharding: Any = None, gather: tuple[int, ...] | None = None) -> None:
+        """`gather`: `gather_replicas(index)`, when the caller has it (a call's outputs: once per program)."""
+        self.shape = shape if type(shape) is tuple else tuple(shape)
+        self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self.index = index if type(index) is list else list(index)  # per replica: its shard's place
         self.home = home
         self.key = key  # the shards' name in `home` when they are not held here
@@ -61,6 +62,7 @@ class Array:
         self._shards = shards  # per replica, when they live in this process (threads)
         self._value: np.ndarray | None = None
         self._deleted = False
+        self._gather = gather
 
     # -- what a numpy user expects ------------------------------------------------------------------
     @property
@@ -141,10 +143,9 @@ class Array:
         """The global array (gathered once, then kept: read-only)."""
         self.check_alive()
         if self._value is None:
-            first: dict[tuple, int] = {}  # one replica per distinct shard
-            for r, index in enumerate(self.index):
-                first.setdefault(_key(index), r)
-            replicas = list(first.values())
+            replicas = self._gather
+            if replicas is None:
+                replicas = self._gather = gather_replicas(self.index)
             shards = self.shards(replicas)
             if len(replicas) == 1 and np.shape(shards[0]) == self.shape:
                 out = np.array(shards[0], dtype=self.dtype)
@@ -162,6 +163,14 @@ class Array:
                 self.home.forget(self.key)
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing to free any more
             pass
+
+
+def gather_replicas(index: Sequence[tuple[slice, ...]]) -> tuple[int, ...]:
+    """The replicas a gather reads: the first of those holding each distinct shard."""
+    first: dict[tuple, int] = {}
+    for r, place in enumerate(index):
+        first.setdefault(_key(place), r)
+    return tuple(first.values())
 
 
 def _key(index: tuple[slice, ...]) -> tuple:
