@@ -106,8 +106,13 @@ NODE_CASES = [  # (n, groups, placement, the node of each process): collectives/
 ]
 
 
+@pytest.mark.parametrize("local_direct", [False, True])
 @pytest.mark.parametrize("n,groups,placement,process_nodes", NODE_CASES)
-def test_every_collective_across_nodes(n, groups, placement, process_nodes):
+def test_every_collective_across_nodes(n, groups, placement, process_nodes, local_direct, monkeypatch):
+    """`local_direct`: a node's processes other than its leader exchange their all-to-all chunks
+    directly (large chunks), or through the leader (small ones)."""
+    if local_direct:
+        monkeypatch.setattr(selector, "THRESHOLDS", replace(selector.THRESHOLDS, local_direct_min_bytes=0))
     m = program(n, groups)
     args = inputs(n, groups, seed=3)
     nodes = [process_nodes[placement[r]] for r in range(n)]
@@ -115,6 +120,10 @@ def test_every_collective_across_nodes(n, groups, placement, process_nodes):
     check_against_numpy(out, args, groups)
     again = run_placed(m, args, placement, nodes)
     assert [[bits(v) for v in o] for o in again] == [[bits(v) for v in o] for o in out]
+    if len(set(process_nodes)) <= 8:  # the node leaders: a reduce-scatter sums as the all-reduce does
+        for group in groups or [list(range(n))]:
+            for i, r in enumerate(group):
+                assert bits(out[r][4]) == bits(np.ascontiguousarray(out[r][0][:, 6 * i:6 * i + 6]))
 
 
 @pytest.mark.parametrize("streamed", [False, True])

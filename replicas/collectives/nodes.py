@@ -173,8 +173,10 @@ def _round(k: int) -> int:
 # -- reduce-scatter --------------------------------------------------------------------------------
 
 def reduce_scatter(ex: Exchange, parts: list[Values], dim: int, combine: Combine) -> Values:
-    """The node leader reduces its node's partial of the whole buffer, sends each other node leader
-    the chunks of that node's members, and reduces its node's members' chunks in node order."""
+    """The node leader reduces, chunk by chunk, the node's partial of the other nodes' members'
+    chunks first and sends each other node leader its members' chunks; while they travel it reduces
+    its own members' chunks, then adds the other nodes' partials in node order and hands each of its
+    node's processes its members' results as soon as they are done (the leader's own last)."""
     topo = ex.topo
     layout = topo.layout
     node = _Node(topo)
@@ -182,21 +184,32 @@ def reduce_scatter(ex: Exchange, parts: list[Values], dim: int, combine: Combine
     if not node.is_leader:
         ex.send(node.leader, IN, acc)
         return ex.scatter_local(ex.recv_one(node.leader, OUT))
-    partial = reduce_pooled(ex, [acc, *ex.recv(node.peers, IN)], combine) if node.peers else acc
-    chunks = chunks_of(partial, len(topo.group), dim)
+    partials = [acc, *ex.recv(node.peers, IN)]  # the node's processes' partials, in process order
+    count = len(topo.group)
+    cut = [chunks_of(p, count, dim) for p in partials]
+    pool = pool_of(ex.fabric)
+
+    def node_partial(i: int) -> Values:
+        return reduce_pooled(ex, [c[i] for c in cut], combine)
+
     peers = [node.leaders[m] for m in node.others]
     for m, r in zip(node.others, peers):
-        ex.send(r, ACROSS, [chunks[i] for i in _members(topo, m)])
+        ex.send(r, ACROSS, [node_partial(i) for i in _members(topo, m)])
+    members = _members(topo, node.node)
+    own = [node_partial(i) for i in members]
     got = ex.recv(peers, ACROSS)
-    pool = pool_of(ex.fabric)
-    results: dict[int, Values] = {}
-    for j, i in enumerate(_members(topo, node.node)):
+    index = {i: j for j, i in enumerate(members)}
+
+    def result(i: int) -> Values:
+        j = index[i]
         specs = [g[j] for g in got]
-        specs.insert(node.node, chunks[i])
-        results[i] = reduce_into(tuple(pool.empty(c.shape, c.dtype) for c in chunks[i]), specs, combine)
+        specs.insert(node.node, own[j])
+        out = tuple(pool.empty(c.shape, c.dtype) for c in own[j])
+        return reduce_into(out, specs, combine)
+
     for q, r in zip(node.processes[1:], node.peers):
-        ex.send(r, OUT, [results[i] for i in layout.processes[q]])
-    return ex.scatter_local([results[i] for i in topo.local])
+        ex.send(r, OUT, [result(i) for i in layout.processes[q]])
+    return ex.scatter_local([result(i) for i in topo.local])
 
 
 # -- all-to-all ------------------------------------------------------------------------------------
@@ -205,8 +218,10 @@ def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], di
     """Every process's chunks for other nodes go through the node leaders: the node's processes
     hand theirs to their node leader, which sends each other node leader one bundle (what its node
     sends that node) and hands each of its processes what the others sent it. Between two processes
-    of one node that are not its leader, the chunks go directly (a leader would copy them once more:
-    what it forwards from another process's arena is not in its own)."""
+    of one node that are not its leader, chunks of `Thresholds.local_direct_min_bytes` or more go
+    directly (a leader would copy them once more: what it forwards from another process's arena is
+    not in its own); smaller ones go through the leader too, in the messages it sends anyway (each
+    direct message is one more wake-up of both processes, which costs more than the copy)."""
     topo = ex.topo
     layout = topo.layout
     node = _Node(topo)
@@ -215,8 +230,9 @@ def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], di
     # tuples, never dicts: a message's arrays go through the node's shared memory only inside those.)
     outgoing = [None if q == pos else [c[j] for c in chunks for j in layout.processes[q]]
                 for q in range(len(layout.leaders))]
+    local_direct = sum(c.nbytes for c in chunks[0][0]) >= THRESHOLDS.local_direct_min_bytes
     if not node.is_leader:
-        direct = [q for q in node.processes[1:] if q != pos]
+        direct = [q for q in node.processes[1:] if q != pos] if local_direct else []
         mine = [outgoing[q] for q in direct]
         for q in direct:
             outgoing[q] = None
@@ -232,7 +248,7 @@ def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], di
         if placer is not None:
             placer.expect(ex.seq)
         try:
-            got = _route_across(ex, node, outgoing)
+            got = _route_across(ex, node, outgoing, local_direct)
         finally:
             if placer is not None:
                 placer.done(ex.seq)
@@ -245,9 +261,10 @@ def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], di
     return hand_out_all_to_all(ex, parts, out, dim)
 
 
-def _route_across(ex: Exchange, node: _Node, outgoing: list[Any]) -> list[tuple[int, Any]]:
+def _route_across(ex: Exchange, node: _Node, outgoing: list[Any], local_direct: bool) -> list[tuple[int, Any]]:
     """On a node leader: the node's processes' chunks exchanged with the other node leaders and
-    handed to the node's other processes; what this process was sent, by source process."""
+    handed to the node's other processes; what this process was sent, by source process.
+    `local_direct`: the node's other processes exchanged their chunks among themselves."""
     layout = ex.topo.layout
     pos = ex.topo.position
     sent = {pos: outgoing}
@@ -256,8 +273,10 @@ def _route_across(ex: Exchange, node: _Node, outgoing: list[Any]) -> list[tuple[
     peers = [node.leaders[m] for m in node.others]
     for m, r in zip(node.others, peers):
         ex.send(r, ACROSS, [(p, q, sent[p][q]) for p in node.processes for q in layout.nodes[m]])
-    # Within the node only what this process sends or is sent: the others exchange theirs directly.
-    arrived = [(p, q, sent[p][q]) for p in node.processes for q in node.processes if p != q and pos in (p, q)]
+    # Within the node what this process sends or is sent, and, unless they exchanged theirs
+    # directly, what the other processes send each other.
+    arrived = [(p, q, sent[p][q]) for p in node.processes for q in node.processes
+               if p != q and (pos in (p, q) or not local_direct)]
     for bundle in ex.recv(peers, ACROSS):
         arrived.extend(bundle)
     for q, r in zip(node.processes[1:], node.peers):

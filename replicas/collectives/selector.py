@@ -89,6 +89,10 @@ class Thresholds:
     # Across nodes, a node leader sends a buffer larger than this as a stream of chunks of this size
     # from a thread of its own, and reduces each chunk it receives while the next ones travel.
     stream_chunk_bytes: int = 2 << 20
+    # Across nodes, two processes of a node that are not its leader exchange their all-to-all
+    # chunks directly from this size of a chunk (below, through the node leader, which copies them:
+    # a direct message is one more wake-up of each, which costs more than the copy of a small chunk).
+    local_direct_min_bytes: int = 1 << 20
 
 
 THRESHOLDS = Thresholds()  # tests replace it (`dataclasses.replace`) to reach a unit at small sizes
