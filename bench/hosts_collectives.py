@@ -2,7 +2,7 @@
 benchmark, never a test; needs root and iproute2, as `replicas cluster` does).
 
     sudo python bench/hosts_collectives.py [--replicas 4,8] [--sizes 4KiB,1MiB,16MiB,64MiB]
-                                           [--ops all-reduce,...] [--repeat 3] [--skip gloo,mpi]
+                                           [--ops all-reduce,...] [--repeat 3] [--rounds 1] [--skip gloo,mpi]
                                            [--rate 1gbit] [--delay 1ms] [--loss 5%]
 
 Two hosts (replicas/cluster/hosts.py: each its own network, mount and UTS namespace and Ray node);
@@ -223,12 +223,81 @@ def anchor_time(anchor: dict | None, op: str, nbytes: int) -> float | None:
     return anchor.get("results", {}).get(op, {}).get(str(nbytes))
 
 
+def _replicas_round(cluster, n: int, a: argparse.Namespace) -> dict:
+    from replicas.cluster import hosts
+
+    argv = [sys.executable, os.path.abspath(__file__), "--child", "--n", str(n), "--ops", a.ops,
+            "--sizes", a.sizes, "--repeat", str(a.repeat)]
+    proc = hosts.run_in(cluster, 0, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=a.timeout)
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        raise SystemExit(f"the replicas' driver failed (exit {proc.returncode}): {err[-2000:]}")
+    return json.loads(lines[-1])["results"]
+
+
+def _measure(cluster, n: int, ops: list[str], sizes: list[int], a: argparse.Namespace, skip: set[str],
+             started: str) -> None:
+    """`--rounds` rounds of the replicas, gloo and MPI in turn (a slow period of the machine then
+    falls on every column alike); a cell is the median over every round's samples, and the ratio's
+    range is that of the rounds' own ratios."""
+    mine: dict[tuple[str, int], list[float]] = {}
+    anchors: dict[tuple[str, str, int], list[float]] = {}
+    per_round: list[dict[tuple[str, int], float]] = []
+    notes = {"gloo": "skipped", "mpi": "skipped"}
+    loads = [load_average().split()[0]]  # the last minute's, around each round
+    for _ in range(a.rounds):
+        got = _replicas_round(cluster, n, a)
+        ratios: dict[tuple[str, int], float] = {}
+        results = {}
+        for which, measure in (("gloo", gloo_anchor), ("mpi", mpi_anchor)):
+            if which not in skip:
+                results[which], note = measure(cluster, n, ops, sizes, a.timeout)
+                notes[which] = note or "ran"
+        for op in ops:
+            for nbytes in sizes:
+                samples = got[op][str(nbytes)]
+                mine.setdefault((op, nbytes), []).extend(samples)
+                peers = []
+                for which, anchor in results.items():
+                    t = anchor_time(anchor, op, nbytes)
+                    if t:
+                        anchors.setdefault((which, op, nbytes), []).append(t)
+                        peers.append(t)
+                if peers:
+                    ratios[(op, nbytes)] = Timing(samples).median / min(peers)
+        per_round.append(ratios)
+        loads.append(load_average().split()[0])
+    links = ", ".join(filter(None, (a.rate, a.delay, a.loss and f"loss {a.loss}"))) or "unshaped"
+    print(f"\nN={n} over 2 hosts ({started}; {a.rounds} round(s), load {' -> '.join(loads)}; links {links}); "
+          f"gloo: {notes['gloo']}; MPI: {notes['mpi']}")
+    print("| op | size | replicas | gloo | MPI | ratio (rounds) | link model | vs model |")
+    print("|---|---|---|---|---|---|---|---|")
+    for op in ops:
+        for nbytes in sizes:
+            timing = Timing(mine[(op, nbytes)])
+            cols = {w: anchors.get((w, op, nbytes)) for w in ("gloo", "mpi")}
+            best = [Timing(v).median for v in cols.values() if v]
+            ratio = "-"
+            if best:
+                rs = [r[(op, nbytes)] for r in per_round if (op, nbytes) in r]
+                ratio = f"{timing.median / min(best):.2f}x" + (f" ({min(rs):.2f}-{max(rs):.2f})" if len(rs) > 1 else "")
+            model = model_seconds(op, nbytes, n, rate_bits(a.rate), delay_seconds(a.delay))
+            versus = f"{timing.median / model:.2f}x" if model else "-"
+            print(f"| {op} | {size_label(nbytes)} | {timing.text()} | "
+                  f"{Timing(cols['gloo']).text() if cols['gloo'] else '-'} | "
+                  f"{Timing(cols['mpi']).text() if cols['mpi'] else '-'} | "
+                  f"{ratio} | {fmt_time(model) if model else '-'} | {versus} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", default="4,8")
     parser.add_argument("--sizes", default="4KiB,1MiB,16MiB,64MiB")
     parser.add_argument("--ops", default=",".join(OPS))
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3, help="differenced samples per cell and round")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="the replicas and the anchors measured this many times in turn")
     parser.add_argument("--skip", default="", help="anchors to leave out: gloo,mpi")
     parser.add_argument("--rate", default=None, help="shape each link: its bandwidth, as tc says it (1gbit)")
     parser.add_argument("--delay", default=None, help="shape each link: one-way delay (tc netem: 1ms)")
@@ -252,34 +321,10 @@ def main() -> None:
     ns = [int(v) for v in a.replicas.split(",")]
     name = f"b{secrets.token_hex(2)}"
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    load_before = load_average()
     cluster = hosts.start(name, 2, cpus=max(ns) // 2, rate=a.rate, delay=a.delay, loss=a.loss)
     try:
         for n in ns:
-            argv = [sys.executable, os.path.abspath(__file__), "--child", "--n", str(n), "--ops", a.ops,
-                    "--sizes", a.sizes, "--repeat", str(a.repeat)]
-            proc = hosts.run_in(cluster, 0, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            out, err = proc.communicate(timeout=a.timeout)
-            lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-            if proc.returncode or not lines:
-                raise SystemExit(f"the replicas' driver failed (exit {proc.returncode}): {err[-2000:]}")
-            mine = json.loads(lines[-1])["results"]
-            gloo, gloo_note = (None, "skipped") if "gloo" in skip else gloo_anchor(cluster, n, ops, sizes, a.timeout)
-            mpi, mpi_note = (None, "skipped") if "mpi" in skip else mpi_anchor(cluster, n, ops, sizes, a.timeout)
-            links = ", ".join(filter(None, (a.rate, a.delay, a.loss and f"loss {a.loss}"))) or "unshaped"
-            print(f"\nN={n} over 2 hosts ({started}; load {load_before} -> {load_average()}; links {links}); "
-                  f"gloo: {gloo_note or 'ran'}; MPI: {mpi_note or 'ran'}")
-            print("| op | size | replicas | gloo | MPI | ratio | link model |")
-            print("|---|---|---|---|---|---|---|")
-            for op in ops:
-                for nbytes in sizes:
-                    timing = Timing(mine[op][str(nbytes)])
-                    peers = [t for t in (anchor_time(gloo, op, nbytes), anchor_time(mpi, op, nbytes)) if t]
-                    ratio = f"{timing.median / min(peers):.2f}x" if peers else "-"
-                    model = model_seconds(op, nbytes, n, rate_bits(a.rate), delay_seconds(a.delay))
-                    print(f"| {op} | {size_label(nbytes)} | {timing.text()} | "
-                          f"{fmt_time(anchor_time(gloo, op, nbytes))} | {fmt_time(anchor_time(mpi, op, nbytes))} | "
-                          f"{ratio} | {fmt_time(model) if model else '-'} |", flush=True)
+            _measure(cluster, n, ops, sizes, a, skip, started)
     finally:
         hosts.stop(name)
 
