@@ -47,6 +47,12 @@ JAX_CALLBACK_TARGETS = frozenset({"xla_ffi_python_cpu_callback", "xla_python_cpu
 builtin_target = registrar(_BUILTIN_TARGETS, "built-in custom-call target")
 
 
+def is_builtin_target(name: Any) -> bool:
+    """True for a target whose kernel is built in (an annotation, a LAPACK call, TopK, ...): one that
+    computes its result and returns, never user code that may wait."""
+    return isinstance(name, str) and (name in PASS_THROUGH_TARGETS or name in _BUILTIN_TARGETS)
+
+
 def register_custom_call(name: str, fn: CustomCallFunction) -> None:
     """Make `custom_call_target=name` call `fn(*operand_values) -> result`. Re-registering replaces.
     A function with a true `takes_replica` attribute is called `fn(replica_id, *operand_values)`."""

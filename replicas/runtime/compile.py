@@ -145,41 +145,222 @@ def runs_bounded_alone(executable: Executable) -> bool:
 # Ops whose work can grow faster than the arrays they read and write (a window, a contraction, a
 # factorization, a sort): at most the product of the element counts of their two largest arrays.
 _SUPERLINEAR = frozenset({"dot", "convolution", "fft", "cholesky", "triangular-solve", "reduce-window",
-                          "select-and-scatter", "sort", "topk", "scatter", "map", "reduce"})
+                          "select-and-scatter", "sort", "topk", "scatter", "map", "reduce", "custom-call"})
 QUICK_BYTES = 1 << 20  # the bytes of every value a quick program computes, together
 QUICK_WORK = 1 << 24  # the largest product of element counts a quick program's superlinear op may have
+QUICK_STEPS = 20_000  # the instructions a quick program may run, each loop trip's counted
+# Instructions that compute no new value (a loop's state, its parts, tuples of them): not counted in
+# the program's bytes, which each trip would otherwise count again.
+_VIEWS = frozenset({"parameter", "get-tuple-element", "tuple", "bitcast"})
 _QUICK: Cache[bool] = Cache("quick programs", 1024)  # program fingerprint -> runs_quickly(program)
 
 
 def runs_quickly(executable: Executable) -> bool:
     """True when one replica of the program finishes in well under a second, whatever the machine:
-    it `runs_bounded_alone`, its values together take at most `QUICK_BYTES` and no op of it may do
-    more than `QUICK_WORK` steps. Only such a program runs in the caller's thread, where no deadline
-    can stop it; any other runs on a thread of its own, which a timeout leaves behind."""
+    nothing in it can wait (no communication, feed or user custom call: the built-in targets are
+    kernels), each of its loops runs a trip count its program fixes (`static_trips`), and counting
+    every trip its values together take at most `QUICK_BYTES`, it runs at most `QUICK_STEPS`
+    instructions and none of its ops may do more than `QUICK_WORK` steps. Only such a program runs in
+    the caller's thread, where no deadline can stop it; any other runs on a thread of its own, which
+    a timeout leaves behind."""
     key = executable.fingerprint
     found = _QUICK.get(key) if key else None
     if found is None:
-        found = runs_bounded_alone(executable) and _small_work(executable.module)
+        found = _small_work(executable.module)
         if key:
             _QUICK.put(key, found)
     return found
 
 
 def _small_work(module: Module) -> bool:
-    total = 0
-    for comp in module.computations.values():
+    from replicas.ops.custom_call import is_builtin_target
+
+    weights = _executions(module)
+    if weights is None:
+        return False
+    total = steps = 0
+    for name, weight in weights.items():
+        comp = module.computation(name)
         by_name = comp.by_name
+        steps += weight * len(comp.instructions)
+        if steps > QUICK_STEPS:
+            return False
         for inst in comp.instructions:
+            if inst.opcode in SIDE_EFFECT_OPCODES and not (
+                    inst.opcode == "custom-call" and is_builtin_target(inst.attrs.get("custom_call_target"))):
+                return False
             sizes = [_elements(inst.shape)]
-            total += _bytes(inst.shape)
+            if inst.opcode not in _VIEWS:
+                total += weight * _bytes(inst.shape)
             if total > QUICK_BYTES:
                 return False
             if inst.opcode in _SUPERLINEAR:
                 sizes.extend(_elements(by_name[o].shape) for o in inst.operands if o in by_name)
                 sizes.sort()
-                if len(sizes) > 1 and sizes[-1] * sizes[-2] > QUICK_WORK:
+                if len(sizes) > 1 and weight * sizes[-1] * sizes[-2] > QUICK_WORK:
                     return False
     return True
+
+
+def _executions(module: Module) -> dict[str, int] | None:
+    """How many times one run of the entry may run each computation it reaches (a While's condition
+    and body once per trip; any other callee once per call of its caller: a reduce's or sort's
+    comparator is priced by the superlinear bound instead); None when a loop's trip count is not
+    fixed by the program, or the counts pass `QUICK_STEPS`."""
+    calls: dict[str, list[tuple[str, int]]] = {}  # computation -> (callee, executions per run of it)
+    order: list[str] = []  # callers before callees
+    seen: set[str] = set()
+
+    def visit(name: str) -> bool:  # depth-first; the call graph is a verified DAG of bounded depth
+        seen.add(name)
+        comp = module.computation(name)
+        edges = calls[name] = []
+        for inst in comp.instructions:
+            if inst.opcode == "while":
+                trips = static_trips(module, comp, inst)
+                if trips is None or trips > QUICK_STEPS:
+                    return False
+                edges += [(inst.attrs["condition"], trips + 1), (inst.attrs["body"], trips)]
+            else:
+                edges += [(callee, 1) for callee in inst.called_computations()]
+        for callee, _ in edges:
+            if callee not in seen and not visit(callee):
+                return False
+        order.append(name)
+        return True
+
+    if not visit(module.entry):
+        return None
+    weights = dict.fromkeys(order, 0)
+    weights[module.entry] = 1
+    for name in reversed(order):
+        for callee, times in calls[name]:
+            weights[callee] += weights[name] * times
+            if weights[callee] > QUICK_STEPS:
+                return None
+    return weights
+
+
+def static_trips(module: Module, comp: Computation, loop: Instruction) -> int | None:
+    """The trip count of While `loop` (in `comp`) when its program fixes it, else None: a counter
+    starting from a constant, stepped by a constant in the body and compared with a constant in the
+    condition (`i < n`, `i <= n`, `i > n`, `i >= n`; the form JAX's fori_loop and scan take, also
+    through XLA's single-op wrapper fusions and a call passing the initial state). None also when
+    the counter could wrap around its type before the condition fails."""
+    condition = module.computation(loop.attrs["condition"])
+    body = module.computation(loop.attrs["body"])
+    test = _through(module, condition, condition.root_instruction)
+    if test is None or test[0] != "compare" or len(test[2]) != 2:
+        return None
+    direction = test[1].get("comparison_direction")
+    a, b = (_plain(condition, o) for o in test[2])
+    if a.opcode == "constant":  # `n > i` is `i < n`
+        a, b = b, a
+        direction = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}.get(direction)
+    index = _state_index(condition, a)
+    bound = _integer(b)
+    if direction is None or index is False or bound is None:
+        return None
+    dtype = a.shape.dtype if a.shape.is_array else None
+    if dtype is None or dtype.kind not in "iu":
+        return None
+    root = body.root_instruction
+    if index is None:
+        next_value = root
+    elif root.opcode == "tuple" and index < len(root.operands):
+        next_value = body.instruction(root.operands[index])
+    else:
+        return None
+    step_op = _through(module, body, next_value)
+    if step_op is None or step_op[0] != "add" or len(step_op[2]) != 2:
+        return None
+    x, c = (_plain(body, o) for o in step_op[2])
+    if x.opcode == "constant":
+        x, c = c, x
+    step = _integer(c)
+    if step is None or _state_index(body, x) != index or index is False:
+        return None
+    start = _integer(_initial(module, comp, loop, index))
+    if start is None:
+        return None
+    info = np.iinfo(dtype)
+    if direction in ("LT", "LE") and step > 0:
+        last = bound if direction == "LE" else bound - 1  # the counter's last value that runs a trip
+        trips = 0 if start > last else (last - start) // step + 1
+        return trips if last + step <= info.max else None
+    if direction in ("GT", "GE") and step < 0:
+        last = bound if direction == "GE" else bound + 1
+        trips = 0 if start < last else (start - last) // -step + 1
+        return trips if last + step >= info.min else None
+    return None
+
+
+def _through(module: Module, comp: Computation, inst: Instruction) -> tuple[str, dict, list[Instruction]] | None:
+    """(opcode, attributes, operands in `comp`) of `inst`, or of the one op a fusion or call of it
+    wraps whose operands are the callee's parameters (XLA's `wrapped_add`, `wrapped_compare`)."""
+    if inst.opcode not in ("fusion", "call"):
+        return inst.opcode, inst.attrs, [comp.instruction(o) for o in inst.operands]
+    callee = module.computation(inst.attrs.get("calls") or inst.attrs.get("to_apply"))
+    root = callee.root_instruction
+    operands = []
+    for o in root.operands:
+        param = callee.instruction(o)
+        if param.opcode != "parameter":
+            return None
+        operands.append(comp.instruction(inst.operands[param.attrs["parameter_number"]]))
+    return root.opcode, root.attrs, operands
+
+
+def _plain(comp: Computation, inst: Instruction) -> Instruction:
+    """`inst` through copies, and bitcasts or reshapes of one scalar to another of its type."""
+    while inst.opcode in ("copy", "bitcast", "reshape") and len(inst.operands) == 1:
+        source = comp.instruction(inst.operands[0])
+        if inst.opcode != "copy" and not (source.shape.is_array and inst.shape.is_array
+                                          and source.shape.numel == inst.shape.numel == 1
+                                          and source.shape.dtype == inst.shape.dtype):
+            break
+        inst = source
+    return inst
+
+
+def _state_index(comp: Computation, inst: Instruction) -> int | None | bool:
+    """Which element of a loop computation's state `inst` is: the tuple index, None for the whole
+    (a state that is not a tuple), False when it is neither."""
+    if inst.opcode == "parameter":
+        return None if inst.shape.is_array else False
+    if inst.opcode == "get-tuple-element":
+        source = comp.instruction(inst.operands[0])
+        if source.opcode == "parameter":
+            return int(inst.attrs["index"])
+    return False
+
+
+def _initial(module: Module, comp: Computation, loop: Instruction, index: int | None) -> Instruction:
+    """The instruction giving the loop counter's initial value (through a call's parameter)."""
+    value = _plain(comp, comp.instruction(loop.operands[0]))
+    if index is None:
+        return value
+    if value.opcode == "parameter":  # XLA's `while.N_computation`, called with the state from one call site
+        sites = [(c, i) for c, i in module.instructions()
+                 if i.opcode == "call" and i.attrs.get("to_apply") == comp.name]
+        if len(sites) != 1:
+            return value
+        caller, call = sites[0]
+        value = _plain(caller, caller.instruction(call.operands[value.attrs["parameter_number"]]))
+        comp = caller
+    if value.opcode == "tuple" and index < len(value.operands):
+        return _plain(comp, comp.instruction(value.operands[index]))
+    return value
+
+
+def _integer(inst: Instruction) -> int | None:
+    """The value of an integer scalar constant, else None."""
+    if inst.opcode != "constant" or not inst.shape.is_array or inst.shape.numel != 1:
+        return None
+    literal = inst.attrs.get("literal")
+    if not isinstance(literal, np.ndarray) or literal.dtype.kind not in "iu":
+        return None
+    return int(literal.reshape(-1)[0])
 
 
 def _elements(shape: Any) -> int:
