@@ -55,21 +55,26 @@ def channel_id(inst: Instruction) -> int:
 
 
 def routing(inst: Instruction, ctx: KernelContext) -> tuple[tuple[int, int], ...]:
+    return channel_pairs(inst, ctx.num_replicas)
+
+
+def channel_pairs(inst: Instruction, num_replicas: int) -> tuple[tuple[int, int], ...]:
+    """The (source, target) pairs a Send or Recv routes by, for a job of `num_replicas`."""
     text = (inst.attrs.get("frontend_attributes") or {}).get(PAIRS_ATTRIBUTE)
     if text is None:
-        if ctx.num_replicas == 1:
+        if num_replicas == 1:
             return ((0, 0),)
         raise inst.error(f"{inst.opcode} between replicas needs the frontend attribute {PAIRS_ATTRIBUTE}="
-                         f"\"{{{{source,target}},...}}\" to know its peers ({ctx.num_replicas} replicas)")
+                         f"\"{{{{source,target}},...}}\" to know its peers ({num_replicas} replicas)")
     inner = str(text).strip()
     pairs = _PAIR_RE.findall(inner)
     leftover = _PAIR_RE.sub("", inner).replace(",", "").replace("{", "").replace("}", "").strip()
     if leftover:
         raise inst.error(f"cannot parse {PAIRS_ATTRIBUTE}={text!r}: expected \"{{{{0,1}},{{1,2}}}}\"")
-    return parse_pairs(inst, pairs, ctx.num_replicas, PAIRS_ATTRIBUTE)
+    return parse_pairs(inst, pairs, num_replicas, PAIRS_ATTRIBUTE)
 
 
-def _context_dtype(shape: Shape, index: int) -> np.dtype:
+def context_dtype(shape: Shape, index: int) -> np.dtype:
     if shape.is_tuple and len(shape.tuple_shapes) > index and shape.tuple_shapes[index].is_array:
         return shape.tuple_shapes[index].dtype
     return np.dtype(np.uint32)
@@ -113,7 +118,7 @@ class _Span:
 def make_send(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     channel = channel_id(inst)
     fabric = ctx.fabric
-    ctx_dtype = _context_dtype(inst.shape, 1)
+    ctx_dtype = context_dtype(inst.shape, 1)
     if inst.attrs.get("is_host_transfer"):
         def send_to_host(data: Any, *token: Any) -> Any:
             _record(fabric, "send", inst, channel_id=channel, peer="host")
@@ -177,7 +182,7 @@ def make_recv(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     fabric = ctx.fabric
     data_shape = _recv_data_shape(inst)
     zeros = _frozen_zeros(data_shape)
-    ctx_dtype = _context_dtype(inst.shape, 1)
+    ctx_dtype = context_dtype(inst.shape, 1)
     if inst.attrs.get("is_host_transfer"):
         reject_nested_tuple(inst, data_shape)
         return lambda *token: (zeros, np.asarray(0, dtype=ctx_dtype), TOKEN)

@@ -47,19 +47,28 @@ from replicas.errors import ReplicasError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.ops.elementwise_util import SUB_BYTE_WIDE
 from replicas.records import BATCHED_OPCODE, BlockInfo
-from replicas.runtime import batched_spanning
+from replicas.runtime import batched_channels, batched_spanning
 from replicas.runtime.alone_loops import loops_run_alone
 from replicas.runtime.batched_kernels import kernel_for
 from replicas.runtime.bound import GENERATED, BoundComputation
 from replicas.runtime.codegen import straight_line
 from replicas.runtime.compile import Executable, runs_bounded_alone
-from replicas.runtime.stacks import COLLECTIVES, MEMBER_DEPENDENT, Analysis, Divergent, Stack, any_stacked, full
+from replicas.runtime.stacks import (
+    CHANNEL_OPS,
+    COLLECTIVES,
+    MEMBER_DEPENDENT,
+    Analysis,
+    Divergent,
+    Stack,
+    any_stacked,
+    full,
+)
 from replicas.shapes import Shape
 from replicas.transport import keys
 
 CONTROL = frozenset({"fusion", "call", "while", "conditional"})
 # Side effects and hidden state: a program with any of these runs replica by replica.
-REFUSED = frozenset({"send", "send-done", "recv", "recv-done", "infeed", "outfeed", "custom-call", "rng",
+REFUSED = frozenset({"infeed", "outfeed", "custom-call", "rng",
                      "rng-get-and-update-state", "async-start", "async-update", "async-done", "all-reduce-start",
                      "all-reduce-done", "all-gather-start", "all-gather-done", "collective-permute-start",
                      "collective-permute-done", "collective-broadcast", "ragged-all-to-all", "dynamic-reshape",
@@ -110,7 +119,7 @@ def batchable(module: Module) -> bool:
             leaves = [s for s in inst.shape.leaves() if s.is_array]
             if op in REFUSED or any(s.is_dynamic or s.element_type in SUB_BYTE_WIDE for s in leaves):
                 return False
-            if op in MEMBER_DEPENDENT and name not in program:
+            if (op in MEMBER_DEPENDENT or op in CHANNEL_OPS) and name not in program:
                 return False
             if op == "all-to-all" and not inst.attrs.get("dimensions"):
                 return False
@@ -120,7 +129,9 @@ def batchable(module: Module) -> bool:
 
 
 def groups_within(module: Module, members: tuple[int, ...], num_replicas: int) -> bool:
-    """Whether every collective group (or permute pair) touching a member holds only members."""
+    """Whether every collective group (or permute or channel pair) touching a member holds only members."""
+    if batched_channels.has_channels(module) and not batched_channels.within(module, members, num_replicas):
+        return False
     inside = set(members)
     for comp in module.computations.values():
         for inst in comp.instructions:
@@ -197,6 +208,12 @@ class BatchedContext:
         # flight recorder once the run succeeded (`replay`), as if each had run them.
         self.log: list[tuple[int, int, int]] = []
         self.collectives: list[tuple[Instruction, list[tuple[tuple[int, ...], Any]]]] = []
+        # Send and Recv (batched_channels.py): the current run's by channel, the bound channel ops
+        # (instruction, channel, pairs) and the run's log of them.
+        self.channels: dict[int, Any] = {}
+        self.member_fabrics: Sequence[Any] = ()  # every member's, while a run runs
+        self.channel_ops: list[tuple[Instruction, int, tuple[tuple[int, int], ...]]] = []
+        self.channel_log: list[tuple[int, int, int, int]] = []
         self._collective_index: dict[int, int] = {}
         self._member_groups: dict[int, list[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]]] = {}
 
@@ -373,7 +390,10 @@ class BatchedProgram:
             raise Divergent  # a spanning collective cannot be taken back: each member runs on its own
         ctx.mailbox = mailbox
         ctx.fabrics = fabrics if spanning else ()
+        ctx.member_fabrics = fabrics
         ctx.log.clear()
+        ctx.channels.clear()
+        ctx.channel_log.clear()
         try:
             out = ctx.batched(self.entry.name, tuple(stacks))(*values)
         except BaseException:
@@ -381,8 +401,9 @@ class BatchedProgram:
             raise
         finally:
             ctx.mailbox = None
-            ctx.fabrics = ()
+            ctx.fabrics = ctx.member_fabrics = ()
         ctx.replay(fabrics)
+        batched_channels.record(ctx, fabrics)
         root = ctx.analysis.root(self.entry.name, tuple(stacks))
         return [_member(out, root, k, inputs) for k in range(ctx.size)]
 
@@ -456,7 +477,8 @@ def plan(executable: Executable, replica_id: int, num_replicas: int, placement: 
                 # (threads: `runs_quickly`; a Ray actor's persistent calls): its members would never meet.
                 ok = batchable(module) and not runs_bounded_alone(executable) and not loops_run_alone(module)
                 within = ok and groups_within(module, members, num_replicas)
-                spanning = ok and not within and batched_spanning.spans(module, members, num_replicas)
+                spanning = (ok and not within and not batched_channels.has_channels(module)
+                            and batched_spanning.spans(module, members, num_replicas))
                 found = _plans.put(key, (members, members if within or spanning else (), spanning))
     return found[1] or None
 

@@ -28,8 +28,9 @@ from replicas.hlo.ir import Instruction
 from replicas.hlo.opcodes import OPCODES
 from replicas.ops.elementwise_util import WithOperandShapes
 from replicas.ops.registry import lookup
-from replicas.runtime import batched_spanning
+from replicas.runtime import batched_channels, batched_spanning
 from replicas.runtime.stacks import (
+    CHANNEL_OPS,
     COLLECTIVES,
     Divergent,
     Stack,
@@ -61,6 +62,8 @@ def kernel_for(inst: Instruction, ctx: BatchedContext, stacks: list[Stack], out:
         return _collective(inst, ctx, stacks, out)
     if op in ("replica-id", "partition-id"):
         return _per_member_constant(inst, ctx)
+    if op in CHANNEL_OPS:
+        return batched_channels.kernel(inst, ctx, stacks)
     if not any(any_stacked(s) for s in stacks) or op in ("tuple", "get-tuple-element"):
         return lookup(inst)(inst, ctx)
     shifted = _shifted(inst, ctx, stacks)

@@ -19,6 +19,7 @@ Stack = Any  # bool (an array: True when stacked) or a tuple of stacks (a tuple)
 
 COLLECTIVES = frozenset({"all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all"})
 MEMBER_DEPENDENT = COLLECTIVES | {"replica-id", "partition-id"}
+CHANNEL_OPS = frozenset({"send", "send-done", "recv", "recv-done"})  # between members: batched_channels.py
 
 
 class Divergent(Exception):
@@ -99,6 +100,12 @@ class Analysis:
         if op in COLLECTIVES:
             uniform = op in ("all-reduce", "all-gather") and self.one_group(inst)
             return full(inst.shape, not uniform)
+        if op in CHANNEL_OPS:
+            # A Send keeps its operand's stack, a RecvDone's data differs between the members;
+            # contexts and tokens are the same for all.
+            if op == "send":
+                return (operands[0], False, False)
+            return (True, False) if op == "recv-done" else full(inst.shape, False)
         if op in ("fusion", "call"):
             return self.root(inst.attrs["calls" if op == "fusion" else "to_apply"], tuple(operands))
         if op == "while":
