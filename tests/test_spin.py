@@ -54,6 +54,13 @@ def test_failed_spins_in_a_row_make_it_rest_then_try_again():
     assert spinner.spin(lambda: True) and spinner.hits == 1
 
 
+def test_a_spinner_that_does_not_rest_spins_at_every_wait():
+    spinner = spin.Spinner(1e-9, rests=False)  # the driver's, waiting for its own call's replies
+    for _ in range(4 * spin._FAILURES):
+        assert not spinner.spin(lambda: False)
+    assert spinner.spins == 4 * spin._FAILURES
+
+
 def test_it_rests_when_fewer_than_half_the_spins_pay():
     spinner = spin.Spinner(1e-9)
     outcomes = iter([True, False, False] * spin._FAILURES)

@@ -50,10 +50,13 @@ def budget_for(processes: int) -> float:
 class Spinner:
     """Per replica (one thread uses it): `spin(changed)` polls `changed()` for at most the budget."""
 
-    __slots__ = ("budget", "_failures", "_rest", "spins", "hits")
+    __slots__ = ("budget", "_failures", "_rest", "spins", "hits", "_most_failures")
 
-    def __init__(self, budget: float) -> None:
+    def __init__(self, budget: float, rests: bool = True) -> None:
+        """`rests`: whether failed spins make it rest (a waiter whose every spin is bounded by its
+        own call's length, the driver of a persistent job, need not)."""
         self.budget = budget
+        self._most_failures = _FAILURES if rests else 1 << 62
         self._failures = 0
         self._rest = 0
         self.spins = 0  # spins tried, and how many saw the change (tests and benchmarks read them)
@@ -77,7 +80,7 @@ class Spinner:
             if perf_counter() > deadline:
                 break
         self._failures += 1
-        if self._failures >= _FAILURES:
+        if self._failures >= self._most_failures:
             self._failures = 0
             self._rest = _REST
         return False
