@@ -145,6 +145,23 @@ def test_signatures_beyond_the_cache_bound_compile_again_and_the_one_called_all_
     step.close()
 
 
+def test_arguments_in_tuples_and_lists_are_keyed_by_their_tree():
+    def f(p, x):
+        return sum(jnp.sum(leaf) for leaf in jax.tree_util.tree_leaves(p)) * x
+
+    step = rp.jax.jit(f, backend="threads")
+    a, b, x = (np.full(3, v, np.float32) for v in (1, 2, 3))
+    for tree, compiles in [((a, b), 1), ((a, b), 1), ([a, b], 2), ((a, (b,)), 3), ((a, [b]), 4), ((a, (b,)), 4),
+                           ((a, b, a), 5), ((a, b[:2]), 6), ((a, b.astype(np.int32)), 7), ((a, b), 7)]:
+        np.testing.assert_array_equal(np.asarray(step(tree, x)), np.asarray(jax.jit(f)(tree, x)))
+        assert step.cache_size() == compiles, (tree, compiles)
+    with pytest.raises(ProgramError, match="deleted"):
+        dead = step((a, b), x)
+        dead.delete()
+        step((a, b), dead)
+    step.close()
+
+
 def test_a_donated_array_is_deleted_by_the_call():
     step = rp.jax.jit(lambda v: v + 1, num_replicas=4, in_specs=P("x"), out_specs=P("x"), donate_argnums=0,
                       backend="threads")

@@ -93,8 +93,9 @@ class JitFunction:
         if quick is not None:
             compiled = quick[1]
             # The quick signature is always the cache's most recently used: its hits need no `get`.
-            if not compiled.evicted and _quick_key(args, self._in_specs is not None) == quick[0]:
-                return self._call(compiled, args)
+            found = _quick_key(args, self._in_specs is not None)
+            if found is not None and found[0] == quick[0] and not compiled.evicted:
+                return self._call(compiled, found[1])
         jax = _jax()
         statics, dynamic = self._split_static(args)
         leaves, tree = jax.tree_util.tree_flatten(list(dynamic))
@@ -103,8 +104,8 @@ class JitFunction:
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self._compile(args, statics, dynamic, leaves, key)
-        quick_key = None if statics else _quick_key(args, by_specs)
-        self._quick = None if quick_key is None else (quick_key, compiled)
+        found = None if statics else _quick_key(args, by_specs)
+        self._quick = None if found is None else (found[0], compiled)
         return self._call(compiled, leaves)
 
     def _call(self, compiled: Compiled, leaves: Sequence[Any]) -> Any:
@@ -174,52 +175,59 @@ class JitFunction:
 
     def _shards(self, compiled: Compiled, leaves: Sequence[Any]) -> list[list[Any]]:
         """Each replica's arguments: a resident array's own shards, a host value's split."""
-        program, session = compiled.program, compiled.session
-        n = program.num_replicas
+        n = compiled.program.num_replicas
+        if n == 1:  # one replica takes every value whole
+            row = []
+            for i, (leaf, dtype) in enumerate(zip(leaves, compiled.program.arg_dtypes)):
+                if type(leaf) is np.ndarray and leaf.dtype == dtype:
+                    row.append(leaf)
+                else:
+                    row.append(self._leaf_shards(compiled, i, leaf)[0])
+            return [row]
         per_replica: list[list[Any]] = [[] for _ in range(n)]
-        for i, (leaf, index, dtype, whole) in enumerate(zip(leaves, compiled.in_index, program.arg_dtypes,
-                                                           compiled.in_whole)):
-            if type(leaf) is np.ndarray:  # the usual host argument: host_value's checks, inline
-                value = leaf if leaf.dtype == dtype else leaf.astype(dtype)
-            else:
-                if isinstance(leaf, Array):
-                    leaf.check_alive(f"argument {i}")
-                    if leaf.dtype == dtype and (leaf.index is index or same_index(leaf.index, index)):
-                        if leaf.home is session and session.holds(leaf.key):
-                            kept = Kept(leaf.key[1], leaf.key[2])  # where it is: nothing moves
-                            for p in range(n):
-                                per_replica[p].append(kept)
-                            continue
-                        local = leaf.local_shards()
-                        if local is not None:
-                            for p in range(n):
-                                per_replica[p].append(local[p])
-                            continue
-                    leaf = leaf.value()
-                value = host_value(leaf, dtype)
-            if whole:
-                for row in per_replica:
-                    row.append(value)
-            else:
-                for p in range(n):
-                    per_replica[p].append(np.ascontiguousarray(value[index[p]]))
+        for i, leaf in enumerate(leaves):
+            for row, value in zip(per_replica, self._leaf_shards(compiled, i, leaf)):
+                row.append(value)
         return per_replica
+
+    def _leaf_shards(self, compiled: Compiled, i: int, leaf: Any) -> Sequence[Any]:
+        """Each replica's part of argument `i`."""
+        session = compiled.session
+        n = compiled.program.num_replicas
+        index, dtype = compiled.in_index[i], compiled.program.arg_dtypes[i]
+        if type(leaf) is np.ndarray:  # the usual host argument: host_value's checks, inline
+            value = leaf if leaf.dtype == dtype else leaf.astype(dtype)
+        else:
+            if isinstance(leaf, Array):
+                leaf.check_alive(f"argument {i}")
+                if leaf.dtype == dtype and (leaf.index is index or same_index(leaf.index, index)):
+                    if leaf.home is session and session.holds(leaf.key):
+                        return [Kept(leaf.key[1], leaf.key[2])] * n  # where it is: nothing moves
+                    local = leaf.local_shards()
+                    if local is not None:
+                        return local
+                leaf = leaf.value()
+            value = host_value(leaf, dtype)
+        if compiled.in_whole[i]:
+            return [value] * n
+        return [np.ascontiguousarray(value[index[p]]) for p in range(n)]
 
     def _outputs(self, compiled: Compiled, seq: int, results: list[Any]) -> Any:
         session = compiled.session
         meta = compiled.out_meta
-        resident = session.resident
-        per_replica = results if resident else [_output_leaves(r, len(meta)) for r in results]
-        outputs = []
-        for i, (shape, dtype, index, sharding, gather) in enumerate(meta):
-            shards = [part[i] for part in per_replica]
-            if resident:
+        if session.resident:
+            outputs = []
+            for i, (shape, dtype, index, sharding, gather) in enumerate(meta):
+                shards = [part[i] for part in results]
                 here = None if any(s is None for s in shards) else shards  # came back with the reply
-                key = (session.job, seq, i)
-            else:
-                here, key = shards, None
-            outputs.append(Array(shape, dtype, index, shards=here, home=session, key=key, sharding=sharding,
-                                 gather=gather))
+                outputs.append(Array(shape, dtype, index, shards=here, home=session, key=(session.job, seq, i),
+                                     sharding=sharding, gather=gather))
+        else:  # every replica's outputs are here
+            per_replica = [_output_leaves(r, len(meta)) for r in results]
+            columns = [[leaves[i]] for leaves in per_replica for i in range(len(meta))] if len(results) == 1 \
+                else [list(c) for c in zip(*per_replica)]
+            outputs = [Array.local(shape, dtype, index, shards, session, sharding, gather)
+                       for (shape, dtype, index, sharding, gather), shards in zip(meta, columns)]
         return outputs[0] if compiled.out_leaf else compiled.program.out_tree.unflatten(outputs)
 
     # -- what a one-shot job offers ----------------------------------------------------------------
@@ -322,18 +330,33 @@ def _positions(numbers: Sequence[int] | int, what: str) -> set[int]:
     return out
 
 
-def _quick_key(args: tuple, by_specs: bool) -> tuple | None:
-    """The arguments' shapes and dtypes when each is a numpy array (or, `by_specs`, an `rp.Array`, whose
-    signature is then the same), else None: for such arguments, equal quick keys are equal cache keys
-    (each is its own leaf of the same tree, `_signature` reads only these)."""
+def _quick_key(args: tuple, by_specs: bool) -> tuple[tuple, list[Any]] | None:
+    """(key, leaves) when the arguments are numpy arrays (or, `by_specs`, `rp.Array`s, whose signature
+    is then the same) in tuples and lists, else None: the key holds each array's shape and dtype and
+    each container's type and length, in the order of the tree's leaves, so equal quick keys are
+    equal cache keys (`_signature` reads only these of such leaves)."""
     key: list[Any] = []
-    for a in args:
+    leaves: list[Any] = []
+    if not _quick_walk(args, by_specs, key, leaves):
+        return None
+    return tuple(key), leaves
+
+
+def _quick_walk(items: Sequence[Any], by_specs: bool, key: list[Any], leaves: list[Any]) -> bool:
+    for a in items:
         t = type(a)
-        if t is not np.ndarray and not (t is Array and by_specs):
-            return None
-        key.append(a.shape)
-        key.append(a.dtype)
-    return tuple(key)
+        if t is np.ndarray or (t is Array and by_specs):
+            key.append(a.shape)  # a tuple: never equal to a container's type below
+            key.append(a.dtype)
+            leaves.append(a)
+        elif t is tuple or t is list:
+            key.append(t)
+            key.append(len(a))
+            if not _quick_walk(a, by_specs, key, leaves):
+                return False
+        else:
+            return False
+    return True
 
 
 def _signature(leaf: Any, by_specs: bool) -> Hashable:

@@ -64,6 +64,16 @@ class Array:
         self._deleted = False
         self._gather = gather
 
+    @classmethod
+    def local(cls, shape: tuple[int, ...], dtype: np.dtype, index: list[tuple[slice, ...]], shards: list[Any],
+              home: Home, sharding: Any, gather: tuple[int, ...]) -> Array:
+        """An array of shards held in this process, from parts of the right types (a call's outputs
+        on threads: `__init__` without its conversions)."""
+        a = cls.__new__(cls)
+        a.shape, a.dtype, a.index, a.home, a.key, a.sharding = shape, dtype, index, home, None, sharding
+        a._shards, a._value, a._deleted, a._gather = shards, None, False, gather
+        return a
+
     # -- what a numpy user expects ------------------------------------------------------------------
     @property
     def ndim(self) -> int:
@@ -87,7 +97,9 @@ class Array:
         return self.shape[0]
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        value = self.value()
+        value = self._value
+        if value is None:
+            value = self.value()
         if dtype is not None and np.dtype(dtype) != value.dtype:
             return value.astype(dtype)
         return value.copy() if copy else value
@@ -141,21 +153,27 @@ class Array:
 
     def value(self) -> np.ndarray:
         """The global array (gathered once, then kept: read-only)."""
+        out = self._value
+        if out is not None:  # (deleting clears it)
+            return out
         self.check_alive()
-        if self._value is None:
-            replicas = self._gather
-            if replicas is None:
-                replicas = self._gather = gather_replicas(self.index)
-            shards = self.shards(replicas)
-            if len(replicas) == 1 and np.shape(shards[0]) == self.shape:
-                out = np.array(shards[0], dtype=self.dtype)
-            else:
-                out = np.empty(self.shape, self.dtype)
-                for r, shard in zip(replicas, shards):
-                    out[self.index[r]] = shard
-            out.flags.writeable = False
-            self._value = out
-        return self._value
+        replicas = self._gather
+        if replicas is None:
+            replicas = self._gather = gather_replicas(self.index)
+        shards = self._shards
+        shards = [shards[r] for r in replicas] if shards is not None else self.home.fetch(self.key, list(replicas))
+        first = shards[0]
+        if len(replicas) == 1 and type(first) is np.ndarray and first.shape == self.shape:
+            out = first.copy() if first.dtype == self.dtype else first.astype(self.dtype)
+        elif len(replicas) == 1 and np.shape(first) == self.shape:
+            out = np.array(first, dtype=self.dtype)
+        else:
+            out = np.empty(self.shape, self.dtype)
+            for r, shard in zip(replicas, shards):
+                out[self.index[r]] = shard
+        out.setflags(write=False)
+        self._value = out
+        return out
 
     def __del__(self) -> None:
         try:
