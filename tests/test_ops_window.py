@@ -130,6 +130,11 @@ def test_reduce_window_fast_paths_match_jax(kind, shape, seed, data):
     ("maximum", "float32", (10, 12), (3, 3), (2, 1), ((1, 2), (-1, 1)), (2, 1), (1, 2)),
     ("multiply", "int32", (7, 9), (2, 3), (1, 1), ((0, 0), (2, 2)), (1, 1), (1, 1)),
     ("add", "float32", (33,), (33,), (1,), ((32, 0),), (1,), (1,)),  # a cumulative sum
+    ("add", "float32", (8, 4, 16), (1, 1, 16), (1, 1, 1), ((0, 0), (0, 0), (15, 0)), (1, 1, 1), (1, 1, 1)),  # XLA's
+    ("add", "float32", (8, 4), (1, 4), (1, 1), ((0, 0), (4, 0)), (1, 1), (1, 1)),  # blocked cumsum's two steps
+    ("maximum", "float32", (5, 33), (1, 33), (1, 1), ((0, 0), (32, 0)), (1, 1), (1, 1)),  # a cumulative max
+    ("add", "int32", (12, 3), (12, 1), (2, 1), ((11, 0), (0, 0)), (1, 1), (1, 1)),  # every other prefix
+    ("add", "float32", (1, 3), (2, 1), (1, 1), ((2, 0), (0, 0)), (1, 1), (1, 1)),  # a window of padding only
     ("add", "uint8", (16, 16), (4, 4), (4, 4), ((0, 0), (0, 0)), (1, 1), (1, 1)),
     ("or", "bool", (16, 16), (4, 4), (2, 2), ((0, 0), (0, 0)), (1, 1), (1, 1)),
 ])
@@ -150,6 +155,22 @@ def test_reduce_window_many_elements_fold_left_to_right(reducer, dtype, shape, s
         acc = ufunc(acc, full[tuple(slice(k * w, k * w + (n - 1) * st + 1, st)
                                     for k, w, n, st in zip(ks, win, got.shape, stride))]).astype(x.dtype)
     assert got.tobytes() == acc.tobytes()
+
+
+@pytest.mark.parametrize("init", [0.0, -0.0])
+def test_reduce_window_cumulative_sums_of_signed_zeros_keep_the_folds_bits(init):
+    """A cumulative sum is one `accumulate` from the init (folding the init into itself gives the
+    init): the fold's bits, signed zeros included."""
+    x = np.array([-0.0, -0.0, 0.0, -0.0, 2.5, -2.5, -0.0, -0.0], np.float32)
+    got, expected = run_reduce_window(x, np.float32(init), "add", [8], [1], [(7, 0)], [1], [1])
+    acc, want = np.float32(init), []
+    for j in range(8):  # window j: 7 - j paddings, then x[0..j]
+        acc = np.float32(init)
+        for v in [np.float32(init)] * (7 - j) + list(x[:j + 1]):
+            acc = np.float32(acc + v)
+        want.append(acc)
+    assert got.tobytes() == np.array(want, np.float32).tobytes()
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_reduce_window_document_examples():

@@ -149,7 +149,17 @@ def make_reduce_window(inst: Instruction, ctx: KernelContext) -> Callable[..., A
         accumulate = (window_numel > 4 and dtype.kind in "biuf" and dtype.type.__module__ == "numpy"
                       and (window_numel + 1) * out_numel <= max(4 * math.prod(base_dims), ACCUMULATE_ELEMENTS))
 
+        numpy_type = dtype.kind in "biuf" and dtype.type.__module__ == "numpy"
+        scan = _prefix_scan(ufunc, geometry, dtype) if numpy_type and window_numel > 1 else None
+        tiles = _tiles_fold(ufunc, geometry, dtype) if accumulate and scan is None else None
+
         def reduce_window_fast(x: np.ndarray, init: np.ndarray) -> np.ndarray:
+            if scan is not None:
+                out = scan(x, init)
+                if out is not None:
+                    return out
+            if tiles is not None:
+                return tiles(x, init)
             base = geometry.pad_base(x, init)
             if not slices:
                 return np.full(out_dims, init, dtype=dtype)
@@ -175,6 +185,66 @@ def make_reduce_window(inst: Instruction, ctx: KernelContext) -> Callable[..., A
         return acc[0] if n == 1 and not inst.shape.is_tuple else tuple(acc)
 
     return reduce_window
+
+
+def _prefix_scan(ufunc: np.ufunc, geometry: WindowGeometry, dtype: np.dtype) -> Callable[..., Any] | None:
+    """Windows along one axis that all start in the low padding (or at its first element) and end
+    inside the operand: XLA's cumulative sums and maxima. Window j's fold is then the fold of the
+    init over the padding it covers, which is the init itself when `f(init, init)` is the init (bit
+    for bit, checked each call: the kernel returns None otherwise), followed by the operand's first
+    elements: one `accumulate` over the init and the operand gives every window (the same operations
+    in the same order as the fold). None when the geometry is not such a scan."""
+    axes = [a for a, (s, lo_hi) in enumerate(zip(geometry.size, geometry.pad)) if s != 1 or lo_hi != (0, 0)]
+    if len(axes) != 1 or any(d != 1 for d in geometry.lhs_dilate + geometry.rhs_dilate):
+        return None
+    a = axes[0]
+    if any(st != 1 for i, st in enumerate(geometry.stride) if i != a):
+        return None
+    n, w, st, lo = geometry.base_dims[a], geometry.size[a], geometry.stride[a], geometry.pad[a][0]
+    out = geometry.output_dims[a]
+    if not out or lo < 0 or (out - 1) * st > lo or (out - 1) * st + w - 1 - lo > n - 1:
+        return None
+    picks = np.maximum(np.arange(out) * st + w - lo, 0)  # window j: the accumulation after its last element
+    rank = geometry.rank
+    shape = tuple(geometry.base_dims[i] for i in range(rank) if i != a) + (n + 1,)
+    back = tuple(range(a)) + (rank - 1,) + tuple(range(a, rank - 1))  # the scanned axis to its place again
+
+    def scan(x: np.ndarray, init: np.ndarray) -> np.ndarray | None:
+        init = np.asarray(init, dtype)
+        if ufunc(init, init).tobytes() != init.tobytes():
+            return None
+        acc = np.empty(shape, dtype)
+        acc[..., 0] = init
+        acc[..., 1:] = np.moveaxis(x, a, -1)
+        ufunc.accumulate(acc, axis=-1, dtype=dtype, out=acc)
+        return np.ascontiguousarray(acc[..., picks].transpose(back))
+
+    return scan
+
+
+def _tiles_fold(ufunc: np.ufunc, geometry: WindowGeometry, dtype: np.dtype) -> Callable[..., Any] | None:
+    """`_accumulate_windows` of windows side by side over an unpadded operand (XLA's blocks of a row
+    reduction), its shapes worked out once: one copy of the operand behind a column of inits, one
+    `accumulate`."""
+    if not geometry.tiles or not geometry.trivial_padding:
+        return None
+    out_dims, size = geometry.output_dims, geometry.size
+    rank = geometry.rank
+    count = math.prod(size)
+    tiled = tuple(d for pair in zip(out_dims, size) for d in pair)
+    order = tuple(range(0, 2 * rank, 2)) + tuple(range(1, 2 * rank, 2))  # positions first, then the window
+    rows_shape = tuple(out_dims) + (count + 1,)
+    windows_shape = tuple(out_dims) + tuple(size)
+
+    def fold(x: np.ndarray, init: np.ndarray) -> np.ndarray:
+        rows = np.empty(rows_shape, dtype)
+        rows[..., 0] = init
+        # Splitting the contiguous last axis of the slice is always a view: the copy lands in `rows`.
+        np.reshape(rows[..., 1:], windows_shape, copy=False)[...] = x.reshape(tiled).transpose(order)
+        ufunc.accumulate(rows, axis=-1, dtype=dtype, out=rows)
+        return rows[..., count].copy()
+
+    return fold
 
 
 def _accumulate_windows(ufunc: np.ufunc, geometry: WindowGeometry, base: np.ndarray, init: Any,
