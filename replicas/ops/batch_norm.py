@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from replicas.hlo.ir import Instruction
+from replicas.ops.elementwise_util import quiet
 from replicas.ops.registry import KernelContext, kernel
 from replicas.shapes import Shape
 
@@ -47,7 +48,7 @@ def make_batch_norm_training(inst: Instruction, ctx: KernelContext) -> Callable[
     lay = _Layout(inst, ctx.operand_shapes(inst)[0])
 
     def batch_norm_training(operand: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> tuple:
-        with np.errstate(all="ignore"):
+        with quiet():
             x = operand.astype(lay.work, copy=False)
             mean = x.mean(axis=lay.axes, keepdims=True) if lay.count else np.zeros(lay.bshape, lay.work)
             centered = x - mean
@@ -65,7 +66,7 @@ def make_batch_norm_inference(inst: Instruction, ctx: KernelContext) -> Callable
 
     def batch_norm_inference(operand: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarray,
                              variance: np.ndarray) -> np.ndarray:
-        with np.errstate(all="ignore"):
+        with quiet():
             x = operand.astype(lay.work, copy=False)
             y = (x - lay.column(mean)) / np.sqrt(lay.column(variance) + lay.epsilon) * lay.column(scale) \
                 + lay.column(offset)
@@ -80,7 +81,7 @@ def make_batch_norm_grad(inst: Instruction, ctx: KernelContext) -> Callable[...,
 
     def batch_norm_grad(operand: np.ndarray, scale: np.ndarray, mean: np.ndarray, variance: np.ndarray,
                         grad_output: np.ndarray) -> tuple:
-        with np.errstate(all="ignore"):
+        with quiet():
             x = operand.astype(lay.work, copy=False)
             dy = grad_output.astype(lay.work, copy=False)
             centered = x - lay.column(mean)

@@ -21,6 +21,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from replicas.hlo.ir import Instruction
 from replicas.hlo.shape_inference.convolution import parse_dim_labels
+from replicas.ops.elementwise_util import quiet
 from replicas.ops.registry import KernelContext, kernel
 
 
@@ -127,14 +128,14 @@ def make_convolution(inst: Instruction, ctx: KernelContext) -> Callable[..., np.
             buf[(slice(None), *dst_slices, slice(None))] = x[(slice(None), *src_slices, slice(None))]
             x = buf
         if use_shifts:
-            with np.errstate(all="ignore"):
+            with quiet():
                 full = _shifted_taps(np.ascontiguousarray(x), w.reshape(kernel_numel, in_features, out_features),
                                      tap_shifts)
             result = full[(slice(None), *(slice(0, o) for o in out_spatial), slice(None))]
             return _finish(result)
         # (N, out..., C, k...) strided view; the copy happens once, in the reshape below.
         windows = sliding_window_view(x, window_span, axis=spatial_axes)[window_select]
-        with np.errstate(all="ignore"):
+        with quiet():
             if total_groups == 1:
                 order = [0, *range(1, n_spatial + 1), *range(n_spatial + 2, 2 * n_spatial + 2), n_spatial + 1]
                 patches = windows.transpose(order).reshape(rows, kernel_numel * in_features)

@@ -12,6 +12,7 @@ emulate the flush: results differ only where an input or a result is subnormal.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,25 @@ F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 
 Compute = Callable[..., Any]
+
+# numpy's floating-point error state: the context variable np.errstate sets, and the state that
+# ignores everything. The interpreter sets it once per run (runtime/interpreter.py), so a kernel's
+# `quiet()` costs nothing there (np.errstate builds a state and a context manager every call).
+try:
+    from numpy._core._ufunc_config import _extobj_contextvar as ERRORS
+    from numpy._core._ufunc_config import _make_extobj
+
+    IGNORED = _make_extobj(all="ignore")
+except (ImportError, AttributeError, TypeError):
+    ERRORS = IGNORED = None
+_ALREADY = contextlib.nullcontext()
+
+
+def quiet() -> contextlib.AbstractContextManager[Any]:
+    """`np.errstate(all="ignore")`, or nothing when that is the state already (inside a run)."""
+    if ERRORS is not None and ERRORS.get() is IGNORED:
+        return _ALREADY
+    return np.errstate(all="ignore")
 
 # Sub-byte integers are computed in 8 bits and wrapped back (ml_dtypes' int4 ufuncs do not wrap).
 SUB_BYTE_WIDE = {PrimitiveType.S2: PrimitiveType.S8, PrimitiveType.S4: PrimitiveType.S8,

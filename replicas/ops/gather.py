@@ -122,16 +122,34 @@ def make_gather(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     used = [(k, op_dims[d] - slice_sizes[d], strides[d]) for k, d in enumerate(start_index_map) if d not in row_dims]
     empty = int(np.prod(out_shape, dtype=np.int64)) == 0
 
+    indices_rank = indices_shape.rank
+    flat_shape = batch_shape + (1,) * len(prefix_window)
+
     def gather(operand: np.ndarray, indices: np.ndarray) -> np.ndarray:
         if empty:
             return np.zeros(out_shape, dtype=out_dtype)
-        vectors = index_vectors(indices, index_vector_dim)
-        flat_start = np.zeros(batch_shape, dtype=np.int64)
+        if index_vector_dim == indices_rank - 1:  # the usual layout: no axis to move
+            vectors = indices
+            if vectors.dtype.kind == "u" and vectors.dtype.itemsize >= 8:
+                vectors = np.minimum(vectors, np.iinfo(np.int64).max)
+        else:
+            vectors = index_vectors(indices, index_vector_dim)
+        flat_start = None
         for k, limit, stride in used:
-            flat_start += np.clip(vectors[..., k], 0, limit) * stride
+            start = vectors[..., k].astype(np.int64)  # a copy of its own, clamped in place
+            np.maximum(start, 0, out=start)
+            np.minimum(start, limit, out=start)
+            if stride != 1:
+                np.multiply(start, stride, out=start)
+            if flat_start is None:
+                flat_start = start
+            else:
+                np.add(flat_start, start, out=flat_start)
+        if flat_start is None:
+            flat_start = np.zeros(batch_shape, dtype=np.int64)
         for term in batching_terms:
             flat_start = flat_start + term
-        flat = flat_start.reshape(batch_shape + (1,) * len(prefix_window)) + window_offset
+        flat = flat_start.reshape(flat_shape) + window_offset if prefix_window else flat_start
         if row == 1:
             result = np.take(operand.reshape(-1), flat)
         else:

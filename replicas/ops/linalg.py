@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from replicas.hlo.ir import Instruction
+from replicas.ops.elementwise_util import quiet
 from replicas.ops.registry import KernelContext, kernel
 
 
@@ -38,7 +39,7 @@ def cholesky_lower_nan(a: np.ndarray) -> np.ndarray:
     """Batched lower Cholesky of the lower triangle of `a`; NaN where a matrix is not positive definite."""
     n = a.shape[-1]
     out = np.zeros_like(a)
-    with np.errstate(all="ignore"):
+    with quiet():
         for j in range(n):
             # Column 0 has no earlier columns to subtract. Not an einsum over the empty axis: numpy's
             # kernel for a stride-0 operand (`np.conj` of an empty array) reads its element even when
@@ -70,7 +71,7 @@ def make_cholesky(inst: Instruction, ctx: KernelContext) -> Callable[[np.ndarray
         if not lower:
             x = _conj_transpose(x)  # the upper triangle of a is the lower triangle of a^H
         try:
-            with np.errstate(all="ignore"):
+            with quiet():
                 result = np.linalg.cholesky(x)  # LAPACK reads the lower triangle only
         except np.linalg.LinAlgError:
             result = cholesky_lower_nan(x)
@@ -88,7 +89,7 @@ def solve_lower_left(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """x with a @ x = b for lower-triangular `a` (batched (..., m, m) and (..., m, n)), by forward substitution."""
     m = a.shape[-1]
     x = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + b.shape[-2:], dtype=np.result_type(a, b))
-    with np.errstate(all="ignore"):
+    with quiet():
         for i in range(m):
             acc = b[..., i, :]
             if i:

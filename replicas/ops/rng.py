@@ -23,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from replicas.hlo.ir import Instruction
+from replicas.ops.elementwise_util import quiet
 from replicas.ops.registry import KernelContext, kernel
 from replicas.shapes import Shape
 
@@ -211,7 +212,7 @@ def make_rng(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]
         flat = out.reshape(-1)
         # A chunk of float64 draws at a time, written into the result: the same draws in the same
         # order as one call, without a float64 copy of the whole result (runtime/memory.py declares it).
-        with np.errstate(all="ignore"):
+        with quiet():
             for start in range(0, flat.size, CHUNK):
                 draws = rng.standard_normal(min(CHUNK, flat.size - start))
                 draws *= s
@@ -226,7 +227,7 @@ def make_rng(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray]
             out = np.empty(dims, dtype)
             flat = out.reshape(-1)
             low, high = np.asarray(lo).astype(dtype), np.asarray(hi).astype(dtype)
-            with np.errstate(all="ignore"):
+            with quiet():
                 for start in range(0, flat.size, CHUNK):
                     draws = rng.random(min(CHUNK, flat.size - start))
                     draws *= hi - lo

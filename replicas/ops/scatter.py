@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from replicas.hlo.ir import Computation, Instruction
+from replicas.ops.elementwise_util import quiet
 from replicas.ops.gather import (
     batching_grids,
     c_strides,
@@ -137,7 +138,7 @@ def make_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
             return results[0] if n == 1 else tuple(results)
         targets, keep = targets_of(indices)
         values = [canonical_updates(u, keep) for u in updates]
-        with np.errstate(all="ignore"):
+        with quiet():
             if reducer is not None:
                 _apply_ufunc(_UFUNCS[reducer], results[0], targets, values[0])
             elif replace and unique:

@@ -27,7 +27,7 @@ import numpy as np
 
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction
-from replicas.ops.elementwise_util import WithOperandShapes
+from replicas.ops.elementwise_util import WithOperandShapes, quiet
 from replicas.ops.recognize import sort_comparator, symmetric_key
 from replicas.ops.registry import KernelContext, kernel, lookup
 from replicas.shapes import PrimitiveType
@@ -209,7 +209,7 @@ def make_sort(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         direction, total_order = recognized
 
         def sort_fast(*values: np.ndarray) -> Any:
-            with np.errstate(all="ignore"):
+            with quiet():
                 key = order_key(values[0], total_order)
                 if direction == "gt":
                     key = ~key
@@ -236,7 +236,7 @@ def make_sort(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         moved = [np.moveaxis(v, axis, -1) for v in values]
         outer = moved[0].shape[:-1]
         flat = [m.reshape(-1, length) for m in moved]
-        with np.errstate(all="ignore"):
+        with quiet():
             ordered = merge_sort_last(comparator, flat)
         return pack(
             [np.ascontiguousarray(np.moveaxis(o.reshape(outer + (length,)), -1, axis)) for o in ordered]
@@ -259,7 +259,7 @@ def _keyed_sort(comparator: Computation, ctx: KernelContext, axis: int,
 
     def sort_by_key(*values: np.ndarray) -> Any:
         x = values[operand]
-        with np.errstate(all="ignore"):
+        with quiet():
             computed = {parameter: x}
             for step_name, fn, operands in kernels:
                 computed[step_name] = fn(*[computed[o] for o in operands])

@@ -19,6 +19,7 @@ import replicas.collectives  # noqa: F401  (registers the collective kernels)
 import replicas.ops  # noqa: F401  (registers the kernel families)
 from replicas.errors import ProgramError
 from replicas.hlo.ir import Computation, Instruction, Module
+from replicas.ops.elementwise_util import ERRORS, IGNORED
 from replicas.runtime import batched
 from replicas.runtime.arguments import check_arguments
 from replicas.runtime.bound import BoundComputation, kernel_failure
@@ -32,14 +33,9 @@ _DIVERGED = "batched: diverged"  # kernel_state: a batched run of this job fell 
 
 # numpy's floating-point error state during a run: the context variable np.errstate sets, set directly
 # with a state made once (np.errstate builds it and its context manager every run, which costs about
-# as much as a small program's kernel call). np.errstate when this numpy lacks them.
-try:
-    from numpy._core._ufunc_config import _extobj_contextvar as _ERRORS
-    from numpy._core._ufunc_config import _make_extobj
-
-    _IGNORED = _make_extobj(all="ignore")
-except (ImportError, AttributeError, TypeError):
-    _ERRORS = None
+# as much as a small program's kernel call); kernels' own `quiet()` then costs nothing. np.errstate
+# when this numpy lacks them.
+_ERRORS, _IGNORED = ERRORS, IGNORED
 
 
 class Interpreter:
