@@ -9,7 +9,7 @@ import pytest
 from test_batched import per_replica, run_both
 
 import replicas as rp
-from replicas.runtime import batched
+from replicas.runtime import batched, batched_channels
 
 
 def pairs(text: str) -> str:
@@ -139,6 +139,13 @@ def test_a_channel_of_two_sends_runs_replica_by_replica(monkeypatch):
     xs = per_replica(2, (3,), seed=6)
     out = run_both(monkeypatch, TWO_SENDS, xs, 2, expect="none")
     assert np.array_equal(out[1], 2 * xs[0][0])
+
+
+def test_large_messages_run_replica_by_replica(monkeypatch):
+    elements = batched_channels.MESSAGE_BYTES // 4 + 1  # alone a message is the sender's array, not a copy
+    program = PING_PONG.replace("f32[5]", f"f32[{elements}]")
+    xs = per_replica(2, (elements,), seed=8)
+    run_both(monkeypatch, program, [[x[0], np.array(2, np.int32)] for x in xs], 2, expect="none")
 
 
 def _channel_events(program: str, args: list, n: int) -> dict[int, list[tuple]]:

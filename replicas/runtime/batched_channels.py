@@ -8,9 +8,9 @@ gives. SendDone needs the matching Recv to have run, RecvDone the matching Send:
 they have when the program orders them so (a ping-pong does); when it does not, the run raises
 `Divergent` and each member runs on its own, where a replica may wait for its peer.
 
-Eligible channels (`eligible`): between replicas (not the host), array data, one Send and one Recv
-instruction per channel id, routed by the same pairs, the Send's operand of the Recv's shape;
-`within` checks that every pair touching a member has both ends among the members.
+Eligible channels: between replicas (not the host), array data of at most `MESSAGE_BYTES`, one
+Send and one Recv instruction per channel id, routed by the same pairs, the Send's operand of the
+Recv's shape, every pair touching a member with both ends among the members (`within`).
 
 Each member's flight recorder shows the run's channel events as its own run would have recorded
 them (`Events`, made only when read), so traces and reports read the same either way.
@@ -32,6 +32,10 @@ from replicas.shapes import TOKEN
 
 if TYPE_CHECKING:
     from replicas.runtime.batched import BatchedContext
+
+# Larger messages run replica by replica: there a message is the sender's array itself (no copy),
+# while lock step copies it into the stacked result and zeroes the other members' rows.
+MESSAGE_BYTES = 16 << 10
 
 def _routes(module: Module, num_replicas: int) -> dict[int, tuple[tuple[int, int], ...]] | None:
     """Channel id -> its (source, target) pairs when every channel op of `module` is eligible, else None."""
@@ -56,7 +60,7 @@ def _routes(module: Module, num_replicas: int) -> dict[int, tuple[tuple[int, int
         if send is None or recv is None:
             return None
         data = recv.shape.tuple_shapes[0]
-        if not data.is_array or sent[channel] != data:
+        if not data.is_array or sent[channel] != data or data.numel * data.dtype.itemsize > MESSAGE_BYTES:
             return None
         try:
             pairs = channel_pairs(send, num_replicas)
@@ -66,11 +70,6 @@ def _routes(module: Module, num_replicas: int) -> dict[int, tuple[tuple[int, int
             return None
         routes[channel] = pairs
     return routes
-
-
-def eligible(module: Module, num_replicas: int) -> bool:
-    """Whether every Send and Recv of `module` can run in lock step (whatever the members)."""
-    return _routes(module, num_replicas) is not None
 
 
 def has_channels(module: Module) -> bool:
