@@ -102,7 +102,10 @@ def make_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
 
     def targets_of(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Flat operand index of every update element (canonical order) and the kept-window mask."""
-        vectors = index_vectors(indices, index_vector_dim)
+        if index_vector_dim == indices.ndim - 1 and (indices.dtype.kind == "i" or indices.dtype.itemsize < 8):
+            vectors = indices.astype(np.int64, copy=False)  # the usual layout: no axis to move
+        else:
+            vectors = index_vectors(indices, index_vector_dim)
         flat_start: Any = 0
         in_bounds = None
         for k, (limit, stride) in enumerate(zip(start_limits, start_strides)):
@@ -113,7 +116,8 @@ def make_scatter(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
             flat_start = flat_start + (start if stride == 1 else start * stride)
         for term in batching_terms:
             flat_start = flat_start + term
-        flat_start = np.broadcast_to(flat_start, batch_shape)
+        if getattr(flat_start, "shape", None) != batch_shape:
+            flat_start = np.broadcast_to(flat_start, batch_shape)
         if window_dims:
             targets = (flat_start.reshape(batch_shape + (1,) * len(window_dims)) + window_offset).reshape(-1)
         else:

@@ -65,10 +65,10 @@ def make_dynamic_slice(inst: Instruction, ctx: KernelContext) -> Callable[..., n
         return _identity
     if len(shapes) - 1 == operand.rank and all(s.rank == 0 for s in shapes[1:]):
         # Scalar starts (current HLO), clamped against the static shapes: the per-trip read of a scan.
-        bounds = _bounds(sizes, operand.dimensions)
+        slices_of = _scalar_slicer(_bounds(sizes, operand.dimensions))
 
         def dynamic_slice_scalars(x: np.ndarray, *indices: np.ndarray) -> np.ndarray:
-            return x[_scalar_slices(indices, bounds)]
+            return x[slices_of(indices)]
 
         return dynamic_slice_scalars
 
@@ -81,6 +81,25 @@ def make_dynamic_slice(inst: Instruction, ctx: KernelContext) -> Callable[..., n
 def _bounds(sizes: tuple[int, ...], dims: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """(size, largest start) per dimension."""
     return tuple((size, max(dim - size, 0)) for size, dim in zip(sizes, dims))
+
+
+def _scalar_slicer(bounds: tuple[tuple[int, int], ...]) -> Callable[[tuple], tuple[slice, ...]]:
+    """`_scalar_slices` for these bounds, with the dimensions every start clamps to 0 (the slice
+    takes the whole dimension) fixed once: a scan's per-trip read or write of one row reads one start."""
+    moving = [d for d, (_, last) in enumerate(bounds) if last > 0]
+    if len(moving) != 1:
+        return lambda indices: _scalar_slices(indices, bounds)
+    d = moving[0]
+    size, last = bounds[d]
+    before = tuple(slice(0, s) for s, _ in bounds[:d])
+    after = tuple(slice(0, s) for s, _ in bounds[d + 1:])
+
+    def slices(indices: tuple) -> tuple[slice, ...]:
+        start = int(indices[d])
+        start = 0 if start < 0 else last if start > last else start
+        return (*before, slice(start, start + size), *after)
+
+    return slices
 
 
 def _scalar_slices(indices: tuple, bounds: tuple[tuple[int, int], ...]) -> tuple[slice, ...]:
@@ -97,10 +116,7 @@ def make_dynamic_update_slice(inst: Instruction, ctx: KernelContext) -> Callable
     shapes = ctx.operand_shapes(inst)
     read_starts = _start_index_reader(inst, shapes[2:], shapes[0].rank)
     if len(shapes) - 2 == shapes[0].rank and all(s.rank == 0 for s in shapes[2:]):
-        bounds = _bounds(shapes[1].dimensions, shapes[0].dimensions)
-
-        def where(indices: tuple) -> tuple[slice, ...]:
-            return _scalar_slices(indices, bounds)
+        where = _scalar_slicer(_bounds(shapes[1].dimensions, shapes[0].dimensions))
     else:
         def where(indices: tuple) -> tuple[slice, ...]:
             return _clamped_slices(read_starts(indices), shapes[1].dimensions, shapes[0].dimensions)
