@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import struct
 from array import array
 from collections.abc import Callable
@@ -41,6 +42,9 @@ from replicas.shapes import PrimitiveType, Shape
 
 P = PrimitiveType
 
+# The first start operand of the slicing ops whose scalar starts may be Python ints (ops/slicing.py).
+_SLICE_STARTS = {"dynamic-slice": 1, "dynamic-update-slice": 2}
+_NAME = re.compile(r"[A-Za-z_]\w*")
 # No value may have more elements than this (the code is unrolled per element).
 MAX_ELEMENTS = 16
 # In a loop, where arrays may stay numpy arrays, values of up to this many elements are Python numbers.
@@ -267,6 +271,10 @@ class _Generator:
         self.cse[-1][key] = var
         return var
 
+    def reads_variables(self, text: str) -> bool:
+        """Whether an element's text reads a variable of the code (else it is a literal)."""
+        return any(name in self.variables for name in _NAME.findall(text))
+
     def array_of(self, value: Value, shape: Shape) -> str:
         """The text of `value` as a numpy array: elements of literals are a constant made now."""
         if isinstance(value, _Array):
@@ -392,7 +400,14 @@ class _Generator:
             args = [v.name if isinstance(v, _Array) and v.broadcast else self.array_of(v, s)
                     for v, s in zip(ins, shapes)]
         else:
-            args = [self.array_of(v, s) for v, s in zip(ins, shapes)]
+            starts = _SLICE_STARTS.get(inst.opcode)
+            if not (starts is not None and len(shapes) - starts == shapes[0].rank
+                    and all(s.rank == 0 and s.dtype.kind in "iu" for s in shapes[starts:])):
+                starts = len(ins)
+            # The scalar-starts kernels read each start with int(): a start held as a Python int goes
+            # as it is, not as a 0-d array made every trip (a literal start stays a constant array).
+            args = [f"({v[0]})" if k >= starts and isinstance(v, list) and self.reads_variables(v[0])
+                    else self.array_of(v, s) for k, (v, s) in enumerate(zip(ins, shapes))]
         if inst.opcode == "broadcast" and args[0] not in self.constants:
             dims = list(inst.attrs.get("dimensions") or [])
             if dims == sorted(dims):  # made only if a reader needs it whole (`made`)
