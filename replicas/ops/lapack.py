@@ -7,9 +7,9 @@ column-major layout XLA gives them is storage only), `info` results s32[batch] w
 meaning (0 = success, i > 0 = failed at step i), 1-based pivots, and the character attributes
 (uplo, side, trans_x, diag, mode) as ASCII codes in backend_config (`{uplo = 76 : ui8}`).
 
-potrf, syevd/heevd, gesdd/gesvd and geqrf go to numpy's batched LAPACK calls; getrf to scipy's
-batched LU (its permutation turned back into LAPACK's row swaps); trsm and orgqr/ungqr are
-column/row recurrences vectorized over the batch. The other families (`lapack_eigen.py`,
+syevd/heevd, gesdd/gesvd and geqrf go to numpy's batched LAPACK calls; potrf, getrf and trsm to
+LAPACK's and BLAS's own routines once per matrix (the bits jaxlib's calls give); orgqr/ungqr is a
+column/row recurrence vectorized over the batch. The other families (`lapack_eigen.py`,
 `lapack_householder.py`, `lapack_tridiagonal.py`) call scipy's LAPACK once per matrix
 (`each_matrix`), as jaxlib does.
 """
@@ -25,7 +25,6 @@ import numpy as np
 
 from replicas.hlo.ir import Instruction
 from replicas.ops.custom_call import builtin_target
-from replicas.ops.linalg import cholesky_lower_nan, solve_lower_left
 from replicas.ops.registry import KernelContext
 from replicas.shapes import Shape
 
@@ -126,24 +125,16 @@ def _first_failure(failed: np.ndarray) -> np.ndarray:
 @builtin_target(*_targets("potrf"))
 def make_potrf(inst: Instruction, ctx: KernelContext) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
     (shape,) = ctx.operand_shapes(inst)
-    _matrices(inst, shape, square=True)
-    _results(inst, 2)
-    lower = _char(inst, _attributes(inst), "uplo", "LU", "L") == "L"
-    n = shape.dimensions[-1]
-    keep = np.tril(np.ones((n, n), bool)) if lower else np.triu(np.ones((n, n), bool))
+    batch, _, _ = _matrices(inst, shape, square=True)
+    results = _results(inst, 2)
+    lower = int(_char(inst, _attributes(inst), "uplo", "LU", "L") == "L")
+    routine = lapack_routine("potrf", shape)  # LAPACK's own, one call per matrix, as jaxlib makes it
 
     def potrf(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        x = a if lower else _adjoint(a)
-        try:
-            factor = np.linalg.cholesky(x)  # reads the lower triangle only
-            info = np.zeros(a.shape[:-2], np.int32)
-        except np.linalg.LinAlgError:
-            factor = cholesky_lower_nan(x)
-            info = _first_failure(np.isnan(np.diagonal(factor, axis1=-2, axis2=-1)))
-        if not lower:
-            factor = _adjoint(factor)
-        # LAPACK leaves the other triangle as it was.
-        return np.where(keep, factor, a).astype(a.dtype, copy=False), info
+        if a.size == 0:
+            return a.copy(), np.zeros(batch, np.int32)
+        # clean=0: LAPACK leaves the other triangle as it was (and a failed step's rest as it stood).
+        return each_matrix(results, len(batch), lambda x: routine(x, lower=lower, clean=0), a)
 
     return potrf
 
@@ -165,71 +156,43 @@ def make_trsm(inst: Instruction, ctx: KernelContext) -> Callable[..., np.ndarray
     if shapes[1].dimensions[-2 if left else -1] != m:
         raise inst.error(f"lapack trsm: b {shapes[1]} does not match a {shapes[0]} on the "
                          f"{'left' if left else 'right'}")
-    triangle = np.tril(np.ones((m, m), bool)) if lower else np.triu(np.ones((m, m), bool))
-    eye = np.eye(m, dtype=bool)
-    # op(a) x = b (left) or x op(a) = b, i.e. op(a)^T x^T = b^T (right): one left-side system with
-    # matrix t; it is lower-triangular when exactly one of (lower, transposed once) holds.
-    t_lower = lower != ((trans != "N") != (not left))
+    import scipy.linalg.blas  # here, not at the top: it doubles the package's import time
+
+    # BLAS's own trsm, one call per matrix, as jaxlib makes it (it takes the routine from scipy): op(a)
+    # x = alpha b (left) or x op(a) = alpha b. The triangle it does not name is never read.
+    routine = scipy.linalg.blas.get_blas_funcs("trsm", dtype=shapes[1].dtype)
+    flags = dict(side=0 if left else 1, lower=int(lower), trans_a="NTC".index(trans), diag=int(unit))
+    batch_rank = len(shapes[1].dimensions) - 2
+    results = [shapes[1]]
 
     def trsm(a: np.ndarray, b: np.ndarray, alpha: Any = None) -> np.ndarray:
-        tri = np.where(triangle, a, 0)
-        if unit:
-            tri = np.where(eye, 1, tri)
-        op = tri if trans == "N" else _adjoint(tri) if trans == "C" else np.swapaxes(tri, -1, -2)
-        rhs = b if alpha is None else b * alpha
-        if not left:
-            op, rhs = np.swapaxes(op, -1, -2), np.swapaxes(rhs, -1, -2)
-        if t_lower:
-            x = solve_lower_left(op, rhs)
-        else:  # reversing rows and columns turns an upper-triangular system into a lower one
-            x = solve_lower_left(op[..., ::-1, ::-1], rhs[..., ::-1, :])[..., ::-1, :]
-        if not left:
-            x = np.swapaxes(x, -1, -2)
-        return np.asarray(x, dtype=b.dtype, order="C")
+        scale = 1.0 if alpha is None else np.asarray(alpha).item()
+        if b.size == 0:
+            return np.zeros(b.shape, b.dtype)
+        a = np.broadcast_to(a, b.shape[:batch_rank] + a.shape[-2:])
+        return each_matrix(results, batch_rank, lambda x, y: (routine(scale, x, y, **flags),), a, b)[0]
 
     return trsm
 
 
 # -- getrf: LU with partial pivoting ---------------------------------------------------------------
 
-def lapack_pivots(perm: np.ndarray, steps: int) -> np.ndarray:
-    """LAPACK's 1-based row swaps (ipiv) that put original row perm[..., i] at row i, for i < steps."""
-    m = perm.shape[-1]
-    batch = perm.shape[:-1]
-    flat = perm.reshape(-1, m)
-    rows = np.arange(flat.shape[0])
-    current = np.tile(np.arange(m), (flat.shape[0], 1))  # original row now at each position
-    position = current.copy()  # position of each original row
-    ipiv = np.empty((flat.shape[0], steps), np.int32)
-    for i in range(steps):
-        j = position[rows, flat[:, i]]
-        ipiv[:, i] = j + 1
-        moved = current[rows, i]
-        current[rows, j] = moved
-        current[rows, i] = flat[:, i]
-        position[rows, moved] = j
-        position[rows, flat[:, i]] = i
-    return ipiv.reshape(batch + (steps,))
-
-
 @builtin_target(*_targets("getrf"))
 def make_getrf(inst: Instruction, ctx: KernelContext) -> Callable[[np.ndarray], tuple[np.ndarray, ...]]:
     (shape,) = ctx.operand_shapes(inst)
     batch, m, n = _matrices(inst, shape)
-    _results(inst, 3)
+    results = _results(inst, 3)
     k = min(m, n)
-    import scipy.linalg  # here, not at the top: it doubles the package's import time (every actor's start)
+    routine = lapack_routine("getrf", shape)  # LAPACK's own, one call per matrix, as jaxlib makes it
+
+    def one(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        lu, piv, info = routine(a)
+        return lu, piv[:k] + 1, info  # LAPACK's 1-based row swaps (scipy gives them 0-based)
 
     def getrf(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if a.size == 0:
             return a.copy(), np.ones(batch + (k,), np.int32), np.zeros(batch, np.int32)
-        p, lower, upper = scipy.linalg.lu(a, p_indices=True, check_finite=False)
-        lu = np.zeros(a.shape, a.dtype)
-        lu[..., :k, :] = upper
-        lu[..., :, :k] += np.tril(lower, -1)
-        diagonal = np.diagonal(upper, axis1=-2, axis2=-1)
-        info = _first_failure(diagonal == 0)
-        return lu, lapack_pivots(np.argsort(p, axis=-1), k), info
+        return each_matrix(results, len(batch), one, a)
 
     return getrf
 
