@@ -80,6 +80,50 @@ def test_both_sides_spin_on_the_doorbell_and_see_the_other_write():
         shm.remove_job_segments(token)
 
 
+_ACTOR = """
+import pickle
+import sys
+from replicas.transport import spin
+from replicas.transport.doorbell import Doorbell
+bell = Doorbell(sys.argv[1], 1)
+last = 0  # (the driver may have rung before this process started)
+for _ in range(int(sys.argv[2])):
+    seq = bell.wait_request(last, timeout=10.0, spinner=spin.NEVER, actor=0)
+    if seq is None:
+        sys.exit("no request within 10 s: a wake-up was lost")
+    bell.reply(0, seq, pickle.dumps(bell.request()))
+    last = seq
+bell.close()
+"""
+
+
+@pytest.mark.skipif(not doorbell.available(), reason="needs futexes and /dev/shm")
+def test_no_wake_up_is_lost_between_two_processes_that_always_sleep():
+    """Each side wakes the other only when its flag says it sleeps: with both sides sleeping at every
+    wait (no spin), a wake-up lost to the race of a flag and a word would leave a side asleep until
+    its 10 s wait ends, failing the round."""
+    import subprocess
+    import sys
+
+    token = "test" + secrets.token_hex(4)
+    rounds = 2000
+    driver = Doorbell(token, 1, create=True)
+    actor = subprocess.Popen([sys.executable, "-c", _ACTOR, token, str(rounds)])
+    try:
+        for k in range(rounds):
+            seq = driver.ring(k)
+            replies = driver.replies(seq, [0], 10.0, spin.NEVER)
+            assert replies is not None, f"round {k}: no reply within 10 s"
+            assert pickle.loads(replies[0]) == k
+        assert actor.wait(timeout=30) == 0
+    finally:
+        if actor.poll() is None:
+            actor.kill()
+            actor.wait()
+        driver.close()
+        shm.remove_job_segments(token)
+
+
 @pytest.mark.usefixtures("ray_session")
 def test_a_jitted_function_of_every_packed_form_matches_jax_through_the_doorbell():
     jax = pytest.importorskip("jax")

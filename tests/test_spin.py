@@ -54,11 +54,31 @@ def test_failed_spins_in_a_row_make_it_rest_then_try_again():
     assert spinner.spin(lambda: True) and spinner.hits == 1
 
 
-def test_a_spinner_that_does_not_rest_spins_at_every_wait():
-    spinner = spin.Spinner(1e-9, rests=False)  # the driver's, waiting for its own call's replies
+def test_an_observed_spinner_spins_while_its_recent_waits_were_within_the_budget():
+    spinner = spin.Spinner(1e-3)
+    polls = [0]
+
+    def changed() -> bool:
+        polls[0] += 1
+        return True
+
+    assert spinner.spin(changed) and polls[0] == 1  # nothing observed yet: it spins
+    spinner.observed(1e-5)
+    spinner.observed(1.0)  # one long wait among short ones (a pause between calls): still spins
+    spinner.observed(1e-5)
+    assert spinner.spin(changed) and polls[0] == 2
+    spinner.observed(1.0)
+    spinner.observed(1.0)  # mostly long: a spin would not pay, it sleeps at once
+    assert not spinner.spin(changed) and polls[0] == 2
+    spinner.observed(1e-5)
+    spinner.observed(1e-5)  # short again: it spins again
+    assert spinner.spin(changed) and polls[0] == 3
+
+    short = spin.Spinner(1e-9)  # failed spins do not make an observed spinner rest
     for _ in range(4 * spin._FAILURES):
-        assert not spinner.spin(lambda: False)
-    assert spinner.spins == 4 * spin._FAILURES
+        short.observed(0.0)
+        assert not short.spin(lambda: False)
+    assert short.spins == 4 * spin._FAILURES
 
 
 def test_it_rests_when_fewer_than_half_the_spins_pay():

@@ -67,7 +67,6 @@ _LINE = 64
 _RECORD = struct.Struct("<IIIIqqIQ")
 ACK, ARRAY, PICKLED, SHARED, WRAP = 0, 1, 2, 3, 4
 CHANNEL_KINDS = (keys.CHANNEL, keys.CHANNEL_ACK)
-FIRST_NAP = 0.001  # seconds of the first futex wait of a receive (doubling up to the mailbox's slice)
 
 
 def available() -> bool:
@@ -88,10 +87,13 @@ def is_channel_key(key: Hashable) -> bool:
 
 def _bell(mapping: Mapping, index: int, always: bool = False) -> None:
     """Bump the doorbell word `index` of `mapping`, and wake its replica if it sleeps there (the word
-    after it says so: a wake-up is a system call, and most messages find their receiver awake)."""
+    after it says so: a wake-up is a system call, and most messages find their receiver awake; the
+    fence orders the bump before the flag's read, see `futex.fence`)."""
     words = mapping.words
     if words.size:
         words[index] = (int(words[index]) + 1) & 0xFFFFFFFF
+        if not always:
+            futex.fence()
         if always or words[index + 1]:
             futex.wake(mapping.address + 4 * index)
 
@@ -367,8 +369,6 @@ class ChannelRings:
         address = own.address + 4 * index
         if block is not None and block.needs != "group":
             block.waits_for = tuple(dict.fromkeys(src for src, key in wanted if not box.poll(src, key)))
-        nap = [FIRST_NAP]
-
         def sleep(timeout: float) -> None:
             words = own.words
             if not words.size:
@@ -377,10 +377,7 @@ class ChannelRings:
             seen = int(words[index])
             self.drain(replica)
             if not ready():
-                # The flag and the doorbell are stores read in the opposite order on the other side,
-                # which x86 may reorder, so a wake-up can be missed: the first naps are short.
-                futex.wait(address, seen, min(timeout, nap[0]))
-                nap[0] = min(2 * nap[0], timeout)
+                futex.wait(address, seen, timeout)
                 self.drain(replica)  # what woke it, read before the caller asks again
             words[index + 1] = 0
 

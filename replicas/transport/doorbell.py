@@ -12,15 +12,23 @@ replicas and actors read it.
 
 Layout: line 0 holds the request word (the driver's), a stop word, the release word and the hold
 word (the actors' main threads park on the release word while the hold, a time, has passed:
-runtime/ray/parking.py); line 1+i the reply word of actor i (its own); then the request (u64
-length, bytes) and one reply slot per actor (u64 length, bytes). Each word but the release word
-has one writer, and x86-64 keeps stores in order (transport/futex.py), so a reader that sees a word
-sees the bytes written before it; the release word only has to move (anyone may bump it).
+runtime/ray/parking.py) and the time of the latest request; line 1+i the reply word of actor i (its
+own), actor i's "asleep" flag for the request word (its own), the driver's "asleep" flag for that
+reply word (the driver's) and the time of actor i's latest reply; then the request (u64 length,
+bytes) and one reply slot per actor (u64 length, bytes). Each word but the release word has one
+writer, and x86-64 keeps stores in order (transport/futex.py), so a reader that sees a word sees the
+bytes written before it; the release word only has to move (anyone may bump it).
 
 Both waits spin first when the driver and the node's actors of the job fit the cores
-(transport/spin.py): the driver for the replies of a short call, an actor's call thread for the
-next request after it replied (a loop calls again within tens of microseconds). A futex sleep and
-its wake-up cost each side a scheduler round, about as much as a small program's whole run.
+(transport/spin.py): the driver for the replies of a short call, an actor's call thread for the next
+request after it replied (a loop calls again within tens of microseconds). A futex sleep and its
+wake-up cost each side a scheduler round, about as much as a small program's whole run. Each side
+spins while its recent waits were short (`Spinner.observed`): the driver's from its request to the
+replies, an actor's from its reply to the next request, read off the times in the lines (the node's
+monotonic clock), whether it spun or slept meanwhile. A side that sleeps says so first in its flag,
+and the other wakes it only then (`futex.fence` between the word and the flag): a `FUTEX_WAKE` is a
+system call of several microseconds on a virtual machine, paid for nothing while the waiter still
+spins.
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ from replicas.transport.segment import Mapping
 
 _LINE = 64
 _RELEASE, _HOLD = 2, 3  # words of line 0
+_ACTOR_ASLEEP, _DRIVER_ASLEEP = 1, 2  # words of actor i's line, after its reply word
+_TIME = 16  # byte offset in line 0 (the request's) and in an actor's line (its reply's): f64 seconds
+_SECONDS = struct.Struct("<d")
 REQUEST_BYTES = int(os.environ.get("REPLICAS_DOORBELL_REQUEST_BYTES", str(256 << 20)))  # virtual: sparse
 REPLY_BYTES = 1 << 20  # per actor: a reply carries only small outputs
 _LENGTH = struct.Struct("<Q")
@@ -108,6 +119,9 @@ class Doorbell:
         self.map = Mapping(os.path.join(shm.SHM_DIR, segment_name(token)), size if create else 0)
         self.words = self.map.words
         self.base = self.map.address
+        self._actor_flags = np.arange(actors) * (_LINE // 4) + _LINE // 4 + _ACTOR_ASLEEP
+        self._rang_at = 0.0  # the driver's latest request
+        self._replied_at = 0.0  # this actor's latest reply (0: none yet)
         if create:
             self.words[_HOLD] = _now_ms()  # held until now: the actors may park
 
@@ -125,9 +139,14 @@ class Doorbell:
         if length > REQUEST_BYTES:
             return None
         _LENGTH.pack_into(mm, at, length)
-        seq = (int(self.words[0]) + 1) & 0xFFFFFFFF
-        self.words[0] = seq
-        futex.wake(self.base)
+        words = self.words
+        seq = (int(words[0]) + 1) & 0xFFFFFFFF
+        self._rang_at = time.monotonic()
+        _SECONDS.pack_into(mm, _TIME, self._rang_at)
+        words[0] = seq
+        futex.fence()
+        if words[self._actor_flags].any():
+            futex.wake(self.base)
         return seq
 
     def replies(self, seq: int, actors: list[int], timeout: float,
@@ -144,7 +163,12 @@ class Doorbell:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
+                words[word + _DRIVER_ASLEEP] = 1
                 futex.wait(self.base + word * 4, int(words[word]), min(left, SLICE))
+                words[word + _DRIVER_ASLEEP] = 0
+        mm = self.map.mm
+        replied = max((_SECONDS.unpack_from(mm, (1 + i) * _LINE + _TIME)[0] for i in actors), default=0.0)
+        spinner.observed(replied - self._rang_at)
         return [self._read(self._replies_at + i * REPLY_BYTES) for i in actors]
 
     def stop(self) -> None:
@@ -172,15 +196,24 @@ class Doorbell:
             futex.wake(self.base + _RELEASE * 4)
 
     # -- an actor's side ------------------------------------------------------------------------------
-    def wait_request(self, last: int, timeout: float = SLICE, spinner: spin.Spinner = spin.NEVER) -> int | None:
+    def wait_request(self, last: int, timeout: float = SLICE, spinner: spin.Spinner = spin.NEVER,
+                     actor: int = 0) -> int | None:
         """The request number once it differs from `last` (None after `timeout` s, or once stopped;
-        `spinner`: how long to watch the request word before sleeping on it)."""
+        `spinner`: how long to watch the request word before sleeping on it; `actor`: this actor's
+        index, whose flag says it sleeps)."""
         if int(self.words[0]) == last and not spinner.watch(self.map, 0, _always):
+            flag = (1 + actor) * (_LINE // 4) + _ACTOR_ASLEEP
+            self.words[flag] = 1
             futex.wait(self.base, last, timeout)
+            self.words[flag] = 0
         if self.words[1]:
             return None
         seq = int(self.words[0])
-        return None if seq == last else seq
+        if seq == last:
+            return None
+        if self._replied_at:
+            spinner.observed(_SECONDS.unpack_from(self.map.mm, _TIME)[0] - self._replied_at)
+        return seq
 
     def stopped(self) -> bool:
         return bool(self.words[1])
@@ -214,8 +247,13 @@ class Doorbell:
         _LENGTH.pack_into(self.map.mm, at, len(payload))
         self.map.mm[at + _LENGTH.size:at + _LENGTH.size + len(payload)] = payload
         word = (1 + actor) * (_LINE // 4)
-        self.words[word] = seq
-        futex.wake(self.base + word * 4)
+        words = self.words
+        self._replied_at = time.monotonic()
+        _SECONDS.pack_into(self.map.mm, (1 + actor) * _LINE + _TIME, self._replied_at)
+        words[word] = seq
+        futex.fence()
+        if words[word + _DRIVER_ASLEEP]:
+            futex.wake(self.base + word * 4)
         return True
 
     def _read(self, at: int) -> bytes:

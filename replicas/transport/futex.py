@@ -12,6 +12,7 @@ import ctypes
 import os
 import platform
 import sys
+import threading
 
 from replicas.transport.shm import SHM_DIR
 
@@ -40,6 +41,21 @@ def u32_at(address: int) -> ctypes.c_uint32:
 
 def wake(address: int) -> None:
     _syscall(_SYS_FUTEX, address, _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+
+_BARRIER = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory barrier: a store before it is seen by every core before a load after it is
+    made. On x86-64 stores may pass later loads (through the store buffer), so a writer that bumps a
+    word and then reads its reader's "asleep" flag could read a stale 0 while the reader, which set
+    the flag and then (in `FUTEX_WAIT`) read the stale word, sleeps: a lost wake-up. A lock's
+    acquire and release are atomic read-modify-writes, locked instructions, which x86 orders with
+    every load and store (the reader's side needs nothing: the kernel takes a lock before it reads
+    the word)."""
+    _BARRIER.acquire()
+    _BARRIER.release()
 
 
 def available() -> bool:

@@ -18,6 +18,13 @@ A spin holds the GIL: it is bounded (`budget`), so a thread of the same process 
 GIL (a transport's reader, the host's poll) waits at most that long, far below Python's switch
 interval. Nothing depends on a spin: the futex wait that follows is the same as without it.
 
+A waiter that can see how long each wait would have taken, spinning or not, decides from that
+instead (`Spinner.observed`, the doorbell's two waits: the call's reply, the next call): it spins
+while its recent waits (the median of the last three) took at most half the budget, so that most
+spins pay. Failures alone cannot tell when to spin again: a side that rests sleeps, its peer's
+wake-up of it outlasts the peer's spin, and both keep sleeping though each would have found the
+other within microseconds.
+
 `REPLICAS_SPIN_US` sets the budget in microseconds (0: never spin), whatever the processes.
 """
 
@@ -50,13 +57,12 @@ def budget_for(processes: int) -> float:
 class Spinner:
     """Per replica (one thread uses it): `spin(changed)` polls `changed()` for at most the budget."""
 
-    __slots__ = ("budget", "_failures", "_rest", "spins", "hits", "_most_failures")
+    __slots__ = ("budget", "_failures", "_rest", "spins", "hits", "_recent", "_last")
 
-    def __init__(self, budget: float, rests: bool = True) -> None:
-        """`rests`: whether failed spins make it rest (a waiter whose every spin is bounded by its
-        own call's length, the driver of a persistent job, need not)."""
+    def __init__(self, budget: float) -> None:
         self.budget = budget
-        self._most_failures = _FAILURES if rests else 1 << 62
+        self._recent: float | None = None  # an `observed` spinner's typical wait, of its `_last`
+        self._last: list[float] = []
         self._failures = 0
         self._rest = 0
         self.spins = 0  # spins tried, and how many saw the change (tests and benchmarks read them)
@@ -69,6 +75,9 @@ class Spinner:
         if self._rest:
             self._rest -= 1
             return False
+        recent = self._recent
+        if recent is not None and recent > self.budget / 2:
+            return False
         self.spins += 1
         deadline = perf_counter() + self.budget
         while True:
@@ -79,11 +88,23 @@ class Spinner:
                 return True
             if perf_counter() > deadline:
                 break
+        if recent is not None:
+            return False  # (its waits' lengths decide, not the failures)
         self._failures += 1
-        if self._failures >= self._most_failures:
+        if self._failures >= _FAILURES:
             self._failures = 0
             self._rest = _REST
         return False
+
+    def observed(self, seconds: float) -> None:
+        """A wait took `seconds` (or would have, had it spun): from now on waits spin only while
+        the median of the last three took at most half the budget (one long wait, a pause between
+        bursts of calls, does not stop the spinning; one short one under load does not start it)."""
+        last = self._last
+        last.append(seconds)
+        if len(last) > 3:
+            del last[0]
+        self._recent = sorted(last)[len(last) // 2]
 
     def watch(self, mapping: Any, index: int, then: Callable[[], bool]) -> bool:
         """Spin until the shared word `mapping.words[index]` (a board counter, a doorbell) changes
@@ -92,6 +113,8 @@ class Spinner:
             return False
         if self._rest:  # (as `spin` would, without building the watch)
             self._rest -= 1
+            return False
+        if self._recent is not None and self._recent > self.budget / 2:
             return False
         seen = int(mapping.words[index])
 

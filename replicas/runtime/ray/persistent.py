@@ -61,9 +61,7 @@ class PersistentJob:
                    for i in here], here)
         self._bell_lock = threading.Lock()
         self._bell, self._bell_actors = bell, here
-        # The driver waits for its own call's replies and has nothing else to run meanwhile: its
-        # spin never rests (a rest after a few long calls left every later short call to a wake-up).
-        self._bell_spinner = spin.Spinner(spin.budget_for(processes), rests=False)
+        self._bell_spinner = spin.Spinner(spin.budget_for(processes))
 
     def _wake_actors(self) -> None:
         """Before actor calls: the doorbell's actors keep their main threads, which Ray's calls

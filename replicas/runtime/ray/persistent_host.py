@@ -108,18 +108,20 @@ class PersistentCalls:
         bell = Doorbell(token, actors)
         self._doorbell = bell
         spinner = spin.Spinner(spin.budget_for(processes)) if processes > 1 else spin.NEVER
-        threading.Thread(target=self._serve, args=(bell, index, token, spinner), name="replicas-doorbell",
+        # The request word as the driver left it, read before this call returns: the driver may
+        # ring as soon as it does, before the thread runs.
+        last = bell.request_seq()
+        threading.Thread(target=self._serve, args=(bell, index, token, spinner, last), name="replicas-doorbell",
                          daemon=True).start()
 
     def close_doorbell(self) -> None:
         self._doorbell = None  # its thread ends within a slice
 
-    def _serve(self, bell: Doorbell, index: int, token: str, spinner: spin.Spinner) -> None:
-        last = bell.request_seq()
+    def _serve(self, bell: Doorbell, index: int, token: str, spinner: spin.Spinner, last: int) -> None:
         try:
             while self._doorbell is bell and self._token == token:
                 parking.park(bell)  # (unless parked already, or the driver holds the actors awake)
-                seq = bell.wait_request(last, spinner=spinner)
+                seq = bell.wait_request(last, spinner=spinner, actor=index)
                 if seq is None:
                     if bell.stopped():
                         return
