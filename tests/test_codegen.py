@@ -49,3 +49,29 @@ def test_a_broadcast_read_only_by_element_wise_ufuncs_is_a_reshape():
     want = rp.run(module, args, num_replicas=1, backend="threads", record_every_instruction=True)[0]
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.tobytes() == w.tobytes()
+
+
+LAYOUT = """HloModule layout
+
+ENTRY main {
+  x = f32[2,6] parameter(0)
+  c = f32[2,6] copy(x)
+  r = f32[3,4] reshape(c)
+  b = f32[12] bitcast(r)
+  n = f32[12] negate(b)
+  k = f32[12] copy(n)
+  ROOT out = (f32[12], f32[2,6], f32[3,4]) tuple(k, c, r)
+}
+"""
+
+
+def test_copies_and_reshapes_call_no_kernel_and_give_the_numpy_paths_values():
+    module = rp.parse_hlo(LAYOUT)
+    interp = Interpreter(module)
+    assert kernel_calls(interp) == {"n"}  # a copy is a renaming, a row-major reshape or bitcast a `.reshape`
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    got = interp.run([x])
+    want = rp.run(module, [x], num_replicas=1, backend="threads", record_every_instruction=True)[0]
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.tobytes() == w.tobytes()
+    assert np.shares_memory(got[1], x)  # as the copy kernel: values are never written, nothing is copied

@@ -427,8 +427,14 @@ class _Generator:
             name = self.global_(value)
             self.constants.add(name)
             return _Array(name, inst.shape)
+        if getattr(kernel, "passes_through", False):  # a copy: values are never written
+            self.numpy_calls -= 1
+            self.array_calls -= 1
+            return _Array(args[0], inst.shape)
         var = f"v{next(self.names)}"
-        self.line(f"{var} = {fn}({', '.join(args)})")
+        reshaped = getattr(kernel, "reshaped_to", None)
+        self.line(f"{var} = {args[0]}.reshape({reshaped})" if reshaped is not None else
+                  f"{var} = {fn}({', '.join(args)})")
         return _Array(var, inst.shape)
 
     def element(self, text: str, rounded: bool, operands: list[str], var: str) -> str:

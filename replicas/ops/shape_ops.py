@@ -67,6 +67,7 @@ def make_reshape(inst: Instruction, ctx: KernelContext) -> Callable[[np.ndarray]
     def reshape(x: np.ndarray) -> np.ndarray:
         return x.reshape(out_dims)
 
+    reshape.reshaped_to = tuple(out_dims)  # type: ignore[attr-defined]  # generated code inlines it
     return reshape
 
 
@@ -90,6 +91,7 @@ def make_bitcast(inst: Instruction, ctx: KernelContext) -> Callable[[np.ndarray]
         def bitcast_reshape(x: np.ndarray) -> np.ndarray:
             return x.reshape(out_dims)
 
+        bitcast_reshape.reshaped_to = tuple(out_dims)  # type: ignore[attr-defined]  # generated code inlines it
         return bitcast_reshape
 
     if operand.rank == 0 and result.rank == 0:
@@ -122,6 +124,7 @@ def make_copy(inst: Instruction, ctx: KernelContext) -> Callable[[np.ndarray], n
     def copy(x: np.ndarray) -> np.ndarray:
         return x
 
+    copy.passes_through = True  # type: ignore[attr-defined]  # generated code renames instead of calling
     return copy
 
 

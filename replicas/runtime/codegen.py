@@ -101,6 +101,10 @@ def straight_line(bound: BoundComputation, comp: Computation,
             line = f"{var} = {names[0]}.reshape({reshaped[k]})"
         elif opcode == "get-tuple-element":
             line = f"{var} = {names[0]}[{int(inst.attrs['index'])}]"
+        elif getattr(fn, "passes_through", False) and k not in in_place:
+            line = f"{var} = {names[0]}"  # a copy: values are never written, the kernel returns its operand
+        elif getattr(fn, "reshaped_to", None) is not None and k not in in_place:
+            line = f"{var} = {names[0]}.reshape({fn.reshaped_to})"  # the kernel's one call, without its frame
         elif opcode == "tuple":
             line = f"{var} = ({''.join(n + ', ' for n in names)})"
         elif expression is not None:
