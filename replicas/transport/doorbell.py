@@ -12,9 +12,10 @@ replicas and actors read it.
 
 Layout: line 0 holds the request word (the driver's), a stop word, the release word and the hold
 word (the actors' main threads park on the release word while the hold, a time, has passed:
-runtime/ray/parking.py) and the time of the latest request; line 1+i the reply word of actor i (its
-own), actor i's "asleep" flag for the request word (its own), the driver's "asleep" flag for that
-reply word (the driver's) and the time of actor i's latest reply; then the request (u64 length,
+runtime/ray/parking.py) and how long the driver took to ring after its previous replies; line 1+i
+the reply word of actor i (its own), actor i's "asleep" flag for the request word (its own), the
+driver's "asleep" flag for that reply word (the driver's) and how long actor i took from the
+request to its reply; then the request (u64 length,
 bytes) and one reply slot per actor (u64 length, bytes). Each word but the release word has one
 writer, and x86-64 keeps stores in order (transport/futex.py), so a reader that sees a word sees the
 bytes written before it; the release word only has to move (anyone may bump it).
@@ -23,12 +24,16 @@ Both waits spin first when the driver and the node's actors of the job fit the c
 (transport/spin.py): the driver for the replies of a short call, an actor's call thread for the next
 request after it replied (a loop calls again within tens of microseconds). A futex sleep and its
 wake-up cost each side a scheduler round, about as much as a small program's whole run. Each side
-spins while its recent waits were short (`Spinner.observed`): the driver's from its request to the
-replies, an actor's from its reply to the next request, read off the times in the lines (the node's
-monotonic clock), whether it spun or slept meanwhile. A side that sleeps says so first in its flag,
+spins while the other side's recent turns were short (`Spinner.observed`): the driver while the
+actors' (request to reply) were, an actor while the driver's (replies to the next request) were, as
+each side writes them in its line. A turn excludes the time its side slept before it began, so
+neither side's choice feeds the other's: measured from the other side, a sleeper's wake-up would
+count, and two sleepers would each find the other too slow to spin for. A side that sleeps says so first in its flag,
 and the other wakes it only then (`futex.fence` between the word and the flag): a `FUTEX_WAKE` is a
 system call of several microseconds on a virtual machine, paid for nothing while the waiter still
-spins.
+spins. A side that woke the other sleeps for the answer instead of spinning: the scheduler often
+queues the woken process on the waker's core (it expects a waker to sleep), where a spin would
+hold it off for the whole budget.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from replicas.transport.segment import Mapping
 _LINE = 64
 _RELEASE, _HOLD = 2, 3  # words of line 0
 _ACTOR_ASLEEP, _DRIVER_ASLEEP = 1, 2  # words of actor i's line, after its reply word
-_TIME = 16  # byte offset in line 0 (the request's) and in an actor's line (its reply's): f64 seconds
+_TURN = 16  # byte offset in line 0 (the driver's turn) and in an actor's line (its turn): f64 seconds
 _SECONDS = struct.Struct("<d")
 REQUEST_BYTES = int(os.environ.get("REPLICAS_DOORBELL_REQUEST_BYTES", str(256 << 20)))  # virtual: sparse
 REPLY_BYTES = 1 << 20  # per actor: a reply carries only small outputs
@@ -120,8 +125,10 @@ class Doorbell:
         self.words = self.map.words
         self.base = self.map.address
         self._actor_flags = np.arange(actors) * (_LINE // 4) + _LINE // 4 + _ACTOR_ASLEEP
-        self._rang_at = 0.0  # the driver's latest request
-        self._replied_at = 0.0  # this actor's latest reply (0: none yet)
+        self._seen_at = 0.0  # when this side saw the other's latest request or replies (0: never)
+        # Whether this side's latest request or reply woke the other: then it does not spin for the
+        # answer, which the scheduler may have queued on this very core (a waker is expected to sleep).
+        self._woke = False
         if create:
             self.words[_HOLD] = _now_ms()  # held until now: the actors may park
 
@@ -141,11 +148,11 @@ class Doorbell:
         _LENGTH.pack_into(mm, at, length)
         words = self.words
         seq = (int(words[0]) + 1) & 0xFFFFFFFF
-        self._rang_at = time.monotonic()
-        _SECONDS.pack_into(mm, _TIME, self._rang_at)
+        _SECONDS.pack_into(mm, _TURN, time.monotonic() - self._seen_at if self._seen_at else 1.0)
         words[0] = seq
         futex.fence()
-        if words[self._actor_flags].any():
+        self._woke = bool(words[self._actor_flags].any())
+        if self._woke:
             futex.wake(self.base)
         return seq
 
@@ -157,7 +164,7 @@ class Doorbell:
         words = self.words
         for i in actors:
             word = (1 + i) * (_LINE // 4)
-            if int(words[word]) != seq:
+            if int(words[word]) != seq and not self._woke:
                 spinner.watch(self.map, word, lambda word=word: int(words[word]) == seq)
             while int(words[word]) != seq:
                 left = deadline - time.monotonic()
@@ -166,9 +173,9 @@ class Doorbell:
                 words[word + _DRIVER_ASLEEP] = 1
                 futex.wait(self.base + word * 4, int(words[word]), min(left, SLICE))
                 words[word + _DRIVER_ASLEEP] = 0
+        self._seen_at = time.monotonic()
         mm = self.map.mm
-        replied = max((_SECONDS.unpack_from(mm, (1 + i) * _LINE + _TIME)[0] for i in actors), default=0.0)
-        spinner.observed(replied - self._rang_at)
+        spinner.observed(max((_SECONDS.unpack_from(mm, (1 + i) * _LINE + _TURN)[0] for i in actors), default=0.0))
         return [self._read(self._replies_at + i * REPLY_BYTES) for i in actors]
 
     def stop(self) -> None:
@@ -201,7 +208,7 @@ class Doorbell:
         """The request number once it differs from `last` (None after `timeout` s, or once stopped;
         `spinner`: how long to watch the request word before sleeping on it; `actor`: this actor's
         index, whose flag says it sleeps)."""
-        if int(self.words[0]) == last and not spinner.watch(self.map, 0, _always):
+        if int(self.words[0]) == last and (self._woke or not spinner.watch(self.map, 0, _always)):
             flag = (1 + actor) * (_LINE // 4) + _ACTOR_ASLEEP
             self.words[flag] = 1
             futex.wait(self.base, last, timeout)
@@ -211,8 +218,8 @@ class Doorbell:
         seq = int(self.words[0])
         if seq == last:
             return None
-        if self._replied_at:
-            spinner.observed(_SECONDS.unpack_from(self.map.mm, _TIME)[0] - self._replied_at)
+        self._seen_at = time.monotonic()
+        spinner.observed(_SECONDS.unpack_from(self.map.mm, _TURN)[0])
         return seq
 
     def stopped(self) -> bool:
@@ -248,11 +255,11 @@ class Doorbell:
         self.map.mm[at + _LENGTH.size:at + _LENGTH.size + len(payload)] = payload
         word = (1 + actor) * (_LINE // 4)
         words = self.words
-        self._replied_at = time.monotonic()
-        _SECONDS.pack_into(self.map.mm, (1 + actor) * _LINE + _TIME, self._replied_at)
+        _SECONDS.pack_into(self.map.mm, (1 + actor) * _LINE + _TURN, time.monotonic() - self._seen_at)
         words[word] = seq
         futex.fence()
-        if words[word + _DRIVER_ASLEEP]:
+        self._woke = bool(words[word + _DRIVER_ASLEEP])
+        if self._woke:
             futex.wake(self.base + word * 4)
         return True
 

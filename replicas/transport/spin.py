@@ -16,14 +16,16 @@ counts as a failure and a hit takes one back, so once failures outnumber hits by
 (`_FAILURES` failed spins per `_REST` waits at most when it never pays).
 A spin holds the GIL: it is bounded (`budget`), so a thread of the same process that needs the
 GIL (a transport's reader, the host's poll) waits at most that long, far below Python's switch
-interval. Nothing depends on a spin: the futex wait that follows is the same as without it.
+interval. Each poll yields the core (`sched_yield`): the scheduler often queues the peer a spinner
+waits for on the spinner's own core (a process it woke, placed beside its waker), where an
+unyielding spin holds the peer off for the whole budget. Nothing depends on a spin: the futex
+wait that follows is the same as without it.
 
 A waiter that can see how long each wait would have taken, spinning or not, decides from that
 instead (`Spinner.observed`, the doorbell's two waits: the call's reply, the next call): it spins
-while its recent waits (the median of the last three) took at most half the budget, so that most
-spins pay. Failures alone cannot tell when to spin again: a side that rests sleeps, its peer's
-wake-up of it outlasts the peer's spin, and both keep sleeping though each would have found the
-other within microseconds.
+while its recent waits (the median of the last three) took at most the budget. Failures alone cannot
+tell when to spin again: a side that rests sleeps, its peer's wake-up of it outlasts the peer's
+spin, and both keep sleeping though each would have found the other within microseconds.
 
 `REPLICAS_SPIN_US` sets the budget in microseconds (0: never spin), whatever the processes.
 """
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from os import sched_yield as _sched_yield
 from time import perf_counter
 from typing import Any
 
@@ -76,7 +79,7 @@ class Spinner:
             self._rest -= 1
             return False
         recent = self._recent
-        if recent is not None and recent > self.budget / 2:
+        if recent is not None and recent > self.budget:
             return False
         self.spins += 1
         deadline = perf_counter() + self.budget
@@ -88,6 +91,7 @@ class Spinner:
                 return True
             if perf_counter() > deadline:
                 break
+            _sched_yield()
         if recent is not None:
             return False  # (its waits' lengths decide, not the failures)
         self._failures += 1
@@ -98,7 +102,7 @@ class Spinner:
 
     def observed(self, seconds: float) -> None:
         """A wait took `seconds` (or would have, had it spun): from now on waits spin only while
-        the median of the last three took at most half the budget (one long wait, a pause between
+        the median of the last three took at most the budget (one long wait, a pause between
         bursts of calls, does not stop the spinning; one short one under load does not start it)."""
         last = self._last
         last.append(seconds)
@@ -114,7 +118,7 @@ class Spinner:
         if self._rest:  # (as `spin` would, without building the watch)
             self._rest -= 1
             return False
-        if self._recent is not None and self._recent > self.budget / 2:
+        if self._recent is not None and self._recent > self.budget:
             return False
         seen = int(mapping.words[index])
 
