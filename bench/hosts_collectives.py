@@ -236,8 +236,7 @@ def _replicas_round(cluster, n: int, a: argparse.Namespace) -> dict:
     return json.loads(lines[-1])["results"]
 
 
-def _measure(cluster, n: int, ops: list[str], sizes: list[int], a: argparse.Namespace, skip: set[str],
-             started: str) -> None:
+def _measure(cluster, n: int, ops: list[str], sizes: list[int], a: argparse.Namespace, skip: set[str]) -> None:
     """`--rounds` rounds of the replicas, gloo and MPI in turn (a slow period of the machine then
     falls on every column alike); a cell is the median over every round's samples, and the ratio's
     range is that of the rounds' own ratios."""
@@ -245,6 +244,7 @@ def _measure(cluster, n: int, ops: list[str], sizes: list[int], a: argparse.Name
     anchors: dict[tuple[str, str, int], list[float]] = {}
     per_round: list[dict[tuple[str, int], float]] = []
     notes = {"gloo": "skipped", "mpi": "skipped"}
+    started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     loads = [load_average().split()[0]]  # the last minute's, around each round
     for _ in range(a.rounds):
         got = _replicas_round(cluster, n, a)
@@ -269,7 +269,8 @@ def _measure(cluster, n: int, ops: list[str], sizes: list[int], a: argparse.Name
         per_round.append(ratios)
         loads.append(load_average().split()[0])
     links = ", ".join(filter(None, (a.rate, a.delay, a.loss and f"loss {a.loss}"))) or "unshaped"
-    print(f"\nN={n} over 2 hosts ({started}; {a.rounds} round(s), load {' -> '.join(loads)}; links {links}); "
+    ended = time.strftime("%H:%M UTC", time.gmtime())
+    print(f"\nN={n} over 2 hosts ({started}-{ended}; {a.rounds} round(s), load {' -> '.join(loads)}; links {links}); "
           f"gloo: {notes['gloo']}; MPI: {notes['mpi']}")
     print("| op | size | replicas | gloo | MPI | ratio (rounds) | link model | vs model |")
     print("|---|---|---|---|---|---|---|---|")
@@ -320,11 +321,10 @@ def main() -> None:
     skip = set(filter(None, a.skip.split(",")))
     ns = [int(v) for v in a.replicas.split(",")]
     name = f"b{secrets.token_hex(2)}"
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     cluster = hosts.start(name, 2, cpus=max(ns) // 2, rate=a.rate, delay=a.delay, loss=a.loss)
     try:
         for n in ns:
-            _measure(cluster, n, ops, sizes, a, skip, started)
+            _measure(cluster, n, ops, sizes, a, skip)
     finally:
         hosts.stop(name)
 
