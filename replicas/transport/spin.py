@@ -42,19 +42,23 @@ from replicas.tuning.cores import cores
 
 ENV = "REPLICAS_SPIN_US"
 BUDGET = 100e-6  # seconds a wait may spin before it sleeps
+# The doorbell's waits (transport/doorbell.py) spin only while the other side's turns are short, so
+# a spin there nearly always pays; its budget outlasts a slice of another process on this core
+# (each poll yields to it), which a shorter one does not.
+DOORBELL_BUDGET = 1e-3
 _FAILURES = 8  # failed spins in a row before the spinner rests
 _REST = 256  # waits without spinning after that
 
 
-def budget_for(processes: int) -> float:
-    """Seconds to spin before sleeping, for a job with `processes` processes on this node."""
+def budget_for(processes: int, budget: float = BUDGET) -> float:
+    """Seconds to spin before sleeping (`budget`), for a job with `processes` processes on this node."""
     setting = os.environ.get(ENV, "").strip()
     if setting:
         try:
             return max(0.0, float(setting) * 1e-6)
         except ValueError:
             raise ValueError(f"{ENV}={setting!r}: expected a number of microseconds") from None
-    return BUDGET if processes <= cores() else 0.0
+    return budget if processes <= cores() else 0.0
 
 
 class Spinner:

@@ -61,7 +61,7 @@ class PersistentJob:
                    for i in here], here)
         self._bell_lock = threading.Lock()
         self._bell, self._bell_actors = bell, here
-        self._bell_spinner = spin.Spinner(spin.budget_for(processes))
+        self._bell_spinner = spin.Spinner(spin.budget_for(processes, spin.DOORBELL_BUDGET))
 
     def _wake_actors(self) -> None:
         """Before actor calls: the doorbell's actors keep their main threads, which Ray's calls

@@ -107,7 +107,7 @@ class PersistentCalls:
         in a thread of this actor, until the job ends."""
         bell = Doorbell(token, actors)
         self._doorbell = bell
-        spinner = spin.Spinner(spin.budget_for(processes)) if processes > 1 else spin.NEVER
+        spinner = spin.Spinner(spin.budget_for(processes, spin.DOORBELL_BUDGET)) if processes > 1 else spin.NEVER
         # The request word as the driver left it, read before this call returns: the driver may
         # ring as soon as it does, before the thread runs.
         last = bell.request_seq()
