@@ -36,7 +36,8 @@ ALLOWED_RAISES: dict[tuple[str, str], tuple[int, str]] = {
     ("channels/feeds.py", "reject_nested_tuple"): (1, "a kernel limit: nested tuples through the host"),
     ("channels/send_recv.py", "channel_id"): (1, "a Send/Recv without channel_id (the shape rule takes one; "
                                                  "the kernel pairs Send and Recv by it)"),
-    ("channels/send_recv.py", "channel_pairs"): (2, "Send/Recv's routing, a frontend attribute the verifier does not read"),
+    ("channels/send_recv.py", "channel_pairs"): (2, "Send/Recv's routing, a frontend attribute the verifier "
+                                                    "does not read"),
     ("channels/send_recv.py", "_received_checker"): (2, "what a peer sent, at run time"),
     ("constants.py", "make_constant"): (1, "the verifier checks shapes of IR without data (no literal)"),
     ("convert.py", "make_bitcast_convert"): (1, "the host's byte order"),
