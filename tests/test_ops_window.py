@@ -157,6 +157,25 @@ def test_reduce_window_many_elements_fold_left_to_right(reducer, dtype, shape, s
     assert got.tobytes() == acc.tobytes()
 
 
+@pytest.mark.parametrize("reducer,dtype,init,shape,size,stride,pad,base,win", [
+    ("add", "float32", 1.0, (5,), (8,), (1,), ((7, 0),), (1,), (1,)),  # a cumulative sum from 1
+    ("add", "float32", 0.5, (3, 4), (2, 3), (1, 2), ((1, 0), (2, 1)), (1, 1), (1, 1)),
+    ("add", "float32", 1.0, (5,), (3,), (1,), ((1, 1),), (2,), (1,)),  # the holes of a base dilation
+    ("add", "float32", 1.0, (5,), (2,), (1,), ((2, 1),), (1,), (2,)),
+    ("add", "float32", 1.0, (40,), (9,), (1,), ((4, 4),), (1,), (1,)),  # many elements: the accumulate path
+    ("multiply", "int32", 2, (6,), (3,), (1,), ((1, 1),), (1,), (1,)),
+    ("maximum", "float32", 3.0, (6,), (3,), (2,), ((2, 2),), (1,), (1,)),
+    ("add", "int32", -3, (4, 4), (3, 3), (1, 1), ((1, 1), (2, 0)), (2, 1), (1, 1)),
+])
+def test_reduce_window_folds_only_the_operand_into_an_init_that_is_no_identity(reducer, dtype, init, shape, size,
+                                                                             stride, pad, base, win):
+    """XLA skips padding and a base dilation's holes: an init that is no identity of the reducer is
+    folded in once per window, never once per padding element (JAX's own programs use identities)."""
+    x = random_values(np.random.default_rng(11), shape, dtype)
+    got, expected = run_reduce_window(x, np.asarray(init, dtype), reducer, size, stride, pad, base, win)
+    assert got.dtype == expected.dtype and got.tobytes() == expected.tobytes(), (got, expected)
+
+
 @pytest.mark.parametrize("init", [0.0, -0.0])
 def test_reduce_window_cumulative_sums_of_signed_zeros_keep_the_folds_bits(init):
     """A cumulative sum is one `accumulate` from the init (folding the init into itself gives the
@@ -209,6 +228,13 @@ def wrapped_add(element_type: str) -> Computation:
     comp.add(Instruction("r", "multiply", s, ["sum", "one"]))
     comp.root = "r"
     return comp
+
+
+def test_reduce_window_generic_computation_skips_padding():
+    x = random_values(np.random.default_rng(12), (6,), "float32")
+    got, expected = run_reduce_window(x, np.float32(1.0), "add", [3], [1], [(2, 1)], [2], [1],
+                                      comp=wrapped_add("f32"))
+    assert got.tobytes() == expected.tobytes(), (got, expected)
 
 
 @settings(max_examples=10, deadline=None)

@@ -135,6 +135,19 @@ def make_reduce_window(inst: Instruction, ctx: KernelContext) -> Callable[..., A
     offsets = geometry.element_offsets() if math.prod(out_dims) else []
     slices = [geometry.view_slices(o) for o in offsets]
 
+    # XLA folds only the operand's elements of a window into the init: padding and the holes of a
+    # base dilation are skipped. Filling them with the init is the same when the reducer absorbs
+    # it (`_absorbs_itself`: adding +0, a max); otherwise each element's step is masked to the
+    # positions where it lies inside the operand.
+    inside = None if geometry.trivial_padding else geometry.pad_base(np.ones(base_dims, bool), False)
+
+    def _skipping_outside(ufunc: np.ufunc, x: np.ndarray, init: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        base = geometry.pad_base(x, np.zeros((), dtype))
+        acc = np.full(out_dims, init, dtype=dtype)
+        for sl in slices:
+            ufunc(acc, base[sl], out=acc, where=inside[sl])
+        return acc
+
     fast = None
     if n == 1 and inputs[0].dtype == dtypes[0]:
         fast = reducer_ufunc(binary_reducer(ctx.computation_ir(name)), dtypes[0])
@@ -160,9 +173,11 @@ def make_reduce_window(inst: Instruction, ctx: KernelContext) -> Callable[..., A
                     return out
             if tiles is not None:
                 return tiles(x, init)
-            base = geometry.pad_base(x, init)
             if not slices:
                 return np.full(out_dims, init, dtype=dtype)
+            if inside is not None and not _absorbs_itself(ufunc, init, dtype):
+                return _skipping_outside(ufunc, x, init, dtype)
+            base = geometry.pad_base(x, init)
             if accumulate:
                 return _accumulate_windows(ufunc, geometry, base, init, dtype)
             acc = np.empty(out_dims, dtype=dtype)
@@ -180,11 +195,20 @@ def make_reduce_window(inst: Instruction, ctx: KernelContext) -> Callable[..., A
         acc = [np.full(out_dims, init, dtype=d) for init, d in zip(operands[n:], dtypes)]
         for sl in slices:
             combined = as_tuple(comp(*acc, *[b[sl] for b in bases]), n)
-            acc = [np.broadcast_to(np.asarray(c, d), out_dims) for c, d in zip(combined, dtypes)]
+            step = [np.broadcast_to(np.asarray(c, d), out_dims) for c, d in zip(combined, dtypes)]
+            acc = step if inside is None else [np.where(inside[sl], c, a) for c, a in zip(step, acc)]
         acc = [np.array(a) for a in acc]
         return acc[0] if n == 1 and not inst.shape.is_tuple else tuple(acc)
 
     return reduce_window
+
+
+def _absorbs_itself(ufunc: np.ufunc, init: Any, dtype: np.dtype) -> bool:
+    """Whether folding `init` into a value made from `init` leaves it as it is, for the reducers
+    `reducer_ufunc` gives: `f(init, init)` is `init` bit for bit (adding a zero of the init's sign,
+    multiplying by one or zero, a max, a min, and, or; not adding one)."""
+    init = np.asarray(init, dtype)
+    return ufunc(init, init).tobytes() == init.tobytes()
 
 
 def _prefix_scan(ufunc: np.ufunc, geometry: WindowGeometry, dtype: np.dtype) -> Callable[..., Any] | None:
