@@ -135,6 +135,24 @@ def test_an_order_lock_step_cannot_run_falls_back(monkeypatch):
     assert np.array_equal(out[1], xs[0][0])
 
 
+# A Send whose RecvDone never runs: alone, its message stays where `replicas check` finds it.
+UNRECEIVED = f"""HloModule unreceived, replica_count=2
+ENTRY main {{
+  x = f32[3] parameter(0)
+  tok = token[] after-all()
+  s = (f32[3], u32[], token[]) send(x, tok), channel_id=1, {TO_1}
+  r = (f32[3], u32[], token[]) recv(tok), channel_id=1, {TO_1}
+  sd = token[] send-done(s), channel_id=1, {TO_1}
+  ROOT y = f32[3] copy(x)
+}}
+"""
+
+
+def test_a_message_nobody_receives_falls_back(monkeypatch):
+    xs = per_replica(2, (3,), seed=9)
+    run_both(monkeypatch, UNRECEIVED, xs, 2, expect="fallback")
+
+
 def test_a_channel_of_two_sends_runs_replica_by_replica(monkeypatch):
     xs = per_replica(2, (3,), seed=6)
     out = run_both(monkeypatch, TWO_SENDS, xs, 2, expect="none")

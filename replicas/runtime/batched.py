@@ -396,6 +396,7 @@ class BatchedProgram:
         ctx.channel_log.clear()
         try:
             out = ctx.batched(self.entry.name, tuple(stacks))(*values)
+            batched_channels.check_complete(ctx)
         except BaseException:
             ctx.end_live()
             raise

@@ -122,8 +122,10 @@ def kernel(inst: Instruction, ctx: BatchedContext, stacks: list[Stack]) -> Calla
         def send_done(started: Any) -> Any:
             start = clock()
             k = int(started[1])
-            if k >= _state(ctx, channel)[1][0]:
+            counts = _state(ctx, channel)[1]
+            if k >= counts[0]:
                 raise Divergent  # its Recv comes later in the program: a replica would wait for it
+            counts[2] += 1
             log((index, start, clock(), k))
             return TOKEN
 
@@ -134,7 +136,7 @@ def kernel(inst: Instruction, ctx: BatchedContext, stacks: list[Stack]) -> Calla
 
     def recv_done(started: Any) -> Any:
         start = clock()
-        sent = _state(ctx, channel)[0]
+        sent, counts = _state(ctx, channel)
         k = int(started[1])
         if k >= len(sent):
             raise Divergent  # its Send comes later in the program: a replica would wait for it
@@ -145,6 +147,7 @@ def kernel(inst: Instruction, ctx: BatchedContext, stacks: list[Stack]) -> Calla
             out[t] = value[s] if stacked else value
             if fabrics:
                 fabrics[t].mailbox.state.progress += 1  # a message taken: the monitor sees the run advance
+        counts[1] += 1
         log((index, start, clock(), k))
         return (out, TOKEN)
 
@@ -152,11 +155,19 @@ def kernel(inst: Instruction, ctx: BatchedContext, stacks: list[Stack]) -> Calla
 
 
 def _state(ctx: BatchedContext, channel: int) -> tuple[list[tuple[Any, bool]], list[int]]:
-    """The run's Sends on `channel` (operand, stacked) and how many Recvs ran."""
+    """The run's Sends on `channel` (operand, stacked) and how many Recvs, RecvDones and SendDones ran."""
     found = ctx.channels.get(channel)
     if found is None:
-        found = ctx.channels[channel] = ([], [0])
+        found = ctx.channels[channel] = ([], [0, 0, 0])
     return found
+
+
+def check_complete(ctx: BatchedContext) -> None:
+    """At the end of a run: every Send received and every Recv done, or `Divergent` (alone, the
+    members leave the messages nobody took, which `replicas check` reports)."""
+    for sent, (recvs, recv_dones, send_dones) in ctx.channels.values():
+        if not len(sent) == recvs == recv_dones == send_dones:
+            raise Divergent
 
 
 class Events:
