@@ -244,3 +244,27 @@ def test_the_threads_leave_a_core_others_keep_busy_for_an_idler_one_or_stay():
     assert affinity.better_cpu(0, {0: 1.0, 1: 1.0}, ours=0.5) == 0  # no core idler: stay
     assert affinity.better_cpu(None, {0: 1.0, 1: 1.0}, ours=0.6) is None  # still busy: stay unpinned
     assert affinity.better_cpu(None, {0: 0.3, 1: 0.2}, ours=0.4) == 1  # room again: the idlest core
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or affinity.running_cpu() < 0,
+                    reason="needs two CPUs and sched_getcpu")
+def test_a_thread_woken_on_its_wakers_cpu_moves_off_it():
+    """The doorbell's actor thread leaves the CPU its driver rang from (`move_off`), and stays where
+    it is when it runs elsewhere already."""
+    allowed = sorted(os.sched_getaffinity(0))
+    moved: list[tuple[set[int], int]] = []
+
+    def thread() -> None:
+        os.sched_setaffinity(0, {allowed[0]})  # where the waker is
+        affinity.move_off(allowed[0])
+        after = set(os.sched_getaffinity(0))
+        moved.append((after, affinity.running_cpu()))
+        affinity.move_off(allowed[0])  # elsewhere already: nothing changes
+        assert set(os.sched_getaffinity(0)) == after
+
+    worker = threading.Thread(target=thread)
+    worker.start()
+    worker.join()
+    after, cpu = moved[0]
+    assert after == set(allowed) - {allowed[0]} and cpu != allowed[0]
+    assert set(os.sched_getaffinity(0)) == set(allowed)  # only the calling thread moved

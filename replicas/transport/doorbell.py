@@ -12,13 +12,13 @@ replicas and actors read it.
 
 Layout: line 0 holds the request word (the driver's), a stop word, the release word and the hold
 word (the actors' main threads park on the release word while the hold, a time, has passed:
-runtime/ray/parking.py) and how long the driver took to ring after its previous replies; line 1+i
-the reply word of actor i (its own), actor i's "asleep" flag for the request word (its own), the
-driver's "asleep" flag for that reply word (the driver's) and how long actor i took from the
-request to its reply; then the request (u64 length,
-bytes) and one reply slot per actor (u64 length, bytes). Each word but the release word has one
-writer, and x86-64 keeps stores in order (transport/futex.py), so a reader that sees a word sees the
-bytes written before it; the release word only has to move (anyone may bump it).
+runtime/ray/parking.py), the CPU the driver rang from and how long it took to ring after its
+previous replies; line 1+i the reply word of actor i (its own), actor i's "asleep" flag for the
+request word (its own), the driver's "asleep" flag for that reply word (the driver's) and how long
+actor i took from the request to its reply; then the request (u64 length, bytes) and one reply slot
+per actor (u64 length, bytes). Each word but the release word has one writer, and x86-64 keeps
+stores in order (transport/futex.py), so a reader that sees a word sees the bytes written before it;
+the release word only has to move (anyone may bump it).
 
 Both waits spin first when the driver and the node's actors of the job fit the cores
 (transport/spin.py): the driver for the replies of a short call, an actor's call thread for the next
@@ -28,12 +28,12 @@ spins while the other side's recent turns were short (`Spinner.observed`): the d
 actors' (request to reply) were, an actor while the driver's (replies to the next request) were, as
 each side writes them in its line. A turn excludes the time its side slept before it began, so
 neither side's choice feeds the other's: measured from the other side, a sleeper's wake-up would
-count, and two sleepers would each find the other too slow to spin for. A side that sleeps says so first in its flag,
-and the other wakes it only then (`futex.fence` between the word and the flag): a `FUTEX_WAKE` is a
-system call of several microseconds on a virtual machine, paid for nothing while the waiter still
-spins. A side that woke the other sleeps for the answer instead of spinning: the scheduler often
-queues the woken process on the waker's core (it expects a waker to sleep), where a spin would
-hold it off for the whole budget.
+count, and two sleepers would each find the other too slow to spin for. A side that sleeps says so
+first in its flag, and the other wakes it only then (`futex.fence` between the word and the flag): a
+`FUTEX_WAKE` is a system call of several microseconds on a virtual machine, paid for nothing while
+the waiter still spins. The driver writes the CPU it rings from, and an actor woken by it moves off
+that CPU (`tuning.affinity.move_off`): the scheduler queues a woken process beside its waker, and
+two spinning processes sharing one core take turns on it while another core idles.
 """
 
 from __future__ import annotations
@@ -48,10 +48,12 @@ import numpy as np
 
 from replicas.transport import futex, shm, spin
 from replicas.transport.segment import Mapping
+from replicas.tuning import affinity
 
 _LINE = 64
 _RELEASE, _HOLD = 2, 3  # words of line 0
 _ACTOR_ASLEEP, _DRIVER_ASLEEP = 1, 2  # words of actor i's line, after its reply word
+_DRIVER_CPU, _UNKNOWN_CPU = 6, 1 << 31  # word of line 0: the CPU the driver rang from (or unknown)
 _TURN = 16  # byte offset in line 0 (the driver's turn) and in an actor's line (its turn): f64 seconds
 _SECONDS = struct.Struct("<d")
 REQUEST_BYTES = int(os.environ.get("REPLICAS_DOORBELL_REQUEST_BYTES", str(256 << 20)))  # virtual: sparse
@@ -126,9 +128,6 @@ class Doorbell:
         self.base = self.map.address
         self._actor_flags = np.arange(actors) * (_LINE // 4) + _LINE // 4 + _ACTOR_ASLEEP
         self._seen_at = 0.0  # when this side saw the other's latest request or replies (0: never)
-        # Whether this side's latest request or reply woke the other: then it does not spin for the
-        # answer, which the scheduler may have queued on this very core (a waker is expected to sleep).
-        self._woke = False
         if create:
             self.words[_HOLD] = _now_ms()  # held until now: the actors may park
 
@@ -149,10 +148,10 @@ class Doorbell:
         words = self.words
         seq = (int(words[0]) + 1) & 0xFFFFFFFF
         _SECONDS.pack_into(mm, _TURN, time.monotonic() - self._seen_at if self._seen_at else 1.0)
+        words[_DRIVER_CPU] = affinity.running_cpu() & 0xFFFFFFFF
         words[0] = seq
         futex.fence()
-        self._woke = bool(words[self._actor_flags].any())
-        if self._woke:
+        if words[self._actor_flags].any():
             futex.wake(self.base)
         return seq
 
@@ -164,7 +163,7 @@ class Doorbell:
         words = self.words
         for i in actors:
             word = (1 + i) * (_LINE // 4)
-            if int(words[word]) != seq and not self._woke:
+            if int(words[word]) != seq:
                 spinner.watch(self.map, word, lambda word=word: int(words[word]) == seq)
             while int(words[word]) != seq:
                 left = deadline - time.monotonic()
@@ -208,11 +207,13 @@ class Doorbell:
         """The request number once it differs from `last` (None after `timeout` s, or once stopped;
         `spinner`: how long to watch the request word before sleeping on it; `actor`: this actor's
         index, whose flag says it sleeps)."""
-        if int(self.words[0]) == last and (self._woke or not spinner.watch(self.map, 0, _always)):
+        if int(self.words[0]) == last and not spinner.watch(self.map, 0, _always):
             flag = (1 + actor) * (_LINE // 4) + _ACTOR_ASLEEP
             self.words[flag] = 1
             futex.wait(self.base, last, timeout)
             self.words[flag] = 0
+            if int(self.words[0]) != last:  # woken by the driver: off its core (see `affinity.move_off`)
+                affinity.move_off(int(self.words[_DRIVER_CPU]) if self.words[_DRIVER_CPU] < _UNKNOWN_CPU else -1)
         if self.words[1]:
             return None
         seq = int(self.words[0])
@@ -258,8 +259,7 @@ class Doorbell:
         _SECONDS.pack_into(self.map.mm, (1 + actor) * _LINE + _TURN, time.monotonic() - self._seen_at)
         words[word] = seq
         futex.fence()
-        self._woke = bool(words[word + _DRIVER_ASLEEP])
-        if self._woke:
+        if words[word + _DRIVER_ASLEEP]:
             futex.wake(self.base + word * 4)
         return True
 

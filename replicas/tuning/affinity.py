@@ -57,6 +57,38 @@ def current_cpu() -> int | None:
         return None
 
 
+try:
+    import ctypes
+
+    _sched_getcpu = ctypes.CDLL(None).sched_getcpu
+except (OSError, AttributeError):  # not glibc's Linux: no CPU to read cheaply
+    _sched_getcpu = None
+_movable: frozenset[int] | None = None  # the CPUs this process may use, read once
+
+
+def running_cpu() -> int:
+    """The CPU the calling thread runs on now, cheaply (libc's `sched_getcpu`); -1 when unknown."""
+    return _sched_getcpu() if _sched_getcpu is not None else -1
+
+
+def move_off(cpu: int) -> None:
+    """Move the calling thread off `cpu` when it runs there. Why: the doorbell's actor thread, woken
+    by a driver on `cpu`, is queued by the scheduler beside its waker, where the two then take turns
+    on one core (each spinning for the other) while another core idles. Its affinity becomes every
+    CPU this process may use but `cpu`, until a later call moves it off another."""
+    global _movable
+    if not _supported or cpu < 0 or running_cpu() != cpu:
+        return
+    if _movable is None:
+        _movable = frozenset(os.sched_getaffinity(os.getpid()))
+    others = _movable - {cpu}
+    if others and cpu in _movable:
+        try:
+            os.sched_setaffinity(0, others)
+        except OSError:  # (a container's cpuset changed meanwhile): stay
+            pass
+
+
 def choose_cpu(replicas_in_process: int, light: bool = True) -> int | None:
     """The CPU to keep a job's `replicas_in_process` replica threads on, or None (do not pin).
     `light`: the job's program cannot run work outside the GIL worth a second core
