@@ -246,7 +246,7 @@ def test_the_threads_leave_a_core_others_keep_busy_for_an_idler_one_or_stay():
     assert affinity.better_cpu(None, {0: 0.3, 1: 0.2}, ours=0.4) == 1  # room again: the idlest core
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or affinity.running_cpu() < 0,
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or affinity.current_cpu() is None,
                     reason="needs two CPUs and sched_getcpu")
 def test_a_thread_woken_on_its_wakers_cpu_moves_off_it():
     """The doorbell's actor thread leaves the CPU its driver rang from (`move_off`), and stays where
@@ -258,7 +258,7 @@ def test_a_thread_woken_on_its_wakers_cpu_moves_off_it():
         os.sched_setaffinity(0, {allowed[0]})  # where the waker is
         affinity.move_off(allowed[0])
         after = set(os.sched_getaffinity(0))
-        moved.append((after, affinity.running_cpu()))
+        moved.append((after, affinity.current_cpu()))
         affinity.move_off(allowed[0])  # elsewhere already: nothing changes
         assert set(os.sched_getaffinity(0)) == after
 

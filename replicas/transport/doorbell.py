@@ -148,7 +148,8 @@ class Doorbell:
         words = self.words
         seq = (int(words[0]) + 1) & 0xFFFFFFFF
         _SECONDS.pack_into(mm, _TURN, time.monotonic() - self._seen_at if self._seen_at else 1.0)
-        words[_DRIVER_CPU] = affinity.running_cpu() & 0xFFFFFFFF
+        cpu = affinity.current_cpu()
+        words[_DRIVER_CPU] = _UNKNOWN_CPU if cpu is None else cpu
         words[0] = seq
         futex.fence()
         if words[self._actor_flags].any():

@@ -47,8 +47,21 @@ _MARGIN = 0.1  # how much idler another core must be to move there
 _supported = hasattr(os, "sched_setaffinity") and hasattr(os, "sched_getaffinity")
 
 
+try:
+    import ctypes
+
+    _sched_getcpu = ctypes.CDLL(None).sched_getcpu
+except (OSError, AttributeError):  # not glibc's Linux: /proc tells
+    _sched_getcpu = None
+_movable: frozenset[int] | None = None  # the CPUs this process may use, read once
+
+
 def current_cpu() -> int | None:
-    """The CPU the calling thread runs on (Linux), None when unknown."""
+    """The CPU the calling thread runs on (Linux; libc's `sched_getcpu`, cheap enough for every
+    doorbell call, else /proc), None when unknown."""
+    if _sched_getcpu is not None:
+        cpu = _sched_getcpu()
+        return cpu if cpu >= 0 else None
     try:
         with open("/proc/thread-self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
@@ -57,27 +70,13 @@ def current_cpu() -> int | None:
         return None
 
 
-try:
-    import ctypes
-
-    _sched_getcpu = ctypes.CDLL(None).sched_getcpu
-except (OSError, AttributeError):  # not glibc's Linux: no CPU to read cheaply
-    _sched_getcpu = None
-_movable: frozenset[int] | None = None  # the CPUs this process may use, read once
-
-
-def running_cpu() -> int:
-    """The CPU the calling thread runs on now, cheaply (libc's `sched_getcpu`); -1 when unknown."""
-    return _sched_getcpu() if _sched_getcpu is not None else -1
-
-
 def move_off(cpu: int) -> None:
     """Move the calling thread off `cpu` when it runs there. Why: the doorbell's actor thread, woken
     by a driver on `cpu`, is queued by the scheduler beside its waker, where the two then take turns
     on one core (each spinning for the other) while another core idles. Its affinity becomes every
     CPU this process may use but `cpu`, until a later call moves it off another."""
     global _movable
-    if not _supported or cpu < 0 or running_cpu() != cpu:
+    if not _supported or cpu < 0 or current_cpu() != cpu:
         return
     if _movable is None:
         _movable = frozenset(os.sched_getaffinity(os.getpid()))
