@@ -5,6 +5,7 @@ idle job's actor parks its main thread (runtime/ray/parking.py) yet answers ever
 
 from __future__ import annotations
 
+import os
 import pickle
 import secrets
 import threading
@@ -155,7 +156,7 @@ def test_a_jitted_function_of_every_packed_form_matches_jax_through_the_doorbell
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_outputs_kept_on_the_actors_are_fetched_through_the_doorbell_or_by_actor_calls_when_large():
+def test_outputs_kept_on_the_actors_are_fetched_through_the_doorbell_or_by_actor_calls_when_larger_than_a_slot():
     jax = pytest.importorskip("jax")
     from jax.sharding import PartitionSpec as P
 
@@ -169,13 +170,18 @@ def test_outputs_kept_on_the_actors_are_fetched_through_the_doorbell_or_by_actor
 
     step = rp.jax.jit(f, num_replicas=4, in_specs=(P("x"), P()), out_specs=(P("x"), P()))
     x = np.arange(4 * 4096, dtype=np.float32)  # 16 KiB shards: kept on the actors, not in the reply
-    y = np.ones(1 << 18, np.float32)  # a 1 MiB replicated output: more than a doorbell reply holds
-    backend = None
-    for _ in range(2):
-        a, b = step(x, y)
-        backend = next(iter(step._cache.values())).session._backend
-        np.testing.assert_array_equal(np.asarray(a), x * 2)
-    assert backend.calls["doorbell_fetch"] == 2 and backend.calls["fetch"] == 0, backend.calls
+    y = np.arange(1 << 19, dtype=np.float32)  # a 2 MiB replicated output: more than a call's reply holds
+    a, b = step(x, y)
+    backend = next(iter(step._cache.values())).session._backend
+    np.testing.assert_array_equal(np.asarray(a), x * 2)
+    assert backend.calls["doorbell_fetch"] == 1 and backend.calls["fetch"] == 0, backend.calls
+    np.testing.assert_array_equal(np.asarray(b), y * 4)  # asked again once the driver made the room
+    assert backend.calls["doorbell_fetch"] == 3 and backend.calls["fetch"] == 0, backend.calls
+    a, b = step(x, y)
+    np.testing.assert_array_equal(np.asarray(b), y * 4)  # the room is still there
+    assert backend.calls["doorbell_fetch"] == 4 and backend.calls["fetch"] == 0, backend.calls
+    backend._bell.reply_max = 1 << 20  # slots of 1 MiB: the actors are asked by Ray calls
+    a, b = step(x, y)
     np.testing.assert_array_equal(np.asarray(b), y * 4)
     assert backend.calls["fetch"] == 1, backend.calls  # one actor holds the replica it reads
     np.testing.assert_array_equal(np.asarray(step(a, y)[0]), x * 4)  # a fetched array is still resident
@@ -245,10 +251,12 @@ def test_an_idle_jobs_actor_parks_its_main_thread_and_still_answers_every_call()
     from replicas.runtime.ray import parking
 
     step = rp.jax.jit(lambda x: x * 2 + 1, backend="ray")
-    x = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: fetched by an actor call, past the doorbell's reply
+    x = np.arange(1 << 18, dtype=np.float32)
     try:
         out = step(x)
-        actor = next(iter(step._cache.values())).session._backend._actors[0]
+        backend = next(iter(step._cache.values())).session._backend
+        backend._bell.reply_max = 1 << 16  # the 1 MiB output is fetched by an actor call
+        actor = backend._actors[0]
         parks = 0
         for _ in range(50):  # the doorbell's thread parks the main thread before it waits for a call
             out = step(x)
@@ -259,5 +267,24 @@ def test_an_idle_jobs_actor_parks_its_main_thread_and_still_answers_every_call()
         assert step.progress().finished == 1  # states: an actor call after the driver's hold
         np.testing.assert_array_equal(np.asarray(out), np.asarray(jax.jit(lambda v: v * 2 + 1)(x)))
         np.testing.assert_array_equal(np.asarray(step(out)), x * 4 + 3)  # resident, then fetched
+    finally:
+        step.close()
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_fetch_larger_than_the_reply_pages_kept_gives_the_rest_back_to_dev_shm():
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import replicas as rp
+
+    step = rp.jax.jit(lambda s: jnp.full((5 << 20,), s, jnp.float32) * 2)  # a 20 MiB output from a scalar
+    try:
+        out = step(np.float32(1.5))
+        np.testing.assert_array_equal(np.asarray(out), np.full(5 << 20, 3.0, np.float32))
+        backend = next(iter(step._cache.values())).session._backend
+        assert backend.calls["doorbell_fetch"] == 2 and backend.calls["fetch"] == 0, backend.calls
+        allocated = os.stat(backend._bell.map.path).st_blocks * 512
+        assert allocated <= doorbell.REPLY_KEEP + (1 << 20) < 20 << 20, allocated
     finally:
         step.close()

@@ -38,6 +38,7 @@ two spinning processes sharing one core take turns on it while another core idle
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import struct
@@ -57,8 +58,17 @@ _DRIVER_CPU, _UNKNOWN_CPU = 6, 1 << 31  # word of line 0: the CPU the driver ran
 _TURN = 16  # byte offset in line 0 (the driver's turn) and in an actor's line (its turn): f64 seconds
 _SECONDS = struct.Struct("<d")
 REQUEST_BYTES = int(os.environ.get("REPLICAS_DOORBELL_REQUEST_BYTES", str(256 << 20)))  # virtual: sparse
-REPLY_BYTES = 1 << 20  # per actor: a reply carries only small outputs
+# Per actor, virtual (sparse): a call's reply carries only small outputs (up to `REPLY_ROOM` bytes); a
+# fetch's reply carries kept shards up to `REPLY_BYTES`, the driver allocating their room first
+# (`make_room`: a page first touched when /dev/shm is full kills with SIGBUS) and giving back what
+# is past `REPLY_KEEP` once read.
+REPLY_BYTES = int(os.environ.get("REPLICAS_DOORBELL_REPLY_BYTES", str(64 << 20))) // mmap.PAGESIZE * mmap.PAGESIZE
+REPLY_ROOM = 1 << 20
+CALL_ROOM = REPLY_ROOM - 8  # bytes of a call's reply (after its length)
+REPLY_KEEP = 16 << 20
 _LENGTH = struct.Struct("<Q")
+_HEADER = struct.Struct("<QQ")  # a reply's pickle bytes and how many buffers follow it
+_OUT_OF_BAND_MIN = 1 << 16  # bytes of an array a reply carries outside its pickle
 SLICE = 0.25  # seconds of one futex wait: stops and the driver's Ctrl-C are noticed within it
 
 
@@ -121,13 +131,16 @@ class Doorbell:
     def __init__(self, token: str, actors: int, create: bool = False) -> None:
         self.actors = actors
         self._request_at = _LINE * (1 + actors)
-        self._replies_at = self._request_at + _LENGTH.size + REQUEST_BYTES
+        # (slots start on pages: the pages of a large reply past `REPLY_KEEP` are given back)
+        self._replies_at = -(-(self._request_at + _LENGTH.size + REQUEST_BYTES) // mmap.PAGESIZE) * mmap.PAGESIZE
         size = self._replies_at + actors * REPLY_BYTES
         self.map = Mapping(os.path.join(shm.SHM_DIR, segment_name(token)), size if create else 0)
         self.words = self.map.words
         self.base = self.map.address
         self._actor_flags = np.arange(actors) * (_LINE // 4) + _LINE // 4 + _ACTOR_ASLEEP
         self._seen_at = 0.0  # when this side saw the other's latest request or replies (0: never)
+        self._room = [REPLY_ROOM] * actors  # bytes each reply slot may take (the driver's allocation)
+        self.reply_max = REPLY_BYTES  # bytes a fetch's reply may take (less in a test of the actor calls)
         if create:
             self.words[_HOLD] = _now_ms()  # held until now: the actors may park
 
@@ -158,7 +171,7 @@ class Doorbell:
 
     def replies(self, seq: int, actors: list[int], timeout: float,
                 spinner: spin.Spinner = spin.NEVER) -> list[bytes] | None:
-        """Each of `actors`' reply to request `seq` once all replied within `timeout` s, else None
+        """Each of `actors`' reply (the value) to request `seq` once all replied within `timeout` s, else None
         (`spinner`: how long to watch a reply word before sleeping on it)."""
         deadline = time.monotonic() + timeout
         words = self.words
@@ -176,7 +189,24 @@ class Doorbell:
         self._seen_at = time.monotonic()
         mm = self.map.mm
         spinner.observed(max((_SECONDS.unpack_from(mm, (1 + i) * _LINE + _TURN)[0] for i in actors), default=0.0))
-        return [self._read(self._replies_at + i * REPLY_BYTES) for i in actors]
+        return [self._read(i) for i in actors]
+
+    def make_room(self, actors: list[int], nbytes: int) -> bool:
+        """Allocate `nbytes` of reply in each of `actors`' slots (before a fetch of that much); False
+        when /dev/shm has no room for them or a slot cannot hold them."""
+        size = _LENGTH.size + nbytes
+        if size > self.reply_max:
+            return False
+        for i in actors:
+            if self._room[i] < size:
+                if not self.map.reserve(self._slot(i), size):
+                    return False
+                self._room[i] = size
+        return True
+
+    def room(self, actor: int) -> int:
+        """Bytes of payload actor `actor`'s next reply may have (what the driver allocated)."""
+        return min(self._room[actor], self.reply_max) - _LENGTH.size
 
     def stop(self) -> None:
         """Every actor's call thread ends (the job ends), and their main threads leave any park."""
@@ -248,25 +278,65 @@ class Doorbell:
         with memoryview(self.map.mm) as view:
             return pickle.loads(view[at + _LENGTH.size:at + _LENGTH.size + length])  # noqa: S301 - our driver's
 
-    def reply(self, actor: int, seq: int, payload: bytes) -> bool:
-        """Write actor `actor`'s reply to request `seq`; False (nothing written) if it does not fit."""
-        if len(payload) > REPLY_BYTES - _LENGTH.size:
+    def reply(self, actor: int, seq: int, value: Any, room: int = CALL_ROOM) -> int:
+        """Write actor `actor`'s reply `value` to request `seq`, pickled (the bytes of its large
+        arrays out of band: each copied once, into the slot); 0, or (nothing written) the bytes it
+        needs when that is over `room` (the driver's allocation: `room` of its request)."""
+        large: list[memoryview] = []
+
+        def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+            raw = buffer.raw()
+            if raw.nbytes < _OUT_OF_BAND_MIN:
+                return True  # in the pickle: a small array costs less there
+            large.append(raw)
             return False
-        at = self._replies_at + actor * REPLY_BYTES
-        _LENGTH.pack_into(self.map.mm, at, len(payload))
-        self.map.mm[at + _LENGTH.size:at + _LENGTH.size + len(payload)] = payload
+
+        header = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=out_of_band)
+        sizes = struct.pack(f"<QQ{len(large)}Q", len(header), len(large), *(b.nbytes for b in large))
+        size = len(sizes) + len(header) + sum(b.nbytes for b in large)
+        if size > room:
+            return size
+        mm, slot = self.map.mm, self._slot(actor)
+        at = slot + _LENGTH.size
+        for part in (sizes, header, *large):
+            mm[at:at + len(part) if type(part) is bytes else at + part.nbytes] = part
+            at += len(part) if type(part) is bytes else part.nbytes
+        _LENGTH.pack_into(mm, slot, size)
         word = (1 + actor) * (_LINE // 4)
         words = self.words
-        _SECONDS.pack_into(self.map.mm, (1 + actor) * _LINE + _TURN, time.monotonic() - self._seen_at)
+        _SECONDS.pack_into(mm, (1 + actor) * _LINE + _TURN, time.monotonic() - self._seen_at)
         words[word] = seq
         futex.fence()
         if words[word + _DRIVER_ASLEEP]:
             futex.wake(self.base + word * 4)
-        return True
+        return 0
 
-    def _read(self, at: int) -> bytes:
-        (length,) = _LENGTH.unpack_from(self.map.mm, at)
-        return self.map.mm[at + _LENGTH.size:at + _LENGTH.size + length]
+    def _slot(self, actor: int) -> int:
+        return self._replies_at + actor * REPLY_BYTES
+
+    def _read(self, actor: int) -> Any:
+        """Actor `actor`'s reply (its arrays copied out); the pages of a large one past `REPLY_KEEP`
+        go back to /dev/shm."""
+        mm, view = self.map.mm, self.map.view
+        at = self._slot(actor) + _LENGTH.size
+        header_bytes, count = _HEADER.unpack_from(mm, at)
+        at += _HEADER.size
+        sizes = struct.unpack_from(f"<{count}Q", mm, at)
+        at += 8 * count
+        header = view[at:at + header_bytes]
+        at += header_bytes
+        buffers = []
+        for n in sizes:
+            buffers.append(bytearray(view[at:at + n]))
+            at += n
+        value = pickle.loads(header, buffers=buffers)  # noqa: S301 - our actors' bytes
+        header.release()
+        if self._room[actor] > REPLY_KEEP:
+            slot = self._slot(actor)
+            mm.madvise(mmap.MADV_REMOVE, slot + REPLY_KEEP, self._room[actor] - REPLY_KEEP)
+            self.map.forget_reserved(slot, REPLY_KEEP)
+            self._room[actor] = REPLY_KEEP
+        return value
 
     def close(self) -> None:
         self.words = None  # type: ignore[assignment]

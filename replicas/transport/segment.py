@@ -61,6 +61,11 @@ class Mapping:
         self._reserved[start] = size
         return True
 
+    def forget_reserved(self, start: int, size: int) -> None:
+        """Only bytes [start, start + size) stay allocated (the caller gave the rest back)."""
+        if self._reserved.get(start, 0) > size:
+            self._reserved[start] = size
+
     def region(self, start: int, size: int) -> np.ndarray:
         found = self.regions.get(start)
         if found is None:

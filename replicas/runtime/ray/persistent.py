@@ -6,7 +6,6 @@ with the outputs small enough to travel (the others stay on the actors: persiste
 
 from __future__ import annotations
 
-import pickle
 import threading
 from typing import Any
 
@@ -192,35 +191,46 @@ class PersistentJob:
 
     def _fetch_by_bell(self, key: tuple[int, int], replicas: list[int], holders: list[int]) -> dict[int, Any] | None:
         """The shards from the doorbell's replies; None when it cannot say (busy, an actor that does
-        not answer within a second, a shard too large for a reply, an output it no longer holds):
-        the actor calls then fetch them, or name what went wrong."""
+        not answer within a second, shards larger than a reply slot or than /dev/shm has room for,
+        an output it no longer holds): the actor calls then fetch them, or name what went wrong."""
         bell = self._bell
         if bell is None or not self._bell_lock.acquire(blocking=False):  # another thread rings
             return None
         try:
             if self._bell_pending:
                 return None
-            seq = bell.ring((key, replicas))
-            if seq is None:
+            for _attempt in range(2):  # the second after making the room the actors asked for
+                seq = bell.ring((key, replicas, [bell.room(i) for i in range(bell.actors)]))
+                if seq is None:
+                    return None
+                self.calls["doorbell_fetch"] += 1
+                replies = bell.replies(seq, holders, max(1.0, self.poll_interval), self._bell_spinner)
+                if replies is None:
+                    return None
+                decoded = _decoded(replies)
+                larger = [(i, part) for i, (part, _) in zip(holders, decoded) if type(part) is int]
+                if not larger:
+                    break
+                if not all(bell.make_room([i], nbytes) for i, nbytes in larger):
+                    return None
+            else:
                 return None
-            self.calls["doorbell_fetch"] += 1
-            replies = bell.replies(seq, holders, max(1.0, self.poll_interval), self._bell_spinner)
         finally:
             self._bell_lock.release()
-        if replies is None:
-            return None
         merged: dict[int, Any] = {}
-        for part, _ in _decoded(replies):
+        for part, _ in decoded:
             if part is None:
                 return None
             merged.update((r, values[0]) for r, values in part.items())
         return merged
 
 
-def _decoded(replies: list[bytes]) -> list[tuple[dict[int, list[Any]] | None, Any]]:
-    """The doorbell's replies as (each replica's values, or None; the lines printed, or ())."""
+def _decoded(replies: list[Any]) -> list[tuple[dict[int, list[Any]] | int | None, Any]]:
+    """The doorbell's replies as (each replica's values, None or a size; the lines printed, or ())."""
     out = []
     for reply in replies:
-        part, lines = pickle.loads(reply)  # noqa: S301 - our own actors' bytes
-        out.append((part if part is None else {r: doorbell.unpack(v) for r, v in part.items()}, lines or ()))
+        part, lines = reply
+        # (None: failed; a number: the bytes a fetch's reply needs, more than the room it had)
+        out.append((part if part is None or type(part) is int else {r: doorbell.unpack(v) for r, v in part.items()},
+                    lines or ()))
     return out

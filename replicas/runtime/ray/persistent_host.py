@@ -9,7 +9,6 @@ persistent job's.
 
 from __future__ import annotations
 
-import pickle
 import threading
 import time
 from typing import Any
@@ -19,7 +18,7 @@ from replicas.errors import ReplicaFailure
 from replicas.runtime.ray import parking
 from replicas.runtime.resident import Kept
 from replicas.transport import spin
-from replicas.transport.doorbell import REPLY_BYTES, Doorbell, pack, unpack
+from replicas.transport.doorbell import CALL_ROOM, REPLY_BYTES, Doorbell, pack, unpack
 
 # Ray wraps every method of an actor class for tracing (ray/util/tracing), calls from the actor's
 # own code included: the doorbell's per-call path calls the mixin's functions directly instead.
@@ -127,30 +126,33 @@ class PersistentCalls:
                         return
                     continue
                 last = seq
-                reply = PersistentCalls._serve_one(self, token, bell)
+                reply, room, fetch = PersistentCalls._serve_one(self, token, bell, index)
                 # What a clean call printed travels with its reply, not by a Ray call (a failed call's
                 # lines stay for the driver's monitor, which asks for them).
                 printed = host_output.take() if reply is not None else []
-                if not bell.reply(index, seq, pickle.dumps((reply, printed), protocol=pickle.HIGHEST_PROTOCOL)):
-                    # Too large to travel: the driver settles, and asks for the lines (kept here, in order).
+                needs = bell.reply(index, seq, (reply, printed), room)
+                if needs:
+                    # Too large to travel: the driver settles, and asks for the lines (kept here, in
+                    # order); a fetch's driver makes the room it is told and asks again.
                     for replica, text in printed:
                         host_output.write(replica, text)
-                    bell.reply(index, seq, pickle.dumps((None, None)))
+                    bell.reply(index, seq, (needs if fetch and reply is not None else None, None))
         finally:
             parking.release(bell)
             bell.close()
 
-    def _serve_one(self, token: str, bell: Doorbell) -> dict[int, list[Any]] | None:
-        """One call rung on the doorbell: the outcome `call_and_settle` gives, without a limit on
-        how long the call runs (None as soon as a replica failed: the driver's monitor names it)."""
+    def _serve_one(self, token: str, bell: Doorbell, index: int) -> tuple[dict[int, list[Any]] | None, int, bool]:
+        """One request rung on the doorbell: a call's outcome as `call_and_settle` gives it, without a
+        limit on how long the call runs (None as soon as a replica failed: the driver's monitor names
+        it), or the shards a fetch asks for; how many bytes its reply may take; whether a fetch."""
         try:
             request = bell.request()
-            if len(request) == 2:  # (output, replicas): the shards kept here, asked for by `np.asarray`
-                key, replicas = request
+            if len(request) == 3:  # (output, replicas, reply room per actor): shards kept here, for `np.asarray`
+                key, replicas, rooms = request
                 shards = PersistentCalls.fetch(self, key, [r for r in replicas if r in self._runners])
-                if sum(getattr(v, "nbytes", 0) for v in shards.values()) > REPLY_BYTES // 2:
-                    return None  # more than a reply holds: the driver asks by an actor call
-                return {r: pack([v]) for r, v in shards.items()}
+                if sum(getattr(v, "nbytes", 0) for v in shards.values()) > REPLY_BYTES:
+                    return None, CALL_ROOM, True  # more than a reply holds: the driver asks by an actor call
+                return {r: pack([v]) for r, v in shards.items()}, rooms[index], True
             args, forget, seq, count, fetch_max = request
             # (a list: the values of every replica; a dict: each replica's own)
             if type(args) is list:
@@ -163,12 +165,13 @@ class PersistentCalls:
             for runner in runners:
                 while not runner.join(0.05):
                     if self._faults or any(r.error is not None for r in runners) or self._token != token:
-                        return None
+                        return None, CALL_ROOM, False
             if self._faults or any(r.error is not None for r in runners):
-                return None
-            return {r: pack(v) for r, v in PersistentCalls.settle(self, token, seq, count, fetch_max).items()}
+                return None, CALL_ROOM, False
+            outputs = PersistentCalls.settle(self, token, seq, count, fetch_max)
+            return {r: pack(v) for r, v in outputs.items()}, CALL_ROOM, False
         except Exception:  # noqa: BLE001 - the driver's monitor finds and names what failed
-            return None
+            return None, CALL_ROOM, False
 
 
 def output_leaves(result: Any, count: int) -> list[Any]:
