@@ -278,29 +278,35 @@ class Doorbell:
         with memoryview(self.map.mm) as view:
             return pickle.loads(view[at + _LENGTH.size:at + _LENGTH.size + length])  # noqa: S301 - our driver's
 
-    def reply(self, actor: int, seq: int, value: Any, room: int = CALL_ROOM) -> int:
-        """Write actor `actor`'s reply `value` to request `seq`, pickled (the bytes of its large
-        arrays out of band: each copied once, into the slot); 0, or (nothing written) the bytes it
-        needs when that is over `room` (the driver's allocation: `room` of its request)."""
+    def reply(self, actor: int, seq: int, value: Any, room: int = CALL_ROOM, out_of_band: bool = False) -> int:
+        """Write actor `actor`'s reply `value` to request `seq`, pickled (`out_of_band`: the bytes of
+        its large arrays apart, each copied once, into the slot); 0, or (nothing written) the bytes
+        it needs when that is over `room` (the driver's allocation: `room` of its request)."""
         large: list[memoryview] = []
 
-        def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        def apart(buffer: pickle.PickleBuffer) -> bool:
             raw = buffer.raw()
             if raw.nbytes < _OUT_OF_BAND_MIN:
                 return True  # in the pickle: a small array costs less there
             large.append(raw)
             return False
 
-        header = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=out_of_band)
-        sizes = struct.pack(f"<QQ{len(large)}Q", len(header), len(large), *(b.nbytes for b in large))
-        size = len(sizes) + len(header) + sum(b.nbytes for b in large)
+        header = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=apart if out_of_band else None)
+        size = _HEADER.size + 8 * len(large) + len(header) + sum(b.nbytes for b in large)
         if size > room:
             return size
         mm, slot = self.map.mm, self._slot(actor)
         at = slot + _LENGTH.size
-        for part in (sizes, header, *large):
-            mm[at:at + len(part) if type(part) is bytes else at + part.nbytes] = part
-            at += len(part) if type(part) is bytes else part.nbytes
+        _HEADER.pack_into(mm, at, len(header), len(large))
+        at += _HEADER.size
+        for b in large:
+            _LENGTH.pack_into(mm, at, b.nbytes)
+            at += _LENGTH.size
+        mm[at:at + len(header)] = header
+        at += len(header)
+        for b in large:
+            mm[at:at + b.nbytes] = b
+            at += b.nbytes
         _LENGTH.pack_into(mm, slot, size)
         word = (1 + actor) * (_LINE // 4)
         words = self.words
@@ -317,20 +323,24 @@ class Doorbell:
     def _read(self, actor: int) -> Any:
         """Actor `actor`'s reply (its arrays copied out); the pages of a large one past `REPLY_KEEP`
         go back to /dev/shm."""
-        mm, view = self.map.mm, self.map.view
+        mm = self.map.mm
         at = self._slot(actor) + _LENGTH.size
         header_bytes, count = _HEADER.unpack_from(mm, at)
         at += _HEADER.size
-        sizes = struct.unpack_from(f"<{count}Q", mm, at)
-        at += 8 * count
-        header = view[at:at + header_bytes]
-        at += header_bytes
-        buffers = []
-        for n in sizes:
-            buffers.append(bytearray(view[at:at + n]))
-            at += n
-        value = pickle.loads(header, buffers=buffers)  # noqa: S301 - our actors' bytes
-        header.release()
+        if not count:
+            value = pickle.loads(mm[at:at + header_bytes])  # noqa: S301 - our actors' bytes
+        else:
+            sizes = struct.unpack_from(f"<{count}Q", mm, at)
+            at += 8 * count
+            view = self.map.view
+            header = view[at:at + header_bytes]
+            at += header_bytes
+            buffers = []
+            for n in sizes:
+                buffers.append(bytearray(view[at:at + n]))
+                at += n
+            value = pickle.loads(header, buffers=buffers)  # noqa: S301 - our actors' bytes
+            header.release()
         if self._room[actor] > REPLY_KEEP:
             slot = self._slot(actor)
             mm.madvise(mmap.MADV_REMOVE, slot + REPLY_KEEP, self._room[actor] - REPLY_KEEP)

@@ -130,7 +130,7 @@ class PersistentCalls:
                 # What a clean call printed travels with its reply, not by a Ray call (a failed call's
                 # lines stay for the driver's monitor, which asks for them).
                 printed = host_output.take() if reply is not None else []
-                needs = bell.reply(index, seq, (reply, printed), room)
+                needs = bell.reply(index, seq, (reply, printed), room, out_of_band=fetch)
                 if needs:
                     # Too large to travel: the driver settles, and asks for the lines (kept here, in
                     # order); a fetch's driver makes the room it is told and asks again.
