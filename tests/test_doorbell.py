@@ -272,19 +272,27 @@ def test_an_idle_jobs_actor_parks_its_main_thread_and_still_answers_every_call()
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_a_fetch_larger_than_the_reply_pages_kept_gives_the_rest_back_to_dev_shm():
+def test_a_request_or_a_fetch_larger_than_the_pages_kept_gives_the_rest_back_to_dev_shm():
     pytest.importorskip("jax")
     import jax.numpy as jnp
 
     import replicas as rp
 
-    step = rp.jax.jit(lambda s: jnp.full((5 << 20,), s, jnp.float32) * 2)  # a 20 MiB output from a scalar
+    def allocated(fn):
+        backend = next(iter(fn._cache.values())).session._backend
+        return os.stat(backend._bell.map.path).st_blocks * 512, backend.calls
+
+    big = rp.jax.jit(lambda s: jnp.full((5 << 20,), s, jnp.float32) * 2)  # a 20 MiB output from a scalar
+    total = rp.jax.jit(lambda x: x.sum())  # a scalar from a 20 MiB argument
     try:
-        out = step(np.float32(1.5))
-        np.testing.assert_array_equal(np.asarray(out), np.full(5 << 20, 3.0, np.float32))
-        backend = next(iter(step._cache.values())).session._backend
-        assert backend.calls["doorbell_fetch"] == 2 and backend.calls["fetch"] == 0, backend.calls
-        allocated = os.stat(backend._bell.map.path).st_blocks * 512
-        assert allocated <= doorbell.REPLY_KEEP + (1 << 20) < 20 << 20, allocated
+        np.testing.assert_array_equal(np.asarray(big(np.float32(1.5))), np.full(5 << 20, 3.0, np.float32))
+        used, calls = allocated(big)
+        assert calls["doorbell_fetch"] == 2 and calls["fetch"] == 0, calls
+        assert used <= doorbell._KEEP + (1 << 20) < 20 << 20, used
+        assert float(total(np.ones(5 << 20, np.float32))) == 5 << 20
+        used, calls = allocated(total)
+        assert calls["doorbell"] == 1 and calls["call"] == 0, calls
+        assert used <= doorbell._KEEP + (1 << 20), used
     finally:
-        step.close()
+        big.close()
+        total.close()

@@ -61,13 +61,13 @@ REQUEST_BYTES = int(os.environ.get("REPLICAS_DOORBELL_REQUEST_BYTES", str(256 <<
 # Per actor, virtual (sparse): a call's reply carries only small outputs (up to `REPLY_ROOM` bytes); a
 # fetch's reply carries kept shards up to `REPLY_BYTES`, the driver allocating their room first
 # (`make_room`: a page first touched when /dev/shm is full kills with SIGBUS) and giving back what
-# is past `REPLY_KEEP` once read.
+# is past `_KEEP` once read.
 REPLY_BYTES = int(os.environ.get("REPLICAS_DOORBELL_REPLY_BYTES", str(64 << 20))) // mmap.PAGESIZE * mmap.PAGESIZE
 REPLY_ROOM = 1 << 20
-CALL_ROOM = REPLY_ROOM - 8  # bytes of a call's reply (after its length)
-REPLY_KEEP = 16 << 20
+CALL_ROOM = REPLY_ROOM - 24  # bytes of a call's reply (after its frame)
+_KEEP = 16 << 20  # bytes of a request or reply slot whose pages stay allocated once read
 _LENGTH = struct.Struct("<Q")
-_HEADER = struct.Struct("<QQ")  # a reply's pickle bytes and how many buffers follow it
+_FRAME = struct.Struct("<QQQ")  # a request's or reply's bytes (after the frame), its pickle's, its buffers
 _OUT_OF_BAND_MIN = 1 << 16  # bytes of an array a reply carries outside its pickle
 SLICE = 0.25  # seconds of one futex wait: stops and the driver's Ctrl-C are noticed within it
 
@@ -106,6 +106,27 @@ def unpack(values: list[Any]) -> list[Any]:
     return out
 
 
+def _pages(n: int) -> int:
+    """`n` rounded up to whole pages."""
+    return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+def _pickled(value: Any, out_of_band: bool) -> tuple[bytes, list[memoryview], int]:
+    """`value`'s pickle, the buffers of its large arrays kept apart when `out_of_band` (each then
+    copied once, into the segment), and the bytes they take in a slot (after its size)."""
+    large: list[memoryview] = []
+
+    def apart(buffer: pickle.PickleBuffer) -> bool:
+        raw = buffer.raw()
+        if raw.nbytes < _OUT_OF_BAND_MIN:
+            return True  # in the pickle: a small array costs less there
+        large.append(raw)
+        return False
+
+    header = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=apart if out_of_band else None)
+    return header, large, _LENGTH.size * len(large) + len(header) + sum(b.nbytes for b in large)
+
+
 def _always() -> bool:
     return True
 
@@ -130,14 +151,15 @@ class Doorbell:
 
     def __init__(self, token: str, actors: int, create: bool = False) -> None:
         self.actors = actors
-        self._request_at = _LINE * (1 + actors)
-        # (slots start on pages: the pages of a large reply past `REPLY_KEEP` are given back)
-        self._replies_at = -(-(self._request_at + _LENGTH.size + REQUEST_BYTES) // mmap.PAGESIZE) * mmap.PAGESIZE
+        # (the request and the reply slots start on pages: those past `_KEEP` of a large one are given back)
+        self._request_at = _pages(_LINE * (1 + actors))
+        self._replies_at = _pages(self._request_at + _FRAME.size + REQUEST_BYTES)
         size = self._replies_at + actors * REPLY_BYTES
         self.map = Mapping(os.path.join(shm.SHM_DIR, segment_name(token)), size if create else 0)
         self.words = self.map.words
         self.base = self.map.address
-        self._actor_flags = np.arange(actors) * (_LINE // 4) + _LINE // 4 + _ACTOR_ASLEEP
+        self._actor_flags = [(1 + i) * (_LINE // 4) + _ACTOR_ASLEEP for i in range(actors)]
+        self._requested = 0  # bytes of request allocated (the largest since those past `_KEEP` were given back)
         self._seen_at = 0.0  # when this side saw the other's latest request or replies (0: never)
         self._room = [REPLY_ROOM] * actors  # bytes each reply slot may take (the driver's allocation)
         self.reply_max = REPLY_BYTES  # bytes a fetch's reply may take (less in a test of the actor calls)
@@ -146,18 +168,18 @@ class Doorbell:
 
     # -- the driver's side --------------------------------------------------------------------------
     def ring(self, request: Any) -> int | None:
-        """Post `request` (pickled straight into the segment: array bytes are copied once) to every
-        actor; its number, or None if it does not fit."""
-        mm, at = self.map.mm, self._request_at
-        mm.seek(at + _LENGTH.size)
-        try:
-            pickle.dump(request, mm, protocol=pickle.HIGHEST_PROTOCOL)
-        except ValueError:  # past the end of the request area's mapping
+        """Post `request` to every actor (pickled, its large arrays' bytes copied once into the
+        segment); its number, or None if it does not fit (or /dev/shm has no room for it)."""
+        at = self._request_at
+        header, large, size = _pickled(request, True)
+        if size > REQUEST_BYTES:
             return None
-        length = mm.tell() - at - _LENGTH.size
-        if length > REQUEST_BYTES:
-            return None
-        _LENGTH.pack_into(mm, at, length)
+        if _FRAME.size + size > self._requested:
+            if not self.map.reserve(at, _FRAME.size + size):
+                return None
+            self._requested = _FRAME.size + size
+        self._put(at, header, large, size)
+        mm = self.map.mm
         words = self.words
         seq = (int(words[0]) + 1) & 0xFFFFFFFF
         _SECONDS.pack_into(mm, _TURN, time.monotonic() - self._seen_at if self._seen_at else 1.0)
@@ -165,14 +187,15 @@ class Doorbell:
         words[_DRIVER_CPU] = _UNKNOWN_CPU if cpu is None else cpu
         words[0] = seq
         futex.fence()
-        if words[self._actor_flags].any():
+        if any(words[flag] for flag in self._actor_flags):
             futex.wake(self.base)
         return seq
 
     def replies(self, seq: int, actors: list[int], timeout: float,
                 spinner: spin.Spinner = spin.NEVER) -> list[bytes] | None:
-        """Each of `actors`' reply (the value) to request `seq` once all replied within `timeout` s, else None
-        (`spinner`: how long to watch a reply word before sleeping on it)."""
+        """Each of `actors`' reply (the value) to request `seq` once all replied within `timeout` s,
+        else None (`spinner`: how long to watch a reply word before sleeping on it). `actors` are
+        every actor of the doorbell: each reads the request, and the next may overwrite it."""
         deadline = time.monotonic() + timeout
         words = self.words
         for i in actors:
@@ -189,12 +212,15 @@ class Doorbell:
         self._seen_at = time.monotonic()
         mm = self.map.mm
         spinner.observed(max((_SECONDS.unpack_from(mm, (1 + i) * _LINE + _TURN)[0] for i in actors), default=0.0))
+        if self._requested > _KEEP:  # (every actor has read the request: it replied)
+            self._give_back(self._request_at, self._requested)
+            self._requested = _KEEP
         return [self._read(i) for i in actors]
 
     def make_room(self, actors: list[int], nbytes: int) -> bool:
         """Allocate `nbytes` of reply in each of `actors`' slots (before a fetch of that much); False
         when /dev/shm has no room for them or a slot cannot hold them."""
-        size = _LENGTH.size + nbytes
+        size = _FRAME.size + nbytes
         if size > self.reply_max:
             return False
         for i in actors:
@@ -206,7 +232,7 @@ class Doorbell:
 
     def room(self, actor: int) -> int:
         """Bytes of payload actor `actor`'s next reply may have (what the driver allocated)."""
-        return min(self._room[actor], self.reply_max) - _LENGTH.size
+        return min(self._room[actor], self.reply_max) - _FRAME.size
 
     def stop(self) -> None:
         """Every actor's call thread ends (the job ends), and their main threads leave any park."""
@@ -272,42 +298,18 @@ class Doorbell:
         return int(self.words[0])
 
     def request(self) -> Any:
-        """The request just rung, unpickled from the segment in place (its arrays are copies)."""
-        at = self._request_at
-        (length,) = _LENGTH.unpack_from(self.map.mm, at)
-        with memoryview(self.map.mm) as view:
-            return pickle.loads(view[at + _LENGTH.size:at + _LENGTH.size + length])  # noqa: S301 - our driver's
+        """The request just rung (its arrays are copies)."""
+        return self._take(self._request_at)
 
     def reply(self, actor: int, seq: int, value: Any, room: int = CALL_ROOM, out_of_band: bool = False) -> int:
         """Write actor `actor`'s reply `value` to request `seq`, pickled (`out_of_band`: the bytes of
         its large arrays apart, each copied once, into the slot); 0, or (nothing written) the bytes
         it needs when that is over `room` (the driver's allocation: `room` of its request)."""
-        large: list[memoryview] = []
-
-        def apart(buffer: pickle.PickleBuffer) -> bool:
-            raw = buffer.raw()
-            if raw.nbytes < _OUT_OF_BAND_MIN:
-                return True  # in the pickle: a small array costs less there
-            large.append(raw)
-            return False
-
-        header = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=apart if out_of_band else None)
-        size = _HEADER.size + 8 * len(large) + len(header) + sum(b.nbytes for b in large)
+        header, large, size = _pickled(value, out_of_band)
         if size > room:
             return size
         mm, slot = self.map.mm, self._slot(actor)
-        at = slot + _LENGTH.size
-        _HEADER.pack_into(mm, at, len(header), len(large))
-        at += _HEADER.size
-        for b in large:
-            _LENGTH.pack_into(mm, at, b.nbytes)
-            at += _LENGTH.size
-        mm[at:at + len(header)] = header
-        at += len(header)
-        for b in large:
-            mm[at:at + b.nbytes] = b
-            at += b.nbytes
-        _LENGTH.pack_into(mm, slot, size)
+        self._put(slot, header, large, size)
         word = (1 + actor) * (_LINE // 4)
         words = self.words
         _SECONDS.pack_into(mm, (1 + actor) * _LINE + _TURN, time.monotonic() - self._seen_at)
@@ -320,32 +322,53 @@ class Doorbell:
     def _slot(self, actor: int) -> int:
         return self._replies_at + actor * REPLY_BYTES
 
-    def _read(self, actor: int) -> Any:
-        """Actor `actor`'s reply (its arrays copied out); the pages of a large one past `REPLY_KEEP`
-        go back to /dev/shm."""
+    def _put(self, at: int, header: bytes, large: list[memoryview], size: int) -> None:
+        """Write a pickled value (`_pickled`) at `at`: its frame, the sizes of its buffers, its
+        pickle, its buffers."""
         mm = self.map.mm
-        at = self._slot(actor) + _LENGTH.size
-        header_bytes, count = _HEADER.unpack_from(mm, at)
-        at += _HEADER.size
+        _FRAME.pack_into(mm, at, size, len(header), len(large))
+        at += _FRAME.size
+        if large:
+            struct.pack_into(f"<{len(large)}Q", mm, at, *(b.nbytes for b in large))
+            at += _LENGTH.size * len(large)
+        mm[at:at + len(header)] = header
+        at += len(header)
+        for b in large:
+            mm[at:at + b.nbytes] = b
+            at += b.nbytes
+
+    def _take(self, at: int) -> Any:
+        """The value `_put` wrote at `at` (its arrays copied out of the segment)."""
+        mm = self.map.mm
+        _, header_bytes, count = _FRAME.unpack_from(mm, at)
+        at += _FRAME.size
         if not count:
-            value = pickle.loads(mm[at:at + header_bytes])  # noqa: S301 - our actors' bytes
-        else:
-            sizes = struct.unpack_from(f"<{count}Q", mm, at)
-            at += 8 * count
-            view = self.map.view
-            header = view[at:at + header_bytes]
-            at += header_bytes
-            buffers = []
-            for n in sizes:
-                buffers.append(bytearray(view[at:at + n]))
-                at += n
-            value = pickle.loads(header, buffers=buffers)  # noqa: S301 - our actors' bytes
+            return pickle.loads(mm[at:at + header_bytes])  # noqa: S301 - our own processes' bytes
+        sizes = struct.unpack_from(f"<{count}Q", mm, at)
+        at += _LENGTH.size * count
+        view = self.map.view
+        header = view[at:at + header_bytes]
+        at += header_bytes
+        buffers = []
+        for n in sizes:
+            buffers.append(bytearray(view[at:at + n]))
+            at += n
+        try:
+            return pickle.loads(header, buffers=buffers)  # noqa: S301 - our own processes' bytes
+        finally:
             header.release()
-        if self._room[actor] > REPLY_KEEP:
-            slot = self._slot(actor)
-            mm.madvise(mmap.MADV_REMOVE, slot + REPLY_KEEP, self._room[actor] - REPLY_KEEP)
-            self.map.forget_reserved(slot, REPLY_KEEP)
-            self._room[actor] = REPLY_KEEP
+
+    def _give_back(self, at: int, size: int) -> None:
+        """Return the pages of bytes [at + `_KEEP`, at + size) to /dev/shm (they were read)."""
+        self.map.mm.madvise(mmap.MADV_REMOVE, at + _KEEP, size - _KEEP)
+        self.map.forget_reserved(at, _KEEP)
+
+    def _read(self, actor: int) -> Any:
+        """Actor `actor`'s reply; the pages of a large one past `_KEEP` go back to /dev/shm."""
+        value = self._take(self._slot(actor))
+        if self._room[actor] > _KEEP:
+            self._give_back(self._slot(actor), self._room[actor])
+            self._room[actor] = _KEEP
         return value
 
     def close(self) -> None:

@@ -179,7 +179,7 @@ class PersistentJob:
         holders = [i for i, ids in enumerate(self._groups) if any(r in wanted for r in ids)]
         merged: dict[int, Any] | None = None
         if self._bell is not None and not self._bell_pending and all(i in self._bell_actors for i in holders):
-            merged = self._fetch_by_bell(tuple(key), replicas, holders)
+            merged = self._fetch_by_bell(tuple(key), replicas)
         if merged is None:
             self._wake_actors()
             self.calls["fetch"] += len(holders)
@@ -189,7 +189,7 @@ class PersistentJob:
                 merged.update(part)
         return [merged[r] for r in replicas]
 
-    def _fetch_by_bell(self, key: tuple[int, int], replicas: list[int], holders: list[int]) -> dict[int, Any] | None:
+    def _fetch_by_bell(self, key: tuple[int, int], replicas: list[int]) -> dict[int, Any] | None:
         """The shards from the doorbell's replies; None when it cannot say (busy, an actor that does
         not answer within a second, shards larger than a reply slot or than /dev/shm has room for,
         an output it no longer holds): the actor calls then fetch them, or name what went wrong."""
@@ -204,11 +204,12 @@ class PersistentJob:
                 if seq is None:
                     return None
                 self.calls["doorbell_fetch"] += 1
-                replies = bell.replies(seq, holders, max(1.0, self.poll_interval), self._bell_spinner)
+                # (every actor reads the request, the others reply nothing: the next may overwrite it)
+                replies = bell.replies(seq, self._bell_actors, max(1.0, self.poll_interval), self._bell_spinner)
                 if replies is None:
                     return None
                 decoded = _decoded(replies)
-                larger = [(i, part) for i, (part, _) in zip(holders, decoded) if type(part) is int]
+                larger = [(i, part) for i, (part, _) in zip(self._bell_actors, decoded) if type(part) is int]
                 if not larger:
                     break
                 if not all(bell.make_room([i], nbytes) for i, nbytes in larger):
