@@ -11,7 +11,9 @@ And the warm call of `rp.jax.jit` (a persistent job, runtime/session.py) at `--j
 - its fixed cost: the call less N direct calls of the per-device program (goals: threads <= 30 us,
   Ray <= 300 us);
 - 1 MiB of host arguments that change every call (a new numpy array given to every replica), less
-  the same call with that argument resident (goal on Ray: <= 1 ms extra).
+  the same call with that argument resident (goal on Ray: <= 1 ms extra);
+- a resident 1 MiB output gathered by `np.asarray`, against a copy of 1 MiB; and passed to another
+  jitted function (its own job: gathered and sent again), less the same call given a host array.
 
 Each number is the median of `--repeat` rounds of `--iterations` calls; the spread is min-max of
 the rounds' medians. A call and its anchor alternate round by round (the machine is shared: load
@@ -161,6 +163,33 @@ def jit_rows(ns: argparse.Namespace, backend: str, trip: list[float] | None) -> 
     fresh, stay = interleaved(changed, kept, (max(ns.iterations // 4, 10), max(ns.iterations // 4, 10)), ns.repeat)
     extra = [f - k for f, k in zip(fresh, stay)]
     print(f"jit {backend:7} N={n} 1 MiB host {fmt(fresh)}   extra {fmt(extra)} over resident (goal <= 1 ms)")
+
+    # A resident 1 MiB output gathered (`np.asarray`: each array once, it keeps its value), against
+    # a copy of the same bytes; and passed to another jitted function (another job: through this
+    # process), against the same call given a host array.
+    count = max(ns.iterations // 4, 10)
+    floor = np.empty_like(big)
+    fetches, copies = [], []
+    for _ in range(ns.repeat):
+        outs = [use(kept_w, x)[0] for _ in range(count)]
+        fetches.append(median_per_call(lambda outs=outs: np.asarray(outs.pop()), count))
+        copies.append(median_per_call(lambda: np.copyto(floor, big), count))
+    print(f"jit {backend:7} N={n} fetch 1 MiB {fmt(fetches)}   {ratio(fetches, copies)} a 1 MiB copy")
+    first = rp.jax.jit(lambda w: w[:1], num_replicas=n, in_specs=(P(),), out_specs=P(), backend=backend)
+    first(kept_w)
+
+    def changed_first() -> None:
+        fresh_ones.reverse()
+        first(fresh_ones[0])
+
+    passed, host = [], []
+    for _ in range(ns.repeat):
+        outs = [use(kept_w, x)[0] for _ in range(count)]  # (each gathered once: fresh ones)
+        passed.append(median_per_call(lambda outs=outs: first(outs.pop()), count))
+        host.append(median_per_call(changed_first, count))
+    extra = [a - h for a, h in zip(passed, host)]
+    print(f"jit {backend:7} N={n} another fn's 1 MiB {fmt(passed)}   extra {fmt(extra)} over a host array")
+    first.close()
     add.close()
     use.close()
     del jax

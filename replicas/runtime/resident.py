@@ -160,11 +160,15 @@ class Array:
         replicas = self._gather
         if replicas is None:
             replicas = self._gather = gather_replicas(self.index)
-        shards = self._shards
-        shards = [shards[r] for r in replicas] if shards is not None else self.home.fetch(self.key, list(replicas))
+        held = self._shards
+        # (fetched shards are this array's own: no copy of them; shards held here are the replicas')
+        shards = [held[r] for r in replicas] if held is not None else self.home.fetch(self.key, list(replicas))
         first = shards[0]
         if len(replicas) == 1 and type(first) is np.ndarray and first.shape == self.shape:
-            out = first.copy() if first.dtype == self.dtype else first.astype(self.dtype)
+            if first.dtype != self.dtype:
+                out = first.astype(self.dtype)
+            else:
+                out = first.copy() if held is not None else first
         elif len(replicas) == 1 and np.shape(first) == self.shape:
             out = np.array(first, dtype=self.dtype)
         else:
