@@ -125,9 +125,11 @@ def _enter(host: Host) -> list[str]:
     return ["nsenter", "-t", str(host.holder), "--net", "--mount", "--uts", "--"]
 
 
-def _ray() -> str:
-    found = Path(sys.executable).parent / "ray"
-    return str(found) if found.exists() else "ray"
+def _ray() -> list[str]:
+    """Ray's command line run by this interpreter: a node's workers run the interpreter that started
+    it, so they import the packages the driver imports (a venv's `ray` script may name another
+    interpreter: one copied from another venv keeps its shebang)."""
+    return [sys.executable, "-m", "ray.scripts.scripts"]
 
 
 def start(name: str, count: int = 2, *, cpus: int = 1, rate: str | None = None, delay: str | None = None,
@@ -246,7 +248,7 @@ def _start_ray(cluster: Cluster, cpus: int, object_store_bytes: int) -> None:
     env.pop("RAY_ADDRESS")
     procs = []
     for k, host in enumerate(cluster.hosts):
-        argv = [*_enter(host), _ray(), "start", f"--node-ip-address={host.address}", f"--num-cpus={cpus}",
+        argv = [*_enter(host), *_ray(), "start", f"--node-ip-address={host.address}", f"--num-cpus={cpus}",
                 f"--resources={json.dumps({f'host{k}': 1000})}", f"--temp-dir={cluster.directory / f'h{k}'}",
                 f"--object-store-memory={object_store_bytes}", "--disable-usage-stats"]
         if k == 0:
