@@ -13,6 +13,11 @@ pieces are copied into its result (read from the socket straight into the result
 pages, they took longer than into the reader's buffers plus the copy). A transfer that arrives
 before it was announced is received as before and copied: the same bytes, later.
 
+A transfer announced `whole` (small chunks) lands in one block, its arrays one after the other, so
+what one process is sent from another node goes on as one part of that block (`packed_in_place`):
+one descriptor for all of them. Each descriptor costs the leader a lend and the receiver a
+mapping, a finalizer and its share of the message's unpickling, far more than its bytes at 128 KiB.
+
 A block is received into again only when nothing refers to its array any more and every process it
 was forwarded to released it (`BufferPool`'s rule); the blocks go back with the arena at the end of
 the job.
@@ -20,6 +25,7 @@ the job.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -42,29 +48,47 @@ class Placer:
     def __init__(self, outbox: Any, round_: int) -> None:
         self.outbox = outbox
         self.round = round_
-        self.expected: set[int] = set()  # sequence numbers of the collectives whose transfers land here
+        # Sequence numbers of the collectives whose transfers land here: whether each lands whole.
+        self.expected: dict[int, bool] = {}
+        self.placed: dict[int, list[np.ndarray]] = {}  # the whole blocks received, by sequence number
         self.blocks = BufferPool(outbox=outbox)
         self.lock = threading.Lock()
 
-    def expect(self, seq: int) -> None:
+    def expect(self, seq: int, whole: bool = False) -> None:
         with self.lock:
-            self.expected.add(seq)
+            self.expected[seq] = whole
 
     def done(self, seq: int) -> None:
         with self.lock:
-            self.expected.discard(seq)
+            self.expected.pop(seq, None)
+            self.placed.pop(seq, None)
 
-    def __call__(self, head: tuple, nbytes: int) -> np.ndarray | None:
-        """A writable uint8 buffer of `nbytes` in a leased block for an array of a message whose head
-        (token, destination, source, key) names an announced collective's transfer; else None."""
+    def __call__(self, head: tuple, sizes: list[int]) -> list[np.ndarray | None] | None:
+        """Writable uint8 buffers, one per array of `sizes` (None where the reader keeps its own), for
+        a message whose head (token, destination, source, key) names an announced collective's
+        transfer; else None. A transfer announced `whole` lands in one block, its arrays in order."""
         key = head[3] if len(head) > 3 else None
         if type(key) is not tuple or len(key) != 3 or key[0] != keys.COLLECTIVE:
             return None
         with self.lock:
-            # Smaller arrays are inlined when forwarded: no copy to save.
-            if key[2] != self.round or key[1] not in self.expected or nbytes < shm.MIN_BYTES:
+            whole = self.expected.get(key[1]) if key[2] == self.round else None
+            if whole is None:
                 return None
-            return self.blocks.reused_or_leased((nbytes,), _BYTES)
+            if not whole:  # smaller arrays are inlined when forwarded: no copy to save
+                return [self.blocks.reused_or_leased((n,), _BYTES) if n >= shm.MIN_BYTES else None for n in sizes]
+            starts = _starts(sizes)
+            if starts[-1] < shm.MIN_BYTES:
+                return None
+            block = self.blocks.reused_or_leased((starts[-1],), _BYTES)
+            if block is None:
+                return None
+            self.placed.setdefault(key[1], []).append(block)
+            return [block[a:a + n] for a, n in zip(starts, sizes)]
+
+    def take(self, seq: int) -> list[np.ndarray]:
+        """The blocks the announced transfers of collective `seq` were received into, whole."""
+        with self.lock:
+            return self.placed.pop(seq, [])
 
     def retire(self, wire: Any) -> bool:
         """The job's arena closes: stop placing; False if a block is still referred to."""
@@ -90,3 +114,56 @@ def placer_of(fabric: Fabric, round_: int) -> Placer | None:
         wire.placer = placer
     outbox.on_close(lambda: placer.retire(wire))
     return placer
+
+
+ALIGN = 64  # bytes: where each array of a packed buffer starts (a multiple of every dtype's alignment)
+
+
+def _starts(sizes: list[int]) -> list[int]:
+    """Where each of arrays of `sizes` bytes starts in one packed buffer, then its length."""
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + -(-n // ALIGN) * ALIGN)
+    return starts
+
+
+Packed = tuple  # (a uint8 buffer, ((start, dtype, shape), ...)): arrays in one buffer, one descriptor
+
+
+def packed_into(buffer: np.ndarray, arrays: list[np.ndarray]) -> Packed:
+    """`arrays` copied into `buffer` (uint8, at least `_starts`' length of their sizes), packed."""
+    starts = _starts([a.nbytes for a in arrays])
+    for a, at in zip(arrays, starts):
+        np.copyto(buffer[at:at + a.nbytes].view(a.dtype).reshape(a.shape), a, casting="no")
+    return buffer[:starts[-1]], tuple((at, a.dtype, a.shape) for a, at in zip(arrays, starts))
+
+
+def packed_size(arrays: list[np.ndarray]) -> int:
+    return _starts([a.nbytes for a in arrays])[-1]
+
+
+def packed_in_place(arrays: list[np.ndarray], blocks: list[np.ndarray]) -> Packed | None:
+    """`arrays` packed as the part of one of `blocks` they lie in (a placer's, received whole), or
+    None when they do not all lie in one."""
+    if not arrays:
+        return None
+    for block in blocks:
+        base = block.ctypes.data
+        starts = []
+        for a in arrays:
+            at = a.ctypes.data - base
+            if not (a.flags.c_contiguous and a.nbytes and 0 <= at and at + a.nbytes <= block.nbytes):
+                break
+            starts.append(at)
+        else:
+            low = min(starts)
+            high = max(at + a.nbytes for at, a in zip(starts, arrays))
+            return block[low:high], tuple((at - low, a.dtype, a.shape) for a, at in zip(arrays, starts))
+    return None
+
+
+def unpacked(pack: Packed) -> list[np.ndarray]:
+    """The arrays of a pack: views of its buffer."""
+    buffer, layout = pack
+    return [buffer[at:at + dtype.itemsize * math.prod(shape)].view(dtype).reshape(shape)
+            for at, dtype, shape in layout]

@@ -29,7 +29,7 @@ import numpy as np
 from replicas.collectives.buffers import pool_of
 from replicas.collectives.direct import place_items
 from replicas.collectives.exchange import Exchange
-from replicas.collectives.forwarding import placer_of
+from replicas.collectives.forwarding import packed_in_place, packed_into, packed_size, placer_of, unpacked
 from replicas.collectives.in_process import (
     GatherResult,
     hand_out_all_to_all,
@@ -220,35 +220,33 @@ def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], di
     sends that node) and hands each of its processes what the others sent it. Between two processes
     of one node that are not its leader, chunks of `Thresholds.local_direct_min_bytes` or more go
     directly (a leader would copy them once more: what it forwards from another process's arena is
-    not in its own); smaller ones go through the leader too, in the messages it sends anyway (each
-    direct message is one more wake-up of both processes, which costs more than the copy)."""
+    not in its own); smaller ones go through the leader too, packed (`_route_packed`)."""
     topo = ex.topo
     layout = topo.layout
     node = _Node(topo)
     pos = topo.position
-    # To process q: this process's members' chunks for q's members, member by member. (Lists and
-    # tuples, never dicts: a message's arrays go through the node's shared memory only inside those.)
-    outgoing = [None if q == pos else [c[j] for c in chunks for j in layout.processes[q]]
-                for q in range(len(layout.leaders))]
     local_direct = sum(c.nbytes for c in chunks[0][0]) >= THRESHOLDS.local_direct_min_bytes
-    if not node.is_leader:
-        direct = [q for q in node.processes[1:] if q != pos] if local_direct else []
-        mine = [outgoing[q] for q in direct]
-        for q in direct:
-            outgoing[q] = None
+    if not local_direct:
+        got = _route_packed(ex, node, parts, chunks, dim)
+    elif not node.is_leader:
+        # To process q: this process's members' chunks for q's members, member by member. (Lists and
+        # tuples, never dicts: a message's arrays go through the node's shared memory only inside those.)
+        direct = [q for q in node.processes[1:] if q != pos]
+        outgoing = [None if q == pos or q in direct else _items(chunks, layout, q) for q in range(len(layout.leaders))]
         ex.send(node.leader, IN, outgoing)
-        for q, items in zip(direct, mine):
-            ex.send(layout.leaders[q], LOCAL, items)
+        for q in direct:
+            ex.send(layout.leaders[q], LOCAL, _items(chunks, layout, q))
         got = list(zip(direct, ex.recv([layout.leaders[q] for q in direct], LOCAL)))
         got.extend(ex.recv_one(node.leader, OUT))
     else:
+        outgoing = [None if q == pos else _items(chunks, layout, q) for q in range(len(layout.leaders))]
         # What the other nodes send this node's other processes lands in the arena, whence it goes on
         # without a copy (collectives/forwarding.py).
         placer = placer_of(ex.fabric, ACROSS) if node.peers else None
         if placer is not None:
             placer.expect(ex.seq)
         try:
-            got = _route_across(ex, node, outgoing, local_direct)
+            got = _route_across(ex, node, outgoing)
         finally:
             if placer is not None:
                 placer.done(ex.seq)
@@ -261,10 +259,72 @@ def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], di
     return hand_out_all_to_all(ex, parts, out, dim)
 
 
-def _route_across(ex: Exchange, node: _Node, outgoing: list[Any], local_direct: bool) -> list[tuple[int, Any]]:
+def _items(chunks: list[list[Values]], layout: Any, q: int) -> list[Values]:
+    """A process's members' chunks (`chunks`, by member then destination) for process q's members,
+    member by member."""
+    return [c[j] for c in chunks for j in layout.processes[q]]
+
+
+def _route_packed(ex: Exchange, node: _Node, parts: list[Values], chunks: list[list[Values]],
+                  dim: int) -> list[tuple[int, Any]]:
+    """Small chunks: a process hands its node leader its operands whole (one descriptor each, where
+    they lie in its arena), and the leader hands each of the node's other processes what it is sent
+    in two buffers: the node's chunks copied into one of its pool, the other nodes' as the part of
+    the block their bundle was received into (collectives/forwarding.py): a few descriptors a
+    message instead of one per chunk, each of which costs both processes. What this process was
+    sent, by source process."""
+    topo = ex.topo
+    layout = topo.layout
+    pos = topo.position
+    if not node.is_leader:
+        ex.send(node.leader, IN, list(parts))
+        sources, packs = ex.recv_one(node.leader, OUT)
+        arrays = [a for pack in packs for a in (unpacked(pack) if type(pack) is tuple else pack)]
+        return _regrouped(layout, sources, arrays, len(topo.local), len(parts[0]))
+    n = len(topo.group)
+    cut = {pos: chunks}
+    for q, theirs in zip(node.processes[1:], ex.recv(node.peers, IN)):
+        cut[q] = [chunks_of(v, n, dim) for v in theirs]
+    placer = placer_of(ex.fabric, ACROSS) if node.peers else None
+    if placer is not None:
+        placer.expect(ex.seq, whole=True)
+    try:
+        # Destination by destination: each one's chunks from this node lie together where they land.
+        peers = [node.leaders[m] for m in node.others]
+        for m, r in zip(node.others, peers):
+            ex.send(r, ACROSS, [(p, q, _items(cut[p], layout, q)) for q in layout.nodes[m] for p in node.processes])
+        pool = pool_of(ex.fabric)
+        local = {}
+        for q in node.processes[1:]:
+            arrays = [a for p in node.processes if p != q for v in _items(cut[p], layout, q) for a in v]
+            local[q] = packed_into(pool.empty((packed_size(arrays),), np.dtype(np.uint8)), arrays)
+        arrived: dict[int, list[tuple[int, list[Values]]]] = {q: [] for q in node.processes}
+        for bundle in ex.recv(peers, ACROSS):
+            for p, q, items in bundle:
+                arrived[q].append((p, items))
+        blocks = placer.take(ex.seq) if placer is not None else []
+    finally:
+        if placer is not None:
+            placer.done(ex.seq)
+    for q, r in zip(node.processes[1:], node.peers):
+        remote = [a for _, items in arrived[q] for v in items for a in v]
+        sources = [p for p in node.processes if p != q] + [p for p, _ in arrived[q]]
+        ex.send(r, OUT, (sources, [local[q], packed_in_place(remote, blocks) or remote]))
+    return [(p, _items(cut[p], layout, pos)) for p in node.processes[1:]] + arrived[pos]
+
+
+def _regrouped(layout: Any, sources: list[int], arrays: list[np.ndarray], members: int,
+               operands: int) -> list[tuple[int, list[Values]]]:
+    """`_items` of each source process for this one, from their arrays in order."""
+    it = iter(arrays)
+    return [(p, [tuple(next(it) for _ in range(operands)) for _ in range(len(layout.processes[p]) * members)])
+            for p in sources]
+
+
+def _route_across(ex: Exchange, node: _Node, outgoing: list[Any]) -> list[tuple[int, Any]]:
     """On a node leader: the node's processes' chunks exchanged with the other node leaders and
-    handed to the node's other processes; what this process was sent, by source process.
-    `local_direct`: the node's other processes exchanged their chunks among themselves."""
+    handed to the node's other processes (which exchanged their chunks among themselves); what this
+    process was sent, by source process."""
     layout = ex.topo.layout
     pos = ex.topo.position
     sent = {pos: outgoing}
@@ -273,10 +333,8 @@ def _route_across(ex: Exchange, node: _Node, outgoing: list[Any], local_direct: 
     peers = [node.leaders[m] for m in node.others]
     for m, r in zip(node.others, peers):
         ex.send(r, ACROSS, [(p, q, sent[p][q]) for p in node.processes for q in layout.nodes[m]])
-    # Within the node what this process sends or is sent, and, unless they exchanged theirs
-    # directly, what the other processes send each other.
-    arrived = [(p, q, sent[p][q]) for p in node.processes for q in node.processes
-               if p != q and (pos in (p, q) or not local_direct)]
+    # Within the node what this process sends or is sent.
+    arrived = [(p, q, sent[p][q]) for p in node.processes for q in node.processes if p != q and pos in (p, q)]
     for bundle in ex.recv(peers, ACROSS):
         arrived.extend(bundle)
     for q, r in zip(node.processes[1:], node.peers):

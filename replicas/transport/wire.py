@@ -173,8 +173,9 @@ class Wire:
         self._dir: str | None = None
         # Where a large array arriving from another node is received instead of the reader's own
         # buffers, when it will be forwarded to a process of this node (collectives/forwarding.py):
-        # `placer(head, nbytes)` gives a writable uint8 buffer of that size, or None.
-        self.placer: Callable[[tuple, int], np.ndarray | None] | None = None
+        # `placer(head, sizes)` gives writable uint8 buffers of those sizes (None for one the reader
+        # keeps itself), or None.
+        self.placer: Callable[[tuple, list[int]], list[np.ndarray | None] | None] | None = None
         # Peer address (TCP) -> `time.monotonic()` of the latest bytes read from it: a host whose
         # actor is too busy to answer the driver still shows it is alive (cluster/liveness.py).
         self._heard: dict[str, float] = {}
@@ -491,7 +492,7 @@ class _Buffers:
 
 
 def _read_body(conn: socket.socket, body_size: int, buffers: _Buffers | None = None, head: tuple = (),
-               placer: Callable[[tuple, int], np.ndarray | None] | None = None,
+               placer: Callable[[tuple, list[int]], list[np.ndarray | None] | None] | None = None,
                heard: Callable[[], None] | None = None) -> Any:
     """A large body read from the socket: each array straight into its own buffer (where `placer`
     gives one, there; else one of `buffers` that nothing refers to any more, where one of the size is)."""
@@ -501,9 +502,10 @@ def _read_body(conn: socket.socket, body_size: int, buffers: _Buffers | None = N
     sizes = _buffer_sizes(_recv_exact(conn, count * _LENGTH.size), count, meta_size, body_size)
     meta = _recv_exact(conn, meta_size)
     kept = buffers if buffers is not None else _Buffers()
+    places = placer(head, sizes) if placer is not None and sizes else None
     arrays = []
-    for size in sizes:
-        into = placer(head, size) if placer is not None else None
+    for k, size in enumerate(sizes):
+        into = places[k] if places is not None else None
         arrays.append(_recv_into(conn, kept.take(size) if into is None else into, heard))
     return pickle.loads(meta, buffers=arrays)  # noqa: S301 - an authenticated peer's (module doc)
 
