@@ -269,10 +269,10 @@ def _route_packed(ex: Exchange, node: _Node, parts: list[Values], chunks: list[l
                   dim: int) -> list[tuple[int, Any]]:
     """Small chunks: a process hands its node leader its operands whole (one descriptor each, where
     they lie in its arena), and the leader hands each of the node's other processes what it is sent
-    in two buffers: the node's chunks copied into one of its pool, the other nodes' as the part of
-    the block their bundle was received into (collectives/forwarding.py): a few descriptors a
-    message instead of one per chunk, each of which costs both processes. What this process was
-    sent, by source process."""
+    in three parts: its own chunks, the node's other processes' copied into one buffer of its pool,
+    the other nodes' as the part of the block their bundle was received into
+    (collectives/forwarding.py): a few descriptors a message instead of one per chunk, each of which
+    costs both processes. What this process was sent, by source process."""
     topo = ex.topo
     layout = topo.layout
     pos = topo.position
@@ -293,11 +293,12 @@ def _route_packed(ex: Exchange, node: _Node, parts: list[Values], chunks: list[l
         peers = [node.leaders[m] for m in node.others]
         for m, r in zip(node.others, peers):
             ex.send(r, ACROSS, [(p, q, _items(cut[p], layout, q)) for q in layout.nodes[m] for p in node.processes])
+        # The other processes' chunks for q are in their arenas, not this one's: copied, into one buffer.
         pool = pool_of(ex.fabric)
         local = {}
         for q in node.processes[1:]:
-            arrays = [a for p in node.processes if p != q for v in _items(cut[p], layout, q) for a in v]
-            local[q] = packed_into(pool.empty((packed_size(arrays),), np.dtype(np.uint8)), arrays)
+            arrays = [a for p in node.processes[1:] if p != q for v in _items(cut[p], layout, q) for a in v]
+            local[q] = packed_into(pool.empty((packed_size(arrays),), np.dtype(np.uint8)), arrays) if arrays else []
         arrived: dict[int, list[tuple[int, list[Values]]]] = {q: [] for q in node.processes}
         for bundle in ex.recv(peers, ACROSS):
             for p, q, items in bundle:
@@ -307,9 +308,10 @@ def _route_packed(ex: Exchange, node: _Node, parts: list[Values], chunks: list[l
         if placer is not None:
             placer.done(ex.seq)
     for q, r in zip(node.processes[1:], node.peers):
+        own = [a for v in _items(chunks, layout, q) for a in v]  # lent where they lie in its arena
         remote = [a for _, items in arrived[q] for v in items for a in v]
         sources = [p for p in node.processes if p != q] + [p for p, _ in arrived[q]]
-        ex.send(r, OUT, (sources, [local[q], packed_in_place(remote, blocks) or remote]))
+        ex.send(r, OUT, (sources, [own, local[q], packed_in_place(remote, blocks) or remote]))
     return [(p, _items(cut[p], layout, pos)) for p in node.processes[1:]] + arrived[pos]
 
 
