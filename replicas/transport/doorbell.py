@@ -38,7 +38,6 @@ two spinning processes sharing one core take turns on it while another core idle
 
 from __future__ import annotations
 
-import functools
 import mmap
 import os
 import pickle
@@ -80,12 +79,6 @@ def available() -> bool:
 _RAW_MAX = 1 << 16  # bytes of an array packed raw; larger ones keep numpy's pickle (no extra copy)
 
 
-@functools.cache
-def _raw_dtype(dtype: np.dtype) -> str | None:
-    """The code a small array of `dtype` is packed with raw (None: numpy's own pickle carries it)."""
-    return dtype.str if dtype.isbuiltin == 1 and not dtype.hasobject else None
-
-
 def pack(values: list[Any]) -> list[Any]:
     """`values` (a call's arguments or outputs) for a request or reply: each small array as
     (dtype, shape, its bytes), pickled as plain bytes (numpy's own pickle of a small array costs a
@@ -94,9 +87,9 @@ def pack(values: list[Any]) -> list[Any]:
     for v in values:
         t = type(v)
         if t is np.ndarray:
-            code = _raw_dtype(v.dtype)
-            if code is not None and v.nbytes <= _RAW_MAX and v.flags.c_contiguous:
-                v = (code, v.shape, pickle.PickleBuffer(v))
+            dtype = v.dtype
+            if dtype.isbuiltin == 1 and not dtype.hasobject and v.nbytes <= _RAW_MAX and v.flags.c_contiguous:
+                v = (dtype.str, v.shape, pickle.PickleBuffer(v))
         elif t is tuple:
             v = (v,)
         out.append(v)
