@@ -15,10 +15,11 @@ word (the actors' main threads park on the release word while the hold, a time, 
 runtime/ray/parking.py), the CPU the driver rang from and how long it took to ring after its
 previous replies; line 1+i the reply word of actor i (its own), actor i's "asleep" flag for the
 request word (its own), the driver's "asleep" flag for that reply word (the driver's) and how long
-actor i took from the request to its reply; then the request (u64 length, bytes) and one reply slot
-per actor (u64 length, bytes). Each word but the release word has one writer, and x86-64 keeps
-stores in order (transport/futex.py), so a reader that sees a word sees the bytes written before it;
-the release word only has to move (anyone may bump it).
+actor i took from the request to its reply; then, each from a page, the request and one reply slot
+per actor, each a frame (its bytes, its pickle's, how many buffers), the buffers' sizes, the pickle
+and the buffers (arrays kept outside the pickle). Each word but the release word has one writer,
+and x86-64 keeps stores in order (transport/futex.py), so a reader that sees a word sees the bytes
+written before it; the release word only has to move (anyone may bump it).
 
 Both waits spin first when the driver and the node's actors of the job fit the cores
 (transport/spin.py): the driver for the replies of a short call, an actor's call thread for the next
@@ -68,7 +69,7 @@ CALL_ROOM = REPLY_ROOM - 24  # bytes of a call's reply (after its frame)
 _KEEP = 16 << 20  # bytes of a request or reply slot whose pages stay allocated once read
 _LENGTH = struct.Struct("<Q")
 _FRAME = struct.Struct("<QQQ")  # a request's or reply's bytes (after the frame), its pickle's, its buffers
-_OUT_OF_BAND_MIN = 1 << 16  # bytes of an array a reply carries outside its pickle
+_OUT_OF_BAND_MIN = 1 << 16  # bytes of an array a request or a fetch's reply carries outside its pickle
 SLICE = 0.25  # seconds of one futex wait: stops and the driver's Ctrl-C are noticed within it
 
 
@@ -192,7 +193,7 @@ class Doorbell:
         return seq
 
     def replies(self, seq: int, actors: list[int], timeout: float,
-                spinner: spin.Spinner = spin.NEVER) -> list[bytes] | None:
+                spinner: spin.Spinner = spin.NEVER) -> list[Any] | None:
         """Each of `actors`' reply (the value) to request `seq` once all replied within `timeout` s,
         else None (`spinner`: how long to watch a reply word before sleeping on it). `actors` are
         every actor of the doorbell: each reads the request, and the next may overwrite it."""
