@@ -200,16 +200,24 @@ def reduce_scatter(ex: Exchange, parts: list[Values], dim: int, combine: Combine
     got = ex.recv(peers, ACROSS)
     index = {i: j for j, i in enumerate(members)}
 
-    def result(i: int) -> Values:
+    def result(i: int, lent: bool = False) -> Values:
+        """Member i's result; `lent`: it goes to another process of the node, so where the arena has
+        room it is written into a leased block, whence it is lent in place (never copied there)."""
         j = index[i]
         specs = [g[j] for g in got]
         specs.insert(node.node, own[j])
-        out = tuple(pool.empty(c.shape, c.dtype) for c in own[j])
+        out = tuple(_leased(pool, c) if lent else pool.empty(c.shape, c.dtype) for c in own[j])
         return reduce_into(out, specs, combine)
 
     for q, r in zip(node.processes[1:], node.peers):
-        ex.send(r, OUT, [result(i) for i in layout.processes[q]])
+        ex.send(r, OUT, [result(i, True) for i in layout.processes[q]])
     return ex.scatter_local([result(i) for i in topo.local])
+
+
+def _leased(pool: Any, like: np.ndarray) -> np.ndarray:
+    """A buffer like `like` in a leased block of the arena where it has room (else the pool's)."""
+    found = None if like.dtype.hasobject else pool.reused_or_leased(like.shape, like.dtype)
+    return pool.empty(like.shape, like.dtype) if found is None else found
 
 
 # -- all-to-all ------------------------------------------------------------------------------------
