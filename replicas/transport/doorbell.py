@@ -168,11 +168,12 @@ class Doorbell:
             self.words[_HOLD] = _now_ms()  # held until now: the actors may park
 
     # -- the driver's side --------------------------------------------------------------------------
-    def ring(self, request: Any) -> int | None:
-        """Post `request` to every actor (pickled, its large arrays' bytes copied once into the
-        segment); its number, or None if it does not fit (or /dev/shm has no room for it)."""
+    def ring(self, request: Any, out_of_band: bool = True) -> int | None:
+        """Post `request` to every actor (pickled; `out_of_band`: the bytes of its large arrays
+        apart, each copied once, into the segment); its number, or None if it does not fit (or
+        /dev/shm has no room for it)."""
         at = self._request_at
-        header, large, size = _pickled(request, True)
+        header, large, size = _pickled(request, out_of_band)
         if size > REQUEST_BYTES:
             return None
         if _FRAME.size + size > self._requested:

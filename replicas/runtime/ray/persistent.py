@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
+
 from replicas.diagnostics import host_output
 from replicas.runtime.ray.replica_host import STOP_SECONDS
 from replicas.transport import doorbell, spin
@@ -89,10 +91,12 @@ class PersistentJob:
             first = args[0]
             if all(a is first or (len(a) == len(first) and all(x is y for x, y in zip(a, first))) for a in args):
                 rung: Any = doorbell.pack(first)  # every replica takes the same values (resident names, ...): once
+                arrays = any(type(v) is np.ndarray for v in rung)
             else:
                 rung = {r: doorbell.pack(args[r]) for i in self._bell_actors for r in self._groups[i]}
-            with self._bell_lock:
-                self._bell_seq = self._bell.ring((rung, forget, seq, count, fetch_max))
+                arrays = any(type(v) is np.ndarray for values in rung.values() for v in values)
+            with self._bell_lock:  # (the arrays `pack` left as they are travel outside the pickle)
+                self._bell_seq = self._bell.ring((rung, forget, seq, count, fetch_max), out_of_band=arrays)
                 self._bell_pending = self._bell_seq is not None
             if self._bell_seq is not None:
                 self.calls["doorbell"] += 1
