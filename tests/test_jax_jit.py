@@ -103,6 +103,52 @@ def test_resident_arrays_are_the_replicas_shards():
     assert float(step(np.float32([1, 1, 1, 1, 1, 1, 1, 1])).value()[3]) == 2.0
 
 
+def test_an_array_of_one_jitted_function_passed_to_another_matches_jax():
+    check_passing("threads")
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_an_array_of_one_jitted_function_passed_to_another_on_ray_matches_jax():
+    check_passing("ray")
+
+
+def check_passing(backend: str) -> None:
+    """Another function is another job: its argument is gathered from where the first left it
+    (on Ray, MiBs of shards through the doorbell's reply slots) and split by the second's shardings."""
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+
+    def scale(x, s):
+        return x * s, jax.lax.psum(jnp.sum(x), "x")
+
+    def shift(x, t):
+        return x + t, jnp.sum(x) * 2
+
+    x = rng.normal(size=(1 << 19,)).astype(np.float32)  # 2 MiB: each replica's shard 512 KiB
+    first = rp.jax.jit(scale, num_replicas=4, in_specs=(P("x"), P()), out_specs=(P("x"), P()), backend=backend)
+    then = rp.jax.jit(shift, num_replicas=4, in_specs=(P(), P()), out_specs=(P(), P()), backend=backend)
+    want_first = jax.jit(shard_map(scale, mesh=mesh, in_specs=(P("x"), P()), out_specs=(P("x"), P())))
+    want_then = jax.jit(shard_map(shift, mesh=mesh, in_specs=(P(), P()), out_specs=(P(), P())))
+    try:
+        y, total = first(x, np.float32(3))
+        z, twice = then(y, total)  # sharded -> replicated, and a replicated scalar
+        y2, _ = first(z, np.float32(0.5))  # replicated -> sharded
+        jy, jtotal = want_first(x, np.float32(3))
+        jz, jtwice = want_then(jy, jtotal)
+        jy2, _ = want_first(jz, np.float32(0.5))
+        np.testing.assert_allclose(np.asarray(z), np.asarray(jz), rtol=1e-6)
+        np.testing.assert_allclose(float(twice), float(jtwice), rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(y2), np.asarray(jy2), rtol=1e-6)
+        z3, _ = then(z, total)  # its own output: where it is
+        np.testing.assert_allclose(np.asarray(z3), np.asarray(jz) + float(jtotal), rtol=1e-6)
+        if backend == "ray":  # every shard came back through a doorbell, none by an actor call
+            for c in [*first._cache.values(), *then._cache.values()]:
+                calls = c.session._backend.calls
+                assert calls["doorbell_fetch"] > 0 and calls["fetch"] == 0, calls
+    finally:
+        first.close()
+        then.close()
+
+
 def test_a_new_signature_compiles_again_and_static_arguments_are_keys():
     def scaled(v, k):
         return v * k
