@@ -10,7 +10,11 @@ ratio is the median of the rounds' ratios. Load average is printed at the start 
 
 Targets (issue 30): threads <= 1.2x JAX, Ray <= 1.5x JAX.
 
-    python bench/jax_loop.py [--replicas 4 8] [--steps 100] [--repeat 5] [--no-ray]
+`--split`: the step as two jitted functions, the gradients then the update (each its own job on
+replicas: the gradients and parameters pass from one to the other through this process on Ray),
+against the same two functions under JAX.
+
+    python bench/jax_loop.py [--replicas 4 8] [--steps 100] [--repeat 5] [--no-ray] [--split]
 """
 
 from __future__ import annotations
@@ -31,19 +35,44 @@ import replicas as rp  # noqa: E402
 BATCH, FEATURES, HIDDEN, CLASSES = 256, 128, 256, 16  # about 0.2 MB of parameters
 
 
-def mlp_step():
-    import jax
+def _loss(p, x, y):
     import jax.numpy as jnp
 
-    def step(params, x, y):
-        def loss_fn(p):
-            h = jnp.tanh(x @ p["w1"] + p["b1"])
-            logits = h @ p["w2"] + p["b2"]
-            return jnp.mean((logits - y) ** 2)
+    h = jnp.tanh(x @ p["w1"] + p["b1"])
+    logits = h @ p["w2"] + p["b2"]
+    return jnp.mean((logits - y) ** 2)
 
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+
+def mlp_step():
+    import jax
+
+    def step(params, x, y):
+        loss, grads = jax.value_and_grad(_loss)(params, x, y)
         grads, loss = jax.lax.pmean((grads, loss), "x")
         return jax.tree_util.tree_map(lambda p, g: p - 0.05 * g, params, grads), loss
+
+    return step
+
+
+def split_steps():
+    """The step as two functions: the gradients (and the loss), then the update."""
+    import jax
+
+    def grads_of(params, x, y):
+        loss, grads = jax.value_and_grad(_loss)(params, x, y)
+        return jax.lax.pmean((grads, loss), "x")
+
+    def update(params, grads):
+        return jax.tree_util.tree_map(lambda p, g: p - 0.05 * g, params, grads)
+
+    return grads_of, update
+
+
+def chained(grads_of, update):
+    """A step (params, x, y) -> (params, loss) of the two jitted functions."""
+    def step(params, x, y):
+        grads, loss = grads_of(params, x, y)
+        return update(params, grads), loss
 
     return step
 
@@ -74,6 +103,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--no-ray", action="store_true")
+    p.add_argument("--split", action="store_true", help="the step as two jitted functions")
     ns = p.parse_args()
     import jax
     from jax.sharding import Mesh
@@ -91,9 +121,21 @@ def main() -> None:
     print(f"{'N':>3} {'JAX ms/step':>14} " + " ".join(f"{b + ' ms/step':>16} {'x JAX':>16}" for b in backends))
     for n in ns.replicas:
         mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
-        runners = {"jax": jax.jit(shard_map(mlp_step(), mesh=mesh, **specs))}
-        for b in backends:
-            runners[b] = rp.jax.jit(mlp_step(), num_replicas=n, backend=b, **specs)
+        closing = []
+        if ns.split:
+            grads_of, update = split_steps()
+            both = dict(in_specs=(P(), P()), out_specs=P())
+            runners = {"jax": chained(jax.jit(shard_map(grads_of, mesh=mesh, **specs)),
+                                      jax.jit(shard_map(update, mesh=mesh, **both)))}
+            for b in backends:
+                closing += [rp.jax.jit(grads_of, num_replicas=n, backend=b, **specs),
+                            rp.jax.jit(update, num_replicas=n, backend=b, **both)]
+                runners[b] = chained(*closing[-2:])
+        else:
+            runners = {"jax": jax.jit(shard_map(mlp_step(), mesh=mesh, **specs))}
+            for b in backends:
+                closing.append(rp.jax.jit(mlp_step(), num_replicas=n, backend=b, **specs))
+                runners[b] = closing[-1]
         losses = {}
         for name, step in runners.items():  # compile, start the jobs, warm up
             losses[name] = loop(step, params, x, y, 3)[1]
@@ -109,8 +151,8 @@ def main() -> None:
             ratios = [r / j for r, j in zip(rounds[b], rounds["jax"])]
             cells.append(f"{fmt(rounds[b]):>16} {np.median(ratios):6.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
         print(f"{n:>3} " + " ".join(cells))
-        for b in backends:
-            runners[b].close()
+        for f in closing:
+            f.close()
     print(f"load average at the end: {load_average()}")
 
 
