@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from replicas.collectives.buffers import BufferPool
-from replicas.transport import keys, shm
+from replicas.transport import board, keys, shm
 
 if TYPE_CHECKING:
     from replicas.transport.fabric import Fabric
@@ -167,3 +167,61 @@ def unpacked(pack: Packed) -> list[np.ndarray]:
     buffer, layout = pack
     return [buffer[at:at + dtype.itemsize * math.prod(shape)].view(dtype).reshape(shape)
             for at, dtype, shape in layout]
+
+
+def on_board(fabric: Fabric, readers: list[int]) -> bool:
+    """Whether a node leader hands its node's processes at `readers` (process positions) their parts
+    on the same-node board, as places in its arena (`handed_on_board`): a board, an arena and its
+    mappings here, and a reader position on the board for each."""
+    shared = fabric.shared
+    return (shared is not None and shared.board is not None and shared.outbox is not None
+            and shared.inbox is not None and bool(readers) and max(readers) < board.READERS)
+
+
+def handed_on_board(ex: Any, round_: int, readers: list[int], payloads: dict[int, tuple]) -> bool:
+    """Publish `payloads[q]` (sources, [arrays or packs]) for each reader q in one buffer of the
+    board, every array that lies in a leased block of the arena as the place it was lent at (plain
+    numbers), the others as themselves (copied into the board). Readers wait on the board word
+    itself: no message, no reader thread's wake-up, no descriptor to unpickle. False, with nothing
+    lent, when the board announced that the parts follow as messages (the caller sends them)."""
+    shared = ex.fabric.shared
+    outbox = shared.outbox
+    taken: list[Any] = []
+
+    def piece(x: np.ndarray) -> Any:
+        ref = outbox.lend(x) if x.flags.c_contiguous and x.nbytes else None
+        if ref is None:
+            return x
+        taken.append(ref)
+        return ref, x.dtype.str, x.shape
+
+    def pieces(pack: Any) -> Any:
+        return (piece(pack[0]), pack[1]) if type(pack) is tuple else [piece(a) for a in pack]
+
+    per: list[Any] = [None] * (max(readers) + 1)
+    for q in readers:
+        sources, packs = payloads[q]
+        per[q] = (sources, [pieces(p) for p in packs])
+    b = shared.board
+    if b.publish(ex.topo.leader, board.tag_of(ex.seq, round_), b.fingerprint_bytes(ex.fingerprint.wire),
+                 (outbox.name, per), tuple(readers), ex._wait_released):
+        return True
+    for ref in taken:
+        outbox.give_back(ref)
+    return False
+
+
+def read_handed(ex: Any, writer: int, round_: int) -> tuple:
+    """What the node leader at process position `writer` handed this process (`handed_on_board`, or
+    as a message where the board announced one): (sources, [arrays or packs])."""
+    value = ex.read_board(writer, round_)
+    if type(value[0]) is not str:
+        return value
+    segment, per = value
+    inbox = ex.fabric.shared.inbox
+
+    def array(p: Any) -> np.ndarray:
+        return inbox.lent(segment, p[0], p[2], np.dtype(p[1])) if type(p) is tuple else p
+
+    sources, packs = per[ex.topo.position]
+    return sources, [(array(p[0]), p[1]) if type(p) is tuple else [array(a) for a in p] for p in packs]

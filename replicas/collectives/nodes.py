@@ -29,7 +29,16 @@ import numpy as np
 from replicas.collectives.buffers import pool_of
 from replicas.collectives.direct import place_items
 from replicas.collectives.exchange import Exchange
-from replicas.collectives.forwarding import packed_in_place, packed_into, packed_size, placer_of, unpacked
+from replicas.collectives.forwarding import (
+    handed_on_board,
+    on_board,
+    packed_in_place,
+    packed_into,
+    packed_size,
+    placer_of,
+    read_handed,
+    unpacked,
+)
 from replicas.collectives.in_process import (
     GatherResult,
     hand_out_all_to_all,
@@ -286,7 +295,10 @@ def _route_packed(ex: Exchange, node: _Node, parts: list[Values], chunks: list[l
     pos = topo.position
     if not node.is_leader:
         ex.send(node.leader, IN, list(parts))
-        sources, packs = ex.recv_one(node.leader, OUT)
+        if on_board(ex.fabric, node.processes[1:]):
+            sources, packs = read_handed(ex, node.processes[0], OUT)
+        else:
+            sources, packs = ex.recv_one(node.leader, OUT)
         arrays = [a for pack in packs for a in (unpacked(pack) if type(pack) is tuple else pack)]
         return _regrouped(layout, sources, arrays, len(topo.local), len(parts[0]))
     n = len(topo.group)
@@ -315,11 +327,16 @@ def _route_packed(ex: Exchange, node: _Node, parts: list[Values], chunks: list[l
     finally:
         if placer is not None:
             placer.done(ex.seq)
-    for q, r in zip(node.processes[1:], node.peers):
+    handed = {}
+    for q in node.processes[1:]:
         own = [a for v in _items(chunks, layout, q) for a in v]  # lent where they lie in its arena
         remote = [a for _, items in arrived[q] for v in items for a in v]
         sources = [p for p in node.processes if p != q] + [p for p, _ in arrived[q]]
-        ex.send(r, OUT, (sources, [own, local[q], packed_in_place(remote, blocks) or remote]))
+        handed[q] = (sources, [own, local[q], packed_in_place(remote, blocks) or remote])
+    readers = node.processes[1:]
+    if not (on_board(ex.fabric, readers) and handed_on_board(ex, OUT, readers, handed)):
+        for q, r in zip(readers, node.peers):
+            ex.send(r, OUT, handed[q])
     return [(p, _items(cut[p], layout, pos)) for p in node.processes[1:]] + arrived[pos]
 
 
