@@ -225,3 +225,40 @@ def read_handed(ex: Any, writer: int, round_: int) -> tuple:
 
     sources, packs = per[ex.topo.position]
     return sources, [(array(p[0]), p[1]) if type(p) is tuple else [array(a) for a in p] for p in packs]
+
+
+def published_whole(ex: Any, round_: int, reader: int, parts: list[tuple]) -> bool:
+    """A process's operands (`parts`, a tuple of arrays per member) for its node leader at process
+    position `reader`, published on the board as `handed_on_board` does; False, with nothing lent,
+    when the board announced that they follow as a message (the caller sends it)."""
+    shared = ex.fabric.shared
+    outbox = shared.outbox
+    taken: list[Any] = []
+    pieces = []
+    for values in parts:
+        row = []
+        for x in values:
+            ref = outbox.lend(x) if x.flags.c_contiguous and x.nbytes else None
+            if ref is not None:
+                taken.append(ref)
+            row.append(x if ref is None else (ref, x.dtype.str, x.shape))
+        pieces.append(tuple(row))
+    b = shared.board
+    if b.publish(ex.topo.leader, board.tag_of(ex.seq, round_), b.fingerprint_bytes(ex.fingerprint.wire),
+                 (outbox.name, pieces), (reader,), ex._wait_released):
+        return True
+    for ref in taken:
+        outbox.give_back(ref)
+    return False
+
+
+def read_whole(ex: Any, writer: int, round_: int) -> list[tuple]:
+    """What the process at position `writer` published by `published_whole` (or sent, where the board
+    announced a message): its operands, a tuple of arrays per member."""
+    value = ex.read_board(writer, round_)
+    if not (type(value) is tuple and len(value) == 2 and type(value[0]) is str):
+        return value
+    segment, pieces = value
+    inbox = ex.fabric.shared.inbox
+    return [tuple(inbox.lent(segment, p[0], p[2], np.dtype(p[1])) if type(p) is tuple else p for p in row)
+            for row in pieces]

@@ -36,7 +36,9 @@ from replicas.collectives.forwarding import (
     packed_into,
     packed_size,
     placer_of,
+    published_whole,
     read_handed,
+    read_whole,
     unpacked,
 )
 from replicas.collectives.in_process import (
@@ -294,7 +296,8 @@ def _route_packed(ex: Exchange, node: _Node, parts: list[Values], chunks: list[l
     layout = topo.layout
     pos = topo.position
     if not node.is_leader:
-        ex.send(node.leader, IN, list(parts))
+        if not (on_board(ex.fabric, node.processes) and published_whole(ex, IN, node.processes[0], parts)):
+            ex.send(node.leader, IN, list(parts))
         if on_board(ex.fabric, node.processes[1:]):
             sources, packs = read_handed(ex, node.processes[0], OUT)
         else:
@@ -303,7 +306,11 @@ def _route_packed(ex: Exchange, node: _Node, parts: list[Values], chunks: list[l
         return _regrouped(layout, sources, arrays, len(topo.local), len(parts[0]))
     n = len(topo.group)
     cut = {pos: chunks}
-    for q, theirs in zip(node.processes[1:], ex.recv(node.peers, IN)):
+    if on_board(ex.fabric, node.processes):
+        operands = [read_whole(ex, q, IN) for q in node.processes[1:]]
+    else:
+        operands = ex.recv(node.peers, IN)
+    for q, theirs in zip(node.processes[1:], operands):
         cut[q] = [chunks_of(v, n, dim) for v in theirs]
     placer = placer_of(ex.fabric, ACROSS) if node.peers else None
     if placer is not None:
