@@ -192,10 +192,20 @@ def reduce_scatter(ex: Exchange, parts: list[Values], dim: int, combine: Combine
     layout = topo.layout
     node = _Node(topo)
     acc = reduce_pooled(ex, parts, combine)
+    # Where the node's processes may, their partials and results go on the same-node board (as
+    # `_route_packed`'s do): no message, no reader thread's wake-up.
+    board_in, board_out = on_board(ex.fabric, node.processes), on_board(ex.fabric, node.processes[1:])
     if not node.is_leader:
-        ex.send(node.leader, IN, acc)
-        return ex.scatter_local(ex.recv_one(node.leader, OUT))
-    partials = [acc, *ex.recv(node.peers, IN)]  # the node's processes' partials, in process order
+        if not (board_in and published_whole(ex, IN, node.processes[0], [acc])):
+            ex.send(node.leader, IN, acc)
+        if not board_out:
+            return ex.scatter_local(ex.recv_one(node.leader, OUT))
+        it = iter(read_handed(ex, node.processes[0], OUT)[1][0])
+        return ex.scatter_local([tuple(next(it) for _ in acc) for _ in topo.local])
+    if board_in:
+        partials = [acc, *(read_whole(ex, q, IN)[0] for q in node.processes[1:])]
+    else:
+        partials = [acc, *ex.recv(node.peers, IN)]  # the node's processes' partials, in process order
     count = len(topo.group)
     cut = [chunks_of(p, count, dim) for p in partials]
     pool = pool_of(ex.fabric)
@@ -220,8 +230,14 @@ def reduce_scatter(ex: Exchange, parts: list[Values], dim: int, combine: Combine
         out = tuple(_leased(pool, c) if lent else pool.empty(c.shape, c.dtype) for c in own[j])
         return reduce_into(out, specs, combine)
 
-    for q, r in zip(node.processes[1:], node.peers):
-        ex.send(r, OUT, [result(i, True) for i in layout.processes[q]])
+    if board_out:
+        handed = {q: (None, [[x for i in layout.processes[q] for x in result(i, True)]]) for q in node.processes[1:]}
+        if not handed_on_board(ex, OUT, node.processes[1:], handed):
+            for q, r in zip(node.processes[1:], node.peers):
+                ex.send(r, OUT, handed[q])
+    else:
+        for q, r in zip(node.processes[1:], node.peers):
+            ex.send(r, OUT, [result(i, True) for i in layout.processes[q]])
     return ex.scatter_local([result(i) for i in topo.local])
 
 
