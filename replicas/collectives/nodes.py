@@ -196,8 +196,10 @@ def reduce_scatter(ex: Exchange, parts: list[Values], dim: int, combine: Combine
     # `_route_packed`'s do): no message, no reader thread's wake-up.
     board_in, board_out = on_board(ex.fabric, node.processes), on_board(ex.fabric, node.processes[1:])
     if not node.is_leader:
-        if not (board_in and published_whole(ex, IN, node.processes[0], [acc])):
+        if not board_in:
             ex.send(node.leader, IN, acc)
+        elif not published_whole(ex, IN, node.processes[0], [acc]):  # too large for the board
+            ex.send(node.leader, IN, [acc])
         if not board_out:
             return ex.scatter_local(ex.recv_one(node.leader, OUT))
         it = iter(read_handed(ex, node.processes[0], OUT)[1][0])
