@@ -67,8 +67,8 @@ ENTRY main {{
 
 
 # A reduce-scatter of partials too large for the same-node board (4 MiB a slot): they reach the node
-# leader as messages in the form the board would have held; an all-to-all of chunks just under the
-# size its processes exchange directly.
+# leader as messages in the form the board would have held; beside it an all-to-all of chunks its
+# node's processes exchange directly.
 SCATTERED = """\
 HloModule scattered, replica_count={n}
 
