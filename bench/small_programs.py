@@ -12,7 +12,11 @@ is shared). A call's outputs are fetched
 Goals (issue 30): median <= 2x XLA on threads, <= 3x on Ray; the 1,500-trip loop <= 20x.
 
     python bench/small_programs.py [--calls 5] [--rounds 3] [--only attention,adam] [--no-ray] [--verbose]
-                                   [--compiled-loops auto|on|off]
+                                   [--compiled-loops auto|on|off] [--one-job]
+
+By default every program's jobs stay alive the whole run (68 Ray actors): an idle actor still wakes
+~100 times a second (Ray's own loops), which slows the one that runs. `--one-job` ends each
+program's Ray job after its turn, as a loop with one jitted function sees it.
 
 `--compiled-loops` sets `REPLICAS_COMPILED_LOOPS` (replicas' per-element loops as machine code):
 `on` compiles a loop at its first call (the warm-up), so the timed calls run the machine code;
@@ -71,6 +75,7 @@ class Entry:
         self.xla = lambda: jf(*args)
         self.expected = [np.asarray(a) for a in jax.tree_util.tree_leaves(jf(*args))]
         self.calls: dict[str, Callable[[], Any]] = {"xla": self.xla}
+        self.jitted: dict[str, Any] = {}  # backend -> its `rp.jax.jit` function
         self.errors: dict[str, str] = {}
         if n == 1:
             try:
@@ -88,6 +93,7 @@ class Entry:
                     if g.shape != e.shape or not np.allclose(g, e, rtol=1e-4, atol=1e-5, equal_nan=True):
                         raise AssertionError(f"result differs from XLA (max |d| {np.max(np.abs(g - e))})")
                 self.calls[backend] = lambda rf=rf: rf(*args)
+                self.jitted[backend] = rf
             except Exception as e:  # noqa: BLE001
                 self.errors[backend] = f"{type(e).__name__}: {e}"[:200]
 
@@ -100,9 +106,12 @@ def _shard_map(f: Callable[..., Any], mesh: Any, in_specs: Any, out_specs: Any) 
     return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)  # as rp.jax.jit does
 
 
-def measure(entries: list[Entry], calls: int, rounds: int, warm: float = 0.0) -> dict[str, dict[str, float]]:
+def measure(entries: list[Entry], calls: int, rounds: int, warm: float = 0.0,
+            one_job: bool = False) -> dict[str, dict[str, float]]:
     """Per program, per column: the best call over all rounds (columns interleaved per round), after
-    one warm-up call per column, or calls for `warm` seconds (a loop compiled once it has run a while)."""
+    one warm-up call per column, or calls for `warm` seconds (a loop compiled once it has run a while).
+    `one_job`: a program's Ray job ends after its turn and starts again (warmed by `calls` calls)
+    at its next, so only the measured program's actor is alive besides the pool's."""
     times: dict[str, dict[str, float]] = {e.name: {} for e in entries}
     for e in entries:
         for fn in e.calls.values():
@@ -110,11 +119,18 @@ def measure(entries: list[Entry], calls: int, rounds: int, warm: float = 0.0) ->
             _fetch(fn())
             while time.perf_counter() - start < warm:
                 _fetch(fn())
+    for e in entries:
+        if one_job and "ray" in e.jitted:
+            e.jitted["ray"].end_jobs()
     for _ in range(rounds):
         for e in entries:
             for column, fn in e.calls.items():
+                if one_job and column == "ray":
+                    best(fn, calls)  # the job starts again, and warms
                 t = best(fn, calls)
                 times[e.name][column] = min(times[e.name].get(column, t), t)
+            if one_job and "ray" in e.jitted:
+                e.jitted["ray"].end_jobs()
     return times
 
 
@@ -127,6 +143,8 @@ def main() -> None:
     p.add_argument("--no-loop", action="store_true")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--compiled-loops", choices=["auto", "on", "off"], default=None)
+    p.add_argument("--one-job", action="store_true",
+                   help="only the measured program's Ray job alive (each ends after its turn)")
     ns = p.parse_args()
     if ns.compiled_loops:  # before any loop is bound, and before Ray starts (its actors inherit it)
         os.environ["REPLICAS_COMPILED_LOOPS"] = ns.compiled_loops
@@ -136,7 +154,7 @@ def main() -> None:
     print(f"load average before: {load_average()}; {len(programs)} programs; backends {', '.join(backends)}; "
           f"compiled loops {os.environ.get('REPLICAS_COMPILED_LOOPS', 'auto')}")
     entries = [Entry(name, f, args, n, specs, backends) for name, f, args, n, specs in programs]
-    times = measure(entries, ns.calls, ns.rounds)
+    times = measure(entries, ns.calls, ns.rounds, one_job=ns.one_job)
     columns = ["interp", *backends]
     ratios: dict[str, dict[str, float]] = {c: {} for c in columns}
     if ns.verbose:
