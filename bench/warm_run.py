@@ -168,10 +168,14 @@ def jit_rows(ns: argparse.Namespace, backend: str, trip: list[float] | None) -> 
     # a copy of the same bytes; and passed to another jitted function (another job: through this
     # process), against the same call given a host array.
     count = max(ns.iterations // 4, 10)
+
+    def fresh_outputs() -> list[object]:  # (an array gathers once: each measured call takes a new one)
+        return [use(kept_w, x)[0] for _ in range(count)]
+
     floor = np.empty_like(big)
     fetches, copies = [], []
     for _ in range(ns.repeat):
-        outs = [use(kept_w, x)[0] for _ in range(count)]
+        outs = fresh_outputs()
         fetches.append(median_per_call(lambda outs=outs: np.asarray(outs.pop()), count))
         copies.append(median_per_call(lambda: np.copyto(floor, big), count))
     print(f"jit {backend:7} N={n} fetch 1 MiB {fmt(fetches)}   {ratio(fetches, copies)} a 1 MiB copy")
@@ -184,7 +188,7 @@ def jit_rows(ns: argparse.Namespace, backend: str, trip: list[float] | None) -> 
 
     passed, host = [], []
     for _ in range(ns.repeat):
-        outs = [use(kept_w, x)[0] for _ in range(count)]  # (each gathered once: fresh ones)
+        outs = fresh_outputs()
         passed.append(median_per_call(lambda outs=outs: first(outs.pop()), count))
         host.append(median_per_call(changed_first, count))
     extra = [a - h for a, h in zip(passed, host)]

@@ -219,17 +219,16 @@ class Doorbell:
             self._requested = _KEEP
         return [self._read(i) for i in actors]
 
-    def make_room(self, actors: list[int], nbytes: int) -> bool:
-        """Allocate `nbytes` of reply in each of `actors`' slots (before a fetch of that much); False
-        when /dev/shm has no room for them or a slot cannot hold them."""
+    def make_room(self, actor: int, nbytes: int) -> bool:
+        """Allocate `nbytes` of reply in actor `actor`'s slot (before a fetch of that much); False
+        when /dev/shm has no room for them or the slot cannot hold them."""
         size = _FRAME.size + nbytes
         if size > self.reply_max:
             return False
-        for i in actors:
-            if self._room[i] < size:
-                if not self.map.reserve(self._slot(i), size):
-                    return False
-                self._room[i] = size
+        if self._room[actor] < size:
+            if not self.map.reserve(self._slot(actor), size):
+                return False
+            self._room[actor] = size
         return True
 
     def room(self, actor: int) -> int:

@@ -216,7 +216,7 @@ class PersistentJob:
                 larger = [(i, part) for i, (part, _) in zip(self._bell_actors, decoded) if type(part) is int]
                 if not larger:
                     break
-                if not all(bell.make_room([i], nbytes) for i, nbytes in larger):
+                if not all(bell.make_room(i, nbytes) for i, nbytes in larger):
                     return None
             else:
                 return None
