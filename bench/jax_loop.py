@@ -10,9 +10,9 @@ ratio is the median of the rounds' ratios. Load average is printed at the start 
 
 Targets (issue 30): threads <= 1.2x JAX, Ray <= 1.5x JAX.
 
-`--split`: the step as two jitted functions, the gradients then the update (each its own job on
-replicas: the gradients and parameters pass from one to the other through this process on Ray),
-against the same two functions under JAX.
+`--split`: the step as two jitted functions, the gradients then the update (one job on Ray, as
+JAX's functions share the devices: the gradients and parameters stay on the replicas), against the
+same two functions under JAX.
 
     python bench/jax_loop.py [--replicas 4 8] [--steps 100] [--repeat 5] [--no-ray] [--split]
 """

@@ -13,7 +13,7 @@ And the warm call of `rp.jax.jit` (a persistent job, runtime/session.py) at `--j
 - 1 MiB of host arguments that change every call (a new numpy array given to every replica), less
   the same call with that argument resident (goal on Ray: <= 1 ms extra);
 - a resident 1 MiB output gathered by `np.asarray`, against a copy of 1 MiB; and passed to another
-  jitted function (its own job: gathered and sent again), less the same call given a host array.
+  jitted function (on Ray the same job: it stays where it is), less the same call given a host array.
 
 Each number is the median of `--repeat` rounds of `--iterations` calls; the spread is min-max of
 the rounds' medians. A call and its anchor alternate round by round (the machine is shared: load
@@ -165,8 +165,8 @@ def jit_rows(ns: argparse.Namespace, backend: str, trip: list[float] | None) -> 
     print(f"jit {backend:7} N={n} 1 MiB host {fmt(fresh)}   extra {fmt(extra)} over resident (goal <= 1 ms)")
 
     # A resident 1 MiB output gathered (`np.asarray`: each array once, it keeps its value), against
-    # a copy of the same bytes; and passed to another jitted function (another job: through this
-    # process), against the same call given a host array.
+    # a copy of the same bytes; and passed to another jitted function, against the same call given
+    # a host array.
     count = max(ns.iterations // 4, 10)
 
     def fresh_outputs() -> list[object]:  # (an array gathers once: each measured call takes a new one)

@@ -118,7 +118,7 @@ def test_debug_print_on_ray_reaches_the_drivers_stdout(ray_session, capfd: pytes
             got = np.asarray(step(X))
             np.asarray(step(X))
             (compiled,) = step._cache.values()
-            session, backend = compiled.session, compiled.session._backend
+            session, backend = compiled.session.devices, compiled.session.devices._backend
             # The lines came with the doorbell's replies: no Ray call asked for them, but for a call
             # the monitor watched (one that did not end within its poll interval) at its settling.
             assert backend.calls["printed"] == session.watched_calls * len(backend._actors), backend.calls

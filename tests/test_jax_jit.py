@@ -12,6 +12,7 @@ import pytest
 
 import replicas as rp
 from replicas.errors import ProgramError
+from replicas.runtime.session import end_shared_jobs
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
@@ -62,6 +63,7 @@ def replicas_loop(step, steps: int):
 
 
 def check_loop(backend: str, steps: int) -> None:
+    end_shared_jobs()  # (the call counts below are a job's of its own)
     step = rp.jax.jit(train_step, num_replicas=4, backend=backend, **SPECS)
     params, losses = replicas_loop(step, steps)
     want_params, want_losses = jax_loop(steps)
@@ -72,7 +74,7 @@ def check_loop(backend: str, steps: int) -> None:
     # numpy arguments on the first step, the replicas' own arrays on the next: one compile
     assert step.cache_size() == 1
     if backend == "ray":  # every step rang the doorbell: no actor call
-        calls = session_of(step)._backend.calls
+        calls = session_of(step).devices._backend.calls
         assert calls["doorbell"] == steps and calls["call"] == 0, calls
     step.close()
 
@@ -142,7 +144,7 @@ def check_passing(backend: str) -> None:
         np.testing.assert_allclose(np.asarray(z3), np.asarray(jz) + float(jtotal), rtol=1e-6)
         if backend == "ray":  # every shard came back through a doorbell, none by an actor call
             for c in [*first._cache.values(), *then._cache.values()]:
-                calls = c.session._backend.calls
+                calls = c.session.devices._backend.calls
                 assert calls["doorbell_fetch"] > 0 and calls["fetch"] == 0, calls
     finally:
         first.close()
@@ -257,7 +259,7 @@ def test_an_actor_killed_between_calls_fails_the_call_naming_its_replicas():
     step = rp.jax.jit(lambda v: jax.lax.psum(v, "x"), num_replicas=4, in_specs=P("x"), out_specs=P("x"), timeout=60)
     v = np.ones(8, np.float32)
     np.testing.assert_array_equal(np.asarray(step(v)), np.full(8, 4, np.float32))
-    backend = session_of(step)._backend
+    backend = session_of(step).devices._backend
     victim = backend._actors[-1]
     pid = ray.get(victim.__ray_call__.remote(lambda host: os.getpid()))
     gone = os.pidfd_open(pid)  # readable once the process has exited
@@ -357,15 +359,15 @@ def test_ctrl_c_ends_a_watched_call_and_the_next_call_starts_a_new_job():
     v = np.ones(8, np.float32)
     release.set()
     np.testing.assert_array_equal(np.asarray(step(v)), v * 2)
-    job = session_of(step).job
+    job = session_of(step).devices.job
     release.clear()
     try:
         interrupted_while_watched(step, (v,), when=lambda: step.progress().running == 4)
     finally:
         release.set()
-    assert session_of(step)._backend is None  # the interrupted call ended its job
+    assert session_of(step).devices._backend is None  # the interrupted call ended its job
     np.testing.assert_array_equal(np.asarray(step(v)), v * 2)
-    assert session_of(step).job == job + 1
+    assert session_of(step).devices.job == job + 1
     step.close()
     from replicas.jax.callbacks import _bound
 
@@ -387,5 +389,5 @@ def test_ctrl_c_ends_a_long_call_on_ray_and_progress_shows_it_running():
 
     interrupted_while_watched(step, (np.ones(8, np.float32),), when=running)
     assert seen[-1].running >= 1 and seen[-1].finished == 0 and seen[-1].elapsed > 0, seen[-1]
-    assert session_of(step)._backend is None
+    assert session_of(step).devices._backend is None
     step.close()

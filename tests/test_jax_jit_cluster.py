@@ -38,7 +38,7 @@ DRIVER = textwrap.dedent("""
         assert np.array_equal(np.asarray(doubled), x * 2), (i, np.asarray(doubled))
     assert np.array_equal(np.asarray(w), want), (np.asarray(w), want)
     (compiled,) = f._cache.values()
-    backend = compiled.session._backend
+    backend = compiled.session.devices._backend
     nodes = {s.node for s in backend.states()}
     print("NODES", len(nodes), "ACTORS", len(backend._actors))
     print("CALLS", backend.calls["doorbell"], backend.calls["call"])

@@ -28,7 +28,7 @@ from replicas.jax.program import JaxProgram, _indices, _jax, _output_leaves, com
 from replicas.runtime.job import checked_executable
 from replicas.runtime.options import LaunchOptions
 from replicas.runtime.resident import Array, Kept, gather_replicas, same_index
-from replicas.runtime.session import Session
+from replicas.runtime.session import Session, shared_devices
 
 # Options of a jitted function's job: every option of `rp.run` (`trace`: written when the job ends,
 # runtime/session.py), and how closely replicated outputs must agree.
@@ -164,7 +164,7 @@ class JitFunction:
             s is None or getattr(s, "is_fully_replicated", False) for s in program.out_shardings)
         options = self._options
         options.checked(n)
-        session = Session(checked_executable(program.module, n), n, options)
+        session = Session(checked_executable(program.module, n), shared_devices(n, options), options.timeout)
         owners = [j for j, a in enumerate(dynamic) for _ in jax.tree_util.tree_leaves(a)]
         donated = frozenset(i for i, j in enumerate(owners) if j in donate)
         in_whole = [all(all(s == slice(None) for s in ix) for ix in index) for index in in_index]
@@ -192,7 +192,7 @@ class JitFunction:
 
     def _leaf_shards(self, compiled: Compiled, i: int, leaf: Any) -> Sequence[Any]:
         """Each replica's part of argument `i`."""
-        session = compiled.session
+        devices = compiled.session.devices
         n = compiled.program.num_replicas
         index, dtype = compiled.in_index[i], compiled.program.arg_dtypes[i]
         if type(leaf) is np.ndarray:  # the usual host argument: host_value's checks, inline
@@ -201,7 +201,7 @@ class JitFunction:
             if isinstance(leaf, Array):
                 leaf.check_alive(f"argument {i}")
                 if leaf.dtype == dtype and (leaf.index is index or same_index(leaf.index, index)):
-                    if leaf.home is session and session.holds(leaf.key):
+                    if leaf.home is devices and devices.holds(leaf.key):
                         return [Kept(leaf.key[1], leaf.key[2])] * n  # where it is: nothing moves
                     local = leaf.local_shards()
                     if local is not None:
@@ -213,20 +213,20 @@ class JitFunction:
         return [np.ascontiguousarray(value[index[p]]) for p in range(n)]
 
     def _outputs(self, compiled: Compiled, seq: int, results: list[Any]) -> Any:
-        session = compiled.session
+        devices = compiled.session.devices
         meta = compiled.out_meta
-        if session.resident:
+        if devices.resident:
             outputs = []
             for i, (shape, dtype, index, sharding, gather) in enumerate(meta):
                 shards = [part[i] for part in results]
                 here = None if any(s is None for s in shards) else shards  # came back with the reply
-                outputs.append(Array(shape, dtype, index, shards=here, home=session, key=(session.job, seq, i),
+                outputs.append(Array(shape, dtype, index, shards=here, home=devices, key=(devices.job, seq, i),
                                      sharding=sharding, gather=gather))
         else:  # every replica's outputs are here
             per_replica = [_output_leaves(r, len(meta)) for r in results]
             columns = [[leaves[i]] for leaves in per_replica for i in range(len(meta))] if len(results) == 1 \
                 else [list(c) for c in zip(*per_replica)]
-            outputs = [Array.local(shape, dtype, index, shards, session, sharding, gather)
+            outputs = [Array.local(shape, dtype, index, shards, devices, sharding, gather)
                        for (shape, dtype, index, sharding, gather), shards in zip(meta, columns)]
         return outputs[0] if compiled.out_leaf else compiled.program.out_tree.unflatten(outputs)
 
@@ -239,7 +239,7 @@ class JitFunction:
     def progress(self) -> Any:
         """The `Progress` of the running call (from any thread: elapsed time, replicas running,
         blocked and finished, the slowest replica's instruction, ...), or of the last call."""
-        return self._last_session().progress()
+        return self._last_session().devices.progress()
 
     def write_trace(self, path: str) -> None:
         """The last called signature's job's flight recorders (each replica's last `trace_events`
@@ -247,7 +247,7 @@ class JitFunction:
         from replicas.runtime.arguments import check_trace_path
 
         check_trace_path(path)
-        self._last_session().write_trace(path)
+        self._last_session().devices.write_trace(path)
 
     # -- introspection ----------------------------------------------------------------------------
     def cache_size(self) -> int:
@@ -255,12 +255,15 @@ class JitFunction:
         return len(self._cache)
 
     def end_jobs(self) -> None:
-        """End the jobs of the compiled signatures, keeping the compiles (the next call starts a job)."""
+        """End the jobs of the compiled signatures, keeping the compiles (the next call starts a job).
+        Under Ray that job is shared by the functions jitted for the same replicas and options: the
+        arrays they left on the replicas go with it."""
         for c in self._cache.values():
-            c.session.close()
+            c.session.devices.close()
 
     def close(self) -> None:
-        """End every compiled signature's job and forget the compiles."""
+        """Forget the compiles; their job ends unless another function's programs or an array still
+        use it (under Ray, the functions jitted for the same replicas and options share one)."""
         self._cache.clear()
         self._last = self._quick = None
 

@@ -1,13 +1,17 @@
-"""A persistent job: one compiled program kept on its replicas and called again and again.
+"""A persistent job: compiled programs kept on their replicas and called again and again.
 
 `rp.run` starts a job per call: replicas set up, arguments checked and shipped, results
-collected, everything released. A training loop calls the same program thousands of times, so a
-`Session` starts the job once and reruns it: the replicas keep their bound interpreters, mailboxes
+collected, everything released. A training loop calls the same programs thousands of times, so
+`Devices` starts the job once and reruns it: the replicas keep their bound interpreters, mailboxes
 and fabrics (collective sequence numbers go on from call to call, so no message of one call can be
-taken for one of the next). A call that ends cleanly within the backend's poll interval never
-meets the monitor; any other call is watched by a `Job` exactly as under `rp.run` (deadlocks,
-mismatches, timeouts, faults, Ctrl-C), and a call that fails ends the job: the next call starts a
-new one.
+taken for one of the next). A `Session` is one program on them. Under Ray, the programs jitted for
+the same replicas and options share one `Devices` (`shared_devices`), as JAX's functions share
+the devices: one set of actors, and an output of one program passed to another moves nothing.
+
+A call that ends cleanly within the backend's poll interval never meets the monitor; any other
+call is watched by a `Job` exactly as under `rp.run` (deadlocks, mismatches, timeouts, faults,
+Ctrl-C), and a call that fails ends the job (every program's outputs on it are lost): the next call
+starts a new one.
 
 What a one-shot job offers, a persistent one offers per call: `progress()` (from any thread, of
 the call running or the last one), the live status line (`progress=True`) while the monitor watches
@@ -19,6 +23,7 @@ Outputs: under threads every replica's outputs come back (they are in this proce
 under Ray they stay on the actors, kept by (call, output), and only outputs of at most
 `FETCH_MAX` bytes per replica come back with the call's reply. An `rp.Array` names kept outputs by
 `(job, call, output)`: `fetch` reads them, `forget` lets the actors drop them with the next call.
+A shared job ends when its last program is closed and no array names its outputs.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+import weakref
 from typing import Any
 
 from replicas.diagnostics.progress import Progress, progress_of
@@ -64,50 +70,70 @@ class _Watched(Backend):
             self._backend.shutdown()
 
 
-class Session:
-    """Replicas of `executable` kept running between calls (see the module's docstring), run
-    with `options` (checked)."""
+class Devices:
+    """Replicas kept running between calls (see the module's docstring), with `options` (checked),
+    on which the `Session`s given to `call` run."""
 
-    def __init__(self, executable: Executable, num_replicas: int, options: LaunchOptions) -> None:
-        self.executable = executable
+    def __init__(self, num_replicas: int, options: LaunchOptions, shared: bool = False) -> None:
         self.num_replicas = num_replicas
         self.options = options
+        self.shared = shared  # programs of several jitted functions run here (`shared_devices`)
         self.resident = options.backend != "threads"  # outputs stay where the replicas run
-        self.timeout = options.timeout
         self._backend: Any = None
         self._lock = threading.Lock()  # one call at a time
         self.job = 0  # the running job's number (a failed call ends it; the next call starts one)
         self._seq = 0  # the next call's number in the job
         self._forget: list[tuple[int, int]] = []  # kept outputs no array names any more
+        self._programs = 0  # sessions not closed
+        # (job, number) of programs closed since the last call: the actors drop them (appended from
+        # finalizers too, which must never wait for the lock: a call of this thread may hold it).
+        self._closing: list[tuple[int, int] | None] = []
+        self._named = 0  # kept outputs of the running job an array still names
         self.calls = 0
         self.watched_calls = 0  # calls that did not end within the poll interval: the monitor watched them
-        self._sources = SourceMap(executable.module)
+        self._sources: SourceMap | None = None  # the source lines of the running (or last) call's program
         self._started = 0.0  # when the running (or last) call started
         self._watching: Job | None = None  # the Job watching the running call, if the monitor took over
         self._last_progress: Progress | None = None
 
-    def call(self, args: list[list[Any]], count: int) -> tuple[int, list[Any]]:
-        """Run the program once on each replica's arguments (values checked by the caller, or
-        `Kept` outputs of this job's earlier calls); the call's number and, per replica, its result
+    def call(self, program: Session, args: list[list[Any]], count: int) -> tuple[int, list[Any]]:
+        """Run `program` once on each replica's arguments (values checked by the caller, or `Kept`
+        outputs of this job's earlier calls); the call's number and, per replica, its result
         (resident: the list of its `count` outputs, None for each kept on the replicas)."""
         with self._lock:
             backend = self._backend
+            if backend is not None and self.resident and backend.stale():  # Ray was shut down meanwhile
+                self._end(backend)
+                backend = None
             started = backend is None
             if started:
+                from replicas.runtime.driver import start
+
                 self.job += 1
-                self._seq, self._forget = 0, []
-                backend = self._backend = self._start(args)
+                self._seq, self._forget, self._named = 0, [], 0
+                backend = self._backend = start(program.executable, args, self.options, persistent=True)
+                program.loaded = (self.job, 0)
+            if self._closing:
+                self._drop_closed(backend)
+            loaded = program.loaded
+            number = loaded[1] if loaded is not None and loaded[0] == self.job else None
             seq = self._seq
             self._seq += 1
             self.calls += 1
+            self._sources = program.sources
             self._started = time.monotonic()
             try:
+                if number is None:  # a program new to the running job
+                    number = backend.add_program(program.executable)
+                    program.loaded = (self.job, number)
                 if self.resident:
                     forget, self._forget = self._forget, []
-                    backend.rerun(args, seq, count, FETCH_MAX, forget)
+                    self._named += count - len(forget)
+                    backend.rerun(args, seq, count, FETCH_MAX, forget, number)
                 elif not started:
                     backend.rerun(args)
-                limit = backend.poll_interval if self.timeout is None else min(backend.poll_interval, self.timeout)
+                timeout = program.timeout
+                limit = backend.poll_interval if timeout is None else min(backend.poll_interval, timeout)
                 results = backend.finished(limit)
             except BaseException as e:  # Ctrl-C while waiting, a lost actor: the job ends, as under rp.run
                 backend.abort(ReplicasError("job interrupted") if isinstance(e, KeyboardInterrupt) else e)
@@ -117,7 +143,7 @@ class Session:
                 return seq, results
             self.watched_calls += 1
             watched = _Watched(backend, self.resident)
-            job = Job(watched, self.executable, timeout=self.timeout, host_may_send=False,
+            job = Job(watched, program.executable, timeout=program.timeout, host_may_send=False,
                       progress=self.options.progress)
             self._watching = job
             try:
@@ -130,6 +156,7 @@ class Session:
     def _end(self, backend: Any, events: dict[int, list[dict[str, Any]]] | None = None) -> None:
         """The job ends (a failed call, `close`): its trace is written first, if asked for."""
         self._backend = None
+        self._closing = []
         try:
             if self.options.trace:
                 self.write_trace(self.options.trace, backend, events)
@@ -139,28 +166,28 @@ class Session:
     # -- what a one-shot Job offers -------------------------------------------------------------------
     def progress(self) -> Progress:
         """The running call's progress (from any thread), or the last call's."""
-        job, backend = self._watching, self._backend
+        job, backend, sources = self._watching, self._backend, self._sources
         if job is not None:
             self._last_progress = job.progress()
             return self._last_progress
-        if backend is None:
+        if backend is None or sources is None:
             if self._last_progress is None:
                 raise ProgramError("no job is running: the function has not been called since its job ended "
                                    "(the error of the call that ended it has the report)")
             return self._last_progress
-        self._last_progress = progress_of(backend.states(), time.monotonic() - self._started, self._sources)
+        self._last_progress = progress_of(backend.states(), time.monotonic() - self._started, sources)
         return self._last_progress
 
     def write_trace(self, path: str, backend: Any = None,
                     events: dict[int, list[dict[str, Any]]] | None = None) -> None:
         """The running job's flight recorders as a Chrome trace at `path` (a warning, never an error,
-        when it cannot be written: as under `rp.run`)."""
+        when it cannot be written: as under `rp.run`); source lines from the program called last."""
         from replicas.diagnostics.trace import write_trace
 
         backend = backend if backend is not None else self._backend
         try:
             if events is None:
-                if backend is None:
+                if backend is None or self._sources is None:
                     raise ProgramError("no job is running: the function has not been called since its job ended")
                 events = backend.events()
             note = write_trace(path, events, self._sources)
@@ -171,11 +198,6 @@ class Session:
             return
         if note:  # some replica's ring overflowed: the file says so too
             warnings.warn(f"{path}: {note}", RuntimeWarning, stacklevel=3)
-
-    def _start(self, args: list[list[Any]]) -> Any:
-        from replicas.runtime.driver import start
-
-        return start(self.executable, args, self.options, persistent=True)
 
     # -- outputs kept on the replicas -----------------------------------------------------------------
     def holds(self, key: Any) -> bool:
@@ -190,19 +212,108 @@ class Session:
         return backend.fetch((key[1], key[2]), replicas)
 
     def forget(self, key: Any) -> None:
-        """An array naming kept output `key` is gone: the replicas drop it with the next call."""
+        """An array naming kept output `key` is gone: the replicas drop it with the next call (a
+        shared job without programs ends when the last array is collected, which lets it go)."""
         if key is not None and key[0] == self.job:
             self._forget.append((key[1], key[2]))  # a list append: safe from a finalizer
+
+    # -- programs -------------------------------------------------------------------------------------
+    def opened(self) -> None:
+        self._programs += 1
+
+    def closed(self, program: Session) -> None:
+        """`program` is closed: it runs here no more (the job ends with the last program, unless an
+        array still names an output: then when the last such array is collected)."""
+        self._programs -= 1
+        self._closing.append(program.loaded)
+        if not self._lock.acquire(blocking=False):  # a call runs: the next call drops it
+            return
+        try:
+            backend = self._backend
+            if backend is not None and self._programs == 0 and (not self.shared or self._named <= len(self._forget)):
+                self._end(backend)
+            elif backend is not None:
+                self._drop_closed(backend)
+        finally:
+            self._lock.release()
+
+    def _drop_closed(self, backend: Any) -> None:
+        closing, self._closing = self._closing, []
+        for loaded in closing:
+            if loaded is not None and loaded[0] == self.job and self.resident:
+                backend.drop_program(loaded[1])
 
     def close(self) -> None:
         """End the job: the replicas stop and release what they hold."""
         with self._lock:
-            backend, self._backend = self._backend, None
-        if backend is not None:
-            self._end(backend)
+            backend = self._backend
+            if backend is not None:
+                self._end(backend)
 
     def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+class Session:
+    """One program, `executable`, on `devices` (see the module's docstring); calls time out after
+    `timeout` s (None: never)."""
+
+    def __init__(self, executable: Executable, devices: Devices, timeout: float | None) -> None:
+        self.executable = executable
+        self.devices = devices
+        self.timeout = timeout
+        self.sources = SourceMap(executable.module)
+        self.loaded: tuple[int, int] | None = None  # (job, number) of the job it was last loaded in
+        self._closed = False
+        devices.opened()
+
+    def call(self, args: list[list[Any]], count: int) -> tuple[int, list[Any]]:
+        """`Devices.call` of this program."""
+        if self._closed:
+            raise ProgramError("the function's compiled program was closed")
+        return self.devices.call(self, args, count)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.devices.closed(self)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+# The running jobs programs share, by replica count and options (`shared_devices`): kept while a
+# program or an array uses one.
+_SHARED: weakref.WeakValueDictionary[tuple, Devices] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_devices(num_replicas: int, options: LaunchOptions) -> Devices:
+    """The replicas that programs jitted with `options` for `num_replicas` run on: under Ray one job
+    for all of them (its actors, shared memory and kept outputs), as JAX's functions share the
+    devices. Threads (whose outputs are in this process anyway), a `trace=` file (one per job) and
+    per-replica `resources` get a job of their own."""
+    if options.backend == "threads" or options.trace or options.resources is not None:
+        return Devices(num_replicas, options)
+    o = options
+    key = (num_replicas, o.backend, o.address, o.strict, o.replicas_per_actor, o.record_every_instruction,
+           o.trace_events, o.progress)
+    with _SHARED_LOCK:
+        devices = _SHARED.get(key)
+        if devices is None:
+            devices = _SHARED[key] = Devices(num_replicas, options, shared=True)
+        return devices
+
+
+def end_shared_jobs() -> None:
+    """End every shared job of this process (tests that must see a job of their own start)."""
+    with _SHARED_LOCK:
+        every = list(_SHARED.values())
+    for devices in every:
+        devices.close()

@@ -70,6 +70,13 @@ class MessageBounds:
                 if data is not None:
                     self.channels[channel] = max(self.channels.get(channel, 0), shape_bytes(data.shape) + slack)
 
+    def widen(self, other: MessageBounds) -> None:
+        """Also admit what `other`'s program may send (a job that runs several programs)."""
+        self.collective = max(self.collective, other.collective)
+        for channel, size in other.channels.items():
+            self.channels[channel] = max(self.channels.get(channel, 0), size)
+        self.acknowledged |= other.acknowledged
+
     def limit(self, src: Any, key: Hashable) -> int:
         """The most bytes a message under `key` may hold; WireError if no message may have it."""
         if isinstance(key, tuple) and len(key) == 3 and all(isinstance(k, int) for k in key[1:]):

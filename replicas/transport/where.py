@@ -137,6 +137,12 @@ def claim(slot: memoryview | None, token: str, replica: int) -> None:
         slot[CODE], slot[STAMP], slot[REPLICA] = NOWHERE, stamp(token), replica
 
 
+def release(slot: memoryview | None) -> None:
+    """`slot`'s interpreter runs no replica of any job (another program's runs them now)."""
+    if slot is not None:
+        slot[CODE], slot[STAMP] = NOWHERE, 0
+
+
 def address() -> tuple[int, int] | None:
     """(pid, fd) through which the driver maps this process's slots."""
     slots = _slots

@@ -38,10 +38,10 @@ class ActorPool:
         return self._ready
 
     def _check_session(self) -> None:
-        import ray
+        from replicas.runtime.ray.startup import connection
 
-        session = ray.get_runtime_context().get_job_id()
-        if session != self._session:
+        session = connection()
+        if session is not self._session:
             self._ready.clear()
             self._notes.clear()
             self._pending.clear()

@@ -29,7 +29,7 @@ from replicas.runtime.ray.faults import actor_failure, doing_at, not_started, pu
 from replicas.runtime.ray.persistent import PersistentJob
 from replicas.runtime.ray.placement import actor_options, cluster_resources, default_packing, reachable, wanted
 from replicas.runtime.ray.replica_host import STOP_SECONDS
-from replicas.runtime.ray.startup import ensure_ray
+from replicas.runtime.ray.startup import connection, ensure_ray
 from replicas.runtime.threads import CHECKED_THREADS
 from replicas.transport import where
 
@@ -71,6 +71,7 @@ class RayBackend(PersistentJob, Backend):
 
         ensure_ray(address, timeout)
         self._ray = ray
+        self._connection = connection()
         deadline = None if timeout is None else time.monotonic() + timeout
         n = len(args)
         self.num_replicas = n
@@ -102,7 +103,8 @@ class RayBackend(PersistentJob, Backend):
                 self._actor_of[r] = actor
         from replicas.ops.custom_call import registered_custom_calls
 
-        self._executable = executable
+        self._executable = executable  # the program running (a persistent job may run several)
+        self._programs = [executable]
         self._prints = has_custom_calls(executable)  # a host callback's lines come back (`_show_printed`)
         self._digest = executable.fingerprint or hashlib.sha256(executable.bytes()).digest()
         self._launch_options = dict(strict=strict, record_every_instruction=record_every_instruction,
@@ -135,6 +137,11 @@ class RayBackend(PersistentJob, Backend):
             if isinstance(e, ReplicasError):
                 raise
             raise _unwrap(e) from None
+
+    def stale(self) -> bool:
+        """Whether the Ray session this job started in has ended (`ray.shutdown`, perhaps another
+        `ray.init` since): its actors are gone with it."""
+        return not self._ray.is_initialized() or connection() is not self._connection
 
     def _start_cold(self, pooled: list[bool], nodes: list[dict[str, Any]] | None) -> None:
         """Ask each actor for its wire address (a pooled one that died while idle is replaced), then
@@ -481,6 +488,10 @@ class RayBackend(PersistentJob, Backend):
         if self._stopped:
             return
         self._close_doorbell()
+        if self.stale():  # its actors ended with their Ray session; a Ray call would start another one
+            self._stopped = True
+            job_ended(self._token)
+            return
         with contextlib.suppress(Exception):
             self._ensure_launched()  # a reset must never overtake the launch
         self._stopped = True

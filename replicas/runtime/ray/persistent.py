@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 
 from replicas.diagnostics import host_output
+from replicas.errors import ReplicaFailure
+from replicas.runtime.compile import Executable, has_custom_calls
+from replicas.runtime.memory import check_peak
 from replicas.runtime.ray.replica_host import STOP_SECONDS
 from replicas.transport import doorbell, spin
 
@@ -21,6 +24,8 @@ HOLD_SECONDS = 1.0  # how long the actors stay out of a park after the driver as
 class PersistentJob:
     _actors: list[Any]
     _groups: list[list[int]]
+    _executable: Executable
+    _programs: list[Executable]
     _token: str
     _ray: Any
     num_replicas: int
@@ -77,14 +82,42 @@ class PersistentJob:
             bell.stop()
             bell.close()
 
+    def add_program(self, executable: Executable) -> int:
+        """Load another program into the job (its actors run it on the same replicas, fabrics and
+        kept outputs: persistent_host.py); its number for `rerun`."""
+        from replicas.ops.custom_call import registered_custom_calls
+
+        self._ensure_launched()
+        check_peak(executable, len(self._groups[0]))  # (as the job's first program was)
+        self._wake_actors()
+        module = self._ray.put(executable.bytes())  # one object for every actor
+        custom = registered_custom_calls() or None
+        self.calls["add_program"] += len(self._actors)
+        numbers = self._get([a.add_program.remote(self._token, module, custom) for a in self._actors])
+        self._programs.append(executable)
+        if any(number != len(self._programs) - 1 for number in numbers):
+            raise ReplicaFailure("the job's actors numbered its programs differently", self._groups[0][0])
+        return len(self._programs) - 1
+
+    def drop_program(self, number: int) -> None:
+        """The actors let program `number` go (its interpreters and parked threads); not waited
+        for: nothing calls it again."""
+        self._wake_actors()
+        self.calls["drop_program"] += len(self._actors)
+        for actor in self._actors:
+            actor.drop_program.remote(self._token, number)
+
     def rerun(self, args: list[list[Any]], seq: int, count: int, fetch_max: int,
-              forget: list[tuple[int, int]]) -> None:
-        """Run the job's program again as call `seq` (`count` outputs) on each replica's `args`
+              forget: list[tuple[int, int]], program: int = 0) -> None:
+        """Run the job's `program` again as call `seq` (`count` outputs) on each replica's `args`
         (values, or `Kept` outputs of earlier calls), after the actors drop `forget`."""
         self._ensure_launched()
         if not self._bell_tried:
             self._open_doorbell()
         self._call = (seq, count, fetch_max)
+        executable = self._programs[program]
+        if executable is not self._executable:  # (what the monitor's reports name)
+            self._executable, self._prints = executable, has_custom_calls(executable)
         self._bell_seq = None
         by_call: Any = range(len(self._actors))
         if self._bell is not None:
@@ -96,7 +129,7 @@ class PersistentJob:
                 rung = {r: doorbell.pack(args[r]) for i in self._bell_actors for r in self._groups[i]}
                 arrays = any(type(v) is np.ndarray for values in rung.values() for v in values)
             with self._bell_lock:  # (the arrays `pack` left as they are travel outside the pickle)
-                self._bell_seq = self._bell.ring((rung, forget, seq, count, fetch_max), out_of_band=arrays)
+                self._bell_seq = self._bell.ring((rung, forget, seq, count, fetch_max, program), out_of_band=arrays)
                 self._bell_pending = self._bell_seq is not None
             if self._bell_seq is not None:
                 self.calls["doorbell"] += 1
@@ -106,8 +139,8 @@ class PersistentJob:
                 by_call = [i for i in by_call if i not in self._bell_actors]
         self.calls["call"] += len(by_call)
         self._call_refs = [self._actors[i].call_and_settle.remote(
-            self._token, {r: args[r] for r in self._groups[i]}, forget, self.poll_interval, seq, count, fetch_max)
-            for i in by_call]
+            self._token, {r: args[r] for r in self._groups[i]}, forget, self.poll_interval, seq, count, fetch_max,
+            program) for i in by_call]
 
     def finished(self, timeout: float) -> list[list[Any]] | None:
         """Per replica, the call's outputs small enough to come back (None for those kept on the

@@ -15,9 +15,10 @@ from typing import Any
 
 from replicas.diagnostics import host_output
 from replicas.errors import ReplicaFailure
+from replicas.runtime.compile import Executable, runs_bounded_alone
 from replicas.runtime.ray import parking
 from replicas.runtime.resident import Kept
-from replicas.transport import spin
+from replicas.transport import spin, where
 from replicas.transport.doorbell import CALL_ROOM, REPLY_BYTES, Doorbell, pack, unpack
 
 # Ray wraps every method of an actor class for tracing (ray/util/tracing), calls from the actor's
@@ -26,21 +27,72 @@ from replicas.transport.doorbell import CALL_ROOM, REPLY_BYTES, Doorbell, pack, 
 
 class PersistentCalls:
     _runners: dict[int, Any]
+    _mailboxes: dict[int, Any]
     _token: str
     _job_turn: Any
     _launched: Any
     _faults: dict[int, Any]
 
     _kept: dict[tuple[int, int], dict[int, Any]]  # (call, output) -> replica -> its shard
+    # Per program the job runs (`add_program`): its runners and its `_inline_all`; which one `_runners` is.
+    _programs: list[tuple[dict[int, Any], bool]]
+    _program: int
+    _fabrics: list[Any]
+    _bounds: Any
+    _bounds_of: Any
+    runners_of: Any  # ReplicaHost's
     _doorbell: Doorbell | None = None  # the driver's doorbell, when it is on this node
     _inline_all = False  # the program cannot wait (`runs_bounded_alone`): a call runs every replica itself
 
-    def call(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]]) -> None:
-        """Run the program again on each hosted replica's `args` (`Kept` names resolved here), after
-        dropping the outputs named in `forget`. Returns nothing: `settle` collects the outcome."""
-        PersistentCalls._run_inline(PersistentCalls._start_call(self, token, args, forget))
+    def add_program(self, token: str, module_bytes: bytes, custom_calls: dict[str, Any] | None = None) -> int:
+        """Load another program into job `token`: each hosted replica gets an interpreter of it bound
+        to the same fabric (mailboxes, collective numbering, shared memory, flight recorder), so the
+        job's programs run one after another on the same replicas and take each other's kept outputs
+        where they are. Its number in the job (for `call`)."""
+        from replicas.ops.custom_call import register_custom_call
+        from replicas.transport.message_bounds import MessageBounds
 
-    def _start_call(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]]) -> list[Any]:
+        for name, fn in (custom_calls or {}).items():
+            register_custom_call(name, fn)
+        executable = Executable.from_bytes(module_bytes)
+        with self._job_turn:
+            if self._token != token or not self._programs:
+                raise ReplicaFailure("actor is not set up for this job", min(self._mailboxes, default=0))
+            # Peers' messages are judged by what any of the job's programs may send (in place: the
+            # channel rings judge by the same object; the next job computes its own again).
+            self._bounds.widen(MessageBounds(executable.module, self._fabrics[0].num_replicas))
+            self._bounds_of = None
+            self._programs.append((self.runners_of(executable, True), runs_bounded_alone(executable)))
+            return len(self._programs) - 1
+
+    def drop_program(self, token: str, number: int) -> None:
+        """Let program `number` of job `token` go: its replicas' threads end (it is never called again)."""
+        with self._job_turn:
+            if self._token != token or not 0 <= number < len(self._programs) or number == self._program:
+                return  # (the program last called keeps its runners until the next call or the job's end)
+            runners, _ = self._programs[number]
+            self._programs[number] = ({}, False)
+        for runner in runners.values():
+            runner.stop()
+
+    def _switch(self, token: str, program: int) -> None:
+        """`program`'s runners become the job's (the monitor's states, `settle`, `reset`); its
+        interpreters publish where the replicas are (transport/where.py)."""
+        for runner in self._runners.values():
+            where.release(runner.interpreter.where)
+        self._runners, self._inline_all = self._programs[program]
+        self._program = program
+        for r, runner in self._runners.items():
+            where.claim(runner.interpreter.where, token, r)
+
+    def call(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]], program: int = 0) -> None:
+        """Run the job's `program` again on each hosted replica's `args` (`Kept` names resolved
+        here), after dropping the outputs named in `forget`. Returns nothing: `settle` collects the
+        outcome."""
+        PersistentCalls._run_inline(PersistentCalls._start_call(self, token, args, forget, program))
+
+    def _start_call(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]],
+                    program: int) -> list[Any]:
         """`call`'s start: the replicas handed to their parked threads; those the calling thread
         runs itself, with their arguments, returned (each hand-off is a thread's wake-up, tens of
         microseconds on a busy machine: the caller takes the first replica, and every replica of a
@@ -50,6 +102,8 @@ class PersistentCalls:
         with self._job_turn:
             if self._token != token:
                 raise ReplicaFailure(f"actor of replica {min(args)} is not set up for this job", min(args))
+            if program != self._program:
+                PersistentCalls._switch(self, token, program)
             for key in forget:
                 store.pop(key, None)
             for r, values in args.items():
@@ -67,11 +121,12 @@ class PersistentCalls:
             runner.rerun(values, here=True, in_turn=len(inline) > 1)
 
     def call_and_settle(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]],
-                        finish_within: float, seq: int, count: int, fetch_max: int) -> dict[int, list[Any]] | None:
+                        finish_within: float, seq: int, count: int, fetch_max: int,
+                        program: int = 0) -> dict[int, list[Any]] | None:
         """`call`, then `settle` once every hosted replica finished within `finish_within` s; None
         when one failed or still runs (the driver's monitor takes over)."""
         deadline = time.monotonic() + finish_within
-        self.call(token, args, forget)
+        self.call(token, args, forget, program)
         for runner in self._runners.values():
             if not runner.join(max(0.0, deadline - time.monotonic())) or runner.error is not None:
                 return None
@@ -153,14 +208,14 @@ class PersistentCalls:
                 if sum(getattr(v, "nbytes", 0) for v in shards.values()) > REPLY_BYTES:
                     return None, CALL_ROOM, True  # more than a reply holds: the driver asks by an actor call
                 return {r: pack([v]) for r, v in shards.items()}, rooms[index], True
-            args, forget, seq, count, fetch_max = request
+            args, forget, seq, count, fetch_max, program = request
             # (a list: the values of every replica; a dict: each replica's own)
             if type(args) is list:
                 values = unpack(args)
                 mine = {r: values for r in self._runners}
             else:
                 mine = {r: unpack(args[r]) for r in self._runners}
-            PersistentCalls.call(self, token, mine, forget)  # the first replica runs here
+            PersistentCalls.call(self, token, mine, forget, program)  # the first replica runs here
             runners = list(self._runners.values())
             for runner in runners:
                 while not runner.join(0.05):

@@ -139,6 +139,7 @@ class ReplicaHost(PersistentCalls):
         self._job_turn = threading.Condition(threading.RLock())
         self._launched: Any = None  # the token of the last launch, or ("failed", token)
         self._kept = {}
+        self._programs: list[tuple[dict[int, Any], bool]] = []
         self._peer_where: where.Watches | None = None  # the job's other actors on this node, across nodes
 
     def wire_address(self, authkey: bytes, across_nodes: bool = False) -> dict[str, Any]:
@@ -211,7 +212,6 @@ class ReplicaHost(PersistentCalls):
               placement: list[int] | None = None) -> None:
 
         from replicas.ops.custom_call import register_custom_call
-        from replicas.runtime.replica_runner import ReplicaRunner
         from replicas.tuning.cores import size_replica_process
 
         # The driver's registered custom calls (never names from the program) run here too.
@@ -265,13 +265,25 @@ class ReplicaHost(PersistentCalls):
             fabric.shared = SharedMemoryLink(self._board, self._outbox, self._inbox, spinner=spin.NEVER,
                                              count=fabric.count_shm)
             self._fabrics.append(fabric)
-            self._runners[r] = ReplicaRunner(executable, fabric, recorder)
-            self._runners[r].persistent = persistent
-            where.claim(self._runners[r].interpreter.where, token, r)
+        self._runners = self.runners_of(executable, persistent)
+        for r, runner in self._runners.items():
+            where.claim(runner.interpreter.where, token, r)
         self._inline_all = persistent and runs_bounded_alone(executable)  # persistent_host.py
+        self._programs = [(self._runners, self._inline_all)]  # a persistent job's programs (persistent_host.py)
+        self._program = 0
         here = {f.replica_id: f for f in self._fabrics}
         for fabric in self._fabrics:
             fabric.here = here
+
+    def runners_of(self, executable: Executable, persistent: bool) -> dict[int, Any]:
+        """A runner of `executable` for each hosted replica, on the job's fabrics."""
+        from replicas.runtime.replica_runner import ReplicaRunner
+
+        runners = {}
+        for fabric in self._fabrics:
+            runner = runners[fabric.replica_id] = ReplicaRunner(executable, fabric, fabric.recorder)
+            runner.persistent = persistent
+        return runners
 
     def reset(self, timeout: float) -> bool:
         """Stop this job's replicas; True if every one stopped within `timeout` (reusable)."""
@@ -280,10 +292,11 @@ class ReplicaHost(PersistentCalls):
         for box in self._mailboxes.values():
             box.abort(stopped)
         clean = all(runner.join(timeout) for runner in self._runners.values())
-        for runner in self._runners.values():  # a persistent job's parked threads end
+        every = [runner for runners, _ in self._programs for runner in runners.values()] or self._runners.values()
+        for runner in every:  # a persistent job's parked threads end (the other programs' are idle)
             runner.stop()
         # An actor whose replica ran out of memory may hold what it allocated: never reuse it.
-        clean = clean and not any(is_memory_error(runner.error) for runner in self._runners.values())
+        clean = clean and not any(is_memory_error(runner.error) for runner in every)
         if self._wire is not None:
             self._wire.drop_peers()
         self._shm_report = self.shm_sent()
@@ -293,6 +306,7 @@ class ReplicaHost(PersistentCalls):
         token = self._token
         self._kept = {}
         self.close_doorbell()
+        self._programs = []
         if clean:
             self._mailboxes, self._runners, self._fabrics, self._faults = {}, {}, [], {}
             self._token = ""

@@ -17,6 +17,14 @@ from replicas.errors import ReplicaFailure, ResourceExhausted, exhausted_resourc
 _init_lock = threading.Lock()
 
 
+def connection() -> Any:
+    """This driver's connection to its Ray session: a new object after each `ray.init` (a job id
+    does not tell sessions apart: every session numbers its jobs from 1)."""
+    import ray
+
+    return ray._private.worker.global_worker.node  # noqa: SLF001
+
+
 def ensure_ray(address: str | None = None, timeout: float | None = None) -> None:
     """Join `address` ("auto", "ray://host:port") or start a quiet local Ray once per process. A
     cluster that does not answer within `timeout` s is an error naming it; this driver takes the
