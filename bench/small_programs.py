@@ -12,11 +12,10 @@ is shared). A call's outputs are fetched
 Goals (issue 30): median <= 2x XLA on threads, <= 3x on Ray; the 1,500-trip loop <= 20x.
 
     python bench/small_programs.py [--calls 5] [--rounds 3] [--only attention,adam] [--no-ray] [--verbose]
-                                   [--compiled-loops auto|on|off] [--one-job]
+                                   [--compiled-loops auto|on|off]
 
-By default every program's jobs stay alive the whole run (68 Ray actors): an idle actor still wakes
-~100 times a second (Ray's own loops), which slows the one that runs. `--one-job` ends each
-program's Ray job after its turn, as a loop with one jitted function sees it.
+On Ray the programs of one replica count share one job (its actors), as JAX's functions share the
+devices: three jobs in all (1, 2 and 4 replicas), alive the whole run.
 
 `--compiled-loops` sets `REPLICAS_COMPILED_LOOPS` (replicas' per-element loops as machine code):
 `on` compiles a loop at its first call (the warm-up), so the timed calls run the machine code;
@@ -106,12 +105,9 @@ def _shard_map(f: Callable[..., Any], mesh: Any, in_specs: Any, out_specs: Any) 
     return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)  # as rp.jax.jit does
 
 
-def measure(entries: list[Entry], calls: int, rounds: int, warm: float = 0.0,
-            one_job: bool = False) -> dict[str, dict[str, float]]:
+def measure(entries: list[Entry], calls: int, rounds: int, warm: float = 0.0) -> dict[str, dict[str, float]]:
     """Per program, per column: the best call over all rounds (columns interleaved per round), after
-    one warm-up call per column, or calls for `warm` seconds (a loop compiled once it has run a while).
-    `one_job`: a program's Ray job ends after its turn and starts again (warmed by `calls` calls)
-    at its next, so only the measured program's actor is alive besides the pool's."""
+    one warm-up call per column, or calls for `warm` seconds (a loop compiled once it has run a while)."""
     times: dict[str, dict[str, float]] = {e.name: {} for e in entries}
     for e in entries:
         for fn in e.calls.values():
@@ -119,18 +115,11 @@ def measure(entries: list[Entry], calls: int, rounds: int, warm: float = 0.0,
             _fetch(fn())
             while time.perf_counter() - start < warm:
                 _fetch(fn())
-    for e in entries:
-        if one_job and "ray" in e.jitted:
-            e.jitted["ray"].end_jobs()
     for _ in range(rounds):
         for e in entries:
             for column, fn in e.calls.items():
-                if one_job and column == "ray":
-                    best(fn, calls)  # the job starts again, and warms
                 t = best(fn, calls)
                 times[e.name][column] = min(times[e.name].get(column, t), t)
-            if one_job and "ray" in e.jitted:
-                e.jitted["ray"].end_jobs()
     return times
 
 
@@ -143,8 +132,6 @@ def main() -> None:
     p.add_argument("--no-loop", action="store_true")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--compiled-loops", choices=["auto", "on", "off"], default=None)
-    p.add_argument("--one-job", action="store_true",
-                   help="only the measured program's Ray job alive (each ends after its turn)")
     ns = p.parse_args()
     if ns.compiled_loops:  # before any loop is bound, and before Ray starts (its actors inherit it)
         os.environ["REPLICAS_COMPILED_LOOPS"] = ns.compiled_loops
@@ -154,7 +141,7 @@ def main() -> None:
     print(f"load average before: {load_average()}; {len(programs)} programs; backends {', '.join(backends)}; "
           f"compiled loops {os.environ.get('REPLICAS_COMPILED_LOOPS', 'auto')}")
     entries = [Entry(name, f, args, n, specs, backends) for name, f, args, n, specs in programs]
-    times = measure(entries, ns.calls, ns.rounds, one_job=ns.one_job)
+    times = measure(entries, ns.calls, ns.rounds)
     columns = ["interp", *backends]
     ratios: dict[str, dict[str, float]] = {c: {} for c in columns}
     if ns.verbose:
