@@ -100,6 +100,7 @@ def test_resident_arrays_are_the_replicas_shards():
     assert isinstance(a, rp.Array) and a.shape == (8,) and a.dtype == np.float32
     assert [s.tolist() for s in a.shards()] == [[0, 2], [4, 6], [8, 10], [12, 14]]
     b = step(a)  # the shards go back to where they are: nothing gathered
+    assert b.block_until_ready() is b and b[1:3].tolist() == [4, 8] and b[-1] == v[-1] * 4
     np.testing.assert_array_equal(np.asarray(b), v * 4)
     assert step.cache_size() == 1
     assert float(step(np.float32([1, 1, 1, 1, 1, 1, 1, 1])).value()[3]) == 2.0

@@ -116,6 +116,15 @@ class Array:
     def item(self) -> Any:
         return self.value().item()
 
+    def __getitem__(self, index: Any) -> Any:
+        return self.value()[index]
+
+    def block_until_ready(self) -> Array:
+        """Itself, as JAX's: the call that made it had finished when it returned (loops written for
+        JAX's asynchronous dispatch wait on it)."""
+        self.check_alive()
+        return self
+
     def __repr__(self) -> str:
         if self._deleted:
             return f"rp.Array(<deleted>, shape={self.shape}, dtype={self.dtype})"

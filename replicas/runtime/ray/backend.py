@@ -141,7 +141,7 @@ class RayBackend(PersistentJob, Backend):
     def stale(self) -> bool:
         """Whether the Ray session this job started in has ended (`ray.shutdown`, perhaps another
         `ray.init` since): its actors are gone with it."""
-        return not self._ray.is_initialized() or connection() is not self._connection
+        return connection() is not self._connection  # (None once Ray is shut down)
 
     def _start_cold(self, pooled: list[bool], nodes: list[dict[str, Any]] | None) -> None:
         """Ask each actor for its wire address (a pooled one that died while idle is replaced), then
