@@ -27,7 +27,7 @@ from replicas.jax.divergence import check_jax_outputs, checked_tolerance
 from replicas.jax.program import JaxProgram, _indices, _jax, _output_leaves, compile_jax, run_compiled
 from replicas.runtime.job import checked_executable
 from replicas.runtime.options import LaunchOptions
-from replicas.runtime.resident import Array, Kept, gather_replicas, same_index
+from replicas.runtime.resident import Array, Kept, gather_replicas, holders, same_index
 from replicas.runtime.session import Session, shared_devices
 
 # Options of a jitted function's job: every option of `rp.run` (`trace`: written when the job ends,
@@ -49,6 +49,7 @@ class Compiled:
     donated: frozenset[int]  # flattened argument positions donated to the call
     # Per flattened output, what its `Array` is made of (computed once: a call only adds the shards).
     out_meta: list[tuple[tuple[int, ...], np.dtype, list[tuple], Any, tuple[int, ...]]]
+    holders: list[tuple[int, ...]]  # per output: for each replica, the first replica holding an equal shard
     checked: bool  # some output is declared replicated: the replicas' copies are compared each call
     in_whole: list[bool]  # per flattened argument: every replica takes the whole value
     out_leaf: bool  # the function returns one array, not a tree of them
@@ -111,7 +112,7 @@ class JitFunction:
     def _call(self, compiled: Compiled, leaves: Sequence[Any]) -> Any:
         self._last = compiled
         per_replica = self._shards(compiled, leaves)
-        seq, results = compiled.session.call(per_replica, len(compiled.out_meta))
+        seq, results = compiled.session.call(per_replica, len(compiled.out_meta), compiled.holders)
         if compiled.checked:
             check_jax_outputs(compiled.program, per_replica, results, self._tolerance)
         for i in compiled.donated:
@@ -169,7 +170,8 @@ class JitFunction:
         donated = frozenset(i for i, j in enumerate(owners) if j in donate)
         in_whole = [all(all(s == slice(None) for s in ix) for ix in index) for index in in_index]
         out_leaf = program.out_tree.num_nodes == 1 and program.out_tree.num_leaves == 1
-        compiled = Compiled(program, session, in_index, out_index, donated, out_meta, checked, in_whole, out_leaf)
+        compiled = Compiled(program, session, in_index, out_index, donated, out_meta, [holders(i) for i in out_index],
+                            checked, in_whole, out_leaf)
         self._cache.put(key, compiled)
         return compiled
 

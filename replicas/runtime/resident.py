@@ -204,6 +204,12 @@ def gather_replicas(index: Sequence[tuple[slice, ...]]) -> tuple[int, ...]:
     return tuple(first.values())
 
 
+def holders(index: Sequence[tuple[slice, ...]]) -> tuple[int, ...]:
+    """For each replica, the first replica whose shard has the same place (an equal copy)."""
+    first: dict[tuple, int] = {}
+    return tuple(first.setdefault(_key(place), r) for r, place in enumerate(index))
+
+
 def _key(index: tuple[slice, ...]) -> tuple:
     return tuple((s.start, s.stop, s.step) if isinstance(s, slice) else s for s in index)
 

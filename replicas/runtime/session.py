@@ -10,8 +10,8 @@ the devices: one set of actors, and an output of one program passed to another m
 
 A call that ends cleanly within the backend's poll interval never meets the monitor; any other
 call is watched by a `Job` exactly as under `rp.run` (deadlocks, mismatches, timeouts, faults,
-Ctrl-C), and a call that fails ends the job (every program's outputs on it are lost): the next call
-starts a new one.
+Ctrl-C), and a call that fails ends the job (the next call starts a new one); the outputs of its
+earlier calls that arrays still name are fetched first (`_evacuate`), so the arrays live on.
 
 What a one-shot job offers, a persistent one offers per call: `progress()` (from any thread, of
 the call running or the last one), the live status line (`progress=True`) while the monitor watches
@@ -45,8 +45,8 @@ FETCH_MAX = 4096  # bytes of one replica's output that come back with a call's r
 
 
 class _Watched(Backend):
-    """The session's backend as one call's `Job` sees it: the job's end releases the backend only
-    when the call failed (a clean call leaves the session running); the results of a job whose
+    """The session's backend as one call's `Job` sees it: the job's end leaves the backend to
+    `Devices` (a clean call leaves it running; a failed one ends it); the results of a job whose
     outputs stay on the actors are its `settle`."""
 
     def __init__(self, backend: Backend, resident: bool) -> None:
@@ -66,8 +66,7 @@ class _Watched(Backend):
         self._backend.abort(exc)
 
     def shutdown(self) -> None:
-        if self.failed:
-            self._backend.shutdown()
+        pass  # (a failed call's: `Devices` ends the job, once it fetched what arrays still name)
 
 
 class Devices:
@@ -88,7 +87,12 @@ class Devices:
         # (job, number) of programs closed since the last call: the actors drop them (appended from
         # finalizers too, which must never wait for the lock: a call of this thread may hold it).
         self._closing: list[tuple[int, int] | None] = []
-        self._named = 0  # kept outputs of the running job an array still names
+        # The running job's kept outputs some array still names: (call, output) -> for each replica,
+        # the first replica holding an equal shard (what a gather reads).
+        self._named: dict[tuple[int, int], tuple[int, ...]] = {}
+        # Outputs of jobs that failed, fetched before their job ended (`_evacuate`): (job, call,
+        # output) -> replica -> shard; an array reads them there until it is collected.
+        self._evacuated: dict[tuple[int, int, int], dict[int, Any]] = {}
         self.calls = 0
         self.watched_calls = 0  # calls that did not end within the poll interval: the monitor watched them
         self._sources: SourceMap | None = None  # the source lines of the running (or last) call's program
@@ -96,10 +100,13 @@ class Devices:
         self._watching: Job | None = None  # the Job watching the running call, if the monitor took over
         self._last_progress: Progress | None = None
 
-    def call(self, program: Session, args: list[list[Any]], count: int) -> tuple[int, list[Any]]:
+    def call(self, program: Session, args: list[list[Any]], count: int,
+             holders: list[tuple[int, ...]] | None = None) -> tuple[int, list[Any]]:
         """Run `program` once on each replica's arguments (values checked by the caller, or `Kept`
         outputs of this job's earlier calls); the call's number and, per replica, its result
-        (resident: the list of its `count` outputs, None for each kept on the replicas)."""
+        (resident: the list of its `count` outputs, None for each kept on the replicas).
+        `holders`: per output, for each replica the first replica whose shard equals its own (what
+        a failed job's outputs are fetched by); default: every replica's."""
         with self._lock:
             backend = self._backend
             if backend is not None and self.resident and backend.stale():  # Ray was shut down meanwhile
@@ -110,7 +117,7 @@ class Devices:
                 from replicas.runtime.driver import start
 
                 self.job += 1
-                self._seq, self._forget, self._named = 0, [], 0
+                self._seq, self._forget, self._named = 0, [], {}
                 backend = self._backend = start(program.executable, args, self.options, persistent=True)
                 program.loaded = (self.job, 0)
             if self._closing:
@@ -128,7 +135,12 @@ class Devices:
                     program.loaded = (self.job, number)
                 if self.resident:
                     forget, self._forget = self._forget, []
-                    self._named += count - len(forget)
+                    named = self._named
+                    for key in forget:
+                        named.pop(key, None)
+                    everyone = tuple(range(self.num_replicas))
+                    for i in range(count):
+                        named[(seq, i)] = everyone if holders is None else holders[i]
                     backend.rerun(args, seq, count, FETCH_MAX, forget, number)
                 elif not started:
                     backend.rerun(args)
@@ -137,6 +149,7 @@ class Devices:
                 results = backend.finished(limit)
             except BaseException as e:  # Ctrl-C while waiting, a lost actor: the job ends, as under rp.run
                 backend.abort(ReplicasError("job interrupted") if isinstance(e, KeyboardInterrupt) else e)
+                self._evacuate(backend, seq)
                 self._end(backend)
                 raise
             if results is not None:
@@ -151,7 +164,27 @@ class Devices:
             finally:
                 self._watching = None
                 if watched.failed:
+                    self._evacuate(backend, seq)
                     self._end(backend, job.events())
+
+    def _evacuate(self, backend: Any, failed: int) -> None:
+        """Before a failed job ends: fetch the outputs of its earlier calls that arrays still name
+        (one shard per distinct place), so that the arrays of every program the job ran outlive it,
+        as JAX's arrays outlive a failed computation. An actor that died took its shards with it."""
+        if not self.resident:
+            return
+        forgotten = set(self._forget)
+        for (seq, output), holders in self._named.items():
+            if seq == failed or (seq, output) in forgotten:
+                continue
+            replicas = sorted(set(holders))
+            try:
+                shards = backend.fetch((seq, output), replicas)
+            except Exception:  # noqa: BLE001 - lost with its actor: the array says so when read
+                continue
+            by_replica = dict(zip(replicas, shards))
+            self._evacuated[(self.job, seq, output)] = {r: by_replica[h] for r, h in enumerate(holders)}
+        self._named = {}
 
     def _end(self, backend: Any, events: dict[int, list[dict[str, Any]]] | None = None) -> None:
         """The job ends (a failed call, `close`): its trace is written first, if asked for."""
@@ -206,6 +239,9 @@ class Devices:
 
     def fetch(self, key: Any, replicas: list[int]) -> list[Any]:
         backend = self._backend
+        evacuated = self._evacuated.get(key) if key is not None else None
+        if evacuated is not None:
+            return [evacuated[r] for r in replicas]
         if not self.holds(key) or backend is None:
             raise ProgramError("the array's shards were lost with the job that computed them (a call of it failed, "
                                "or it was closed)")
@@ -216,6 +252,8 @@ class Devices:
         shared job without programs ends when the last array is collected, which lets it go)."""
         if key is not None and key[0] == self.job:
             self._forget.append((key[1], key[2]))  # a list append: safe from a finalizer
+        elif key is not None:
+            self._evacuated.pop(key, None)
 
     # -- programs -------------------------------------------------------------------------------------
     def opened(self) -> None:
@@ -230,7 +268,8 @@ class Devices:
             return
         try:
             backend = self._backend
-            if backend is not None and self._programs == 0 and (not self.shared or self._named <= len(self._forget)):
+            unnamed = not self.shared or self._named.keys() <= set(self._forget)
+            if backend is not None and self._programs == 0 and unnamed:
                 self._end(backend)
             elif backend is not None:
                 self._drop_closed(backend)
@@ -270,11 +309,12 @@ class Session:
         self._closed = False
         devices.opened()
 
-    def call(self, args: list[list[Any]], count: int) -> tuple[int, list[Any]]:
+    def call(self, args: list[list[Any]], count: int,
+             holders: list[tuple[int, ...]] | None = None) -> tuple[int, list[Any]]:
         """`Devices.call` of this program."""
         if self._closed:
             raise ProgramError("the function's compiled program was closed")
-        return self.devices.call(self, args, count)
+        return self.devices.call(self, args, count, holders)
 
     def close(self) -> None:
         if not self._closed:
