@@ -157,7 +157,9 @@ class BufferPool:
                 owner, offset = entries.pop()
                 free = sys.getrefcount(owner) == _FREE_REFS - 1  # the local name and getrefcount's argument
                 if offset is not None:
-                    reusable = reusable and free
+                    # A peer may still hold a view of it (a node leader's wire writes results in
+                    # place, collectives/landing.py): then the arena must not serve another job.
+                    reusable = reusable and free and not (self._outbox is not None and self._outbox.lent(offset))
                 elif free and self._keeps:
                     SPARE.give(key, owner)
                 del owner

@@ -50,18 +50,26 @@ class Placer:
         self.round = round_
         # Sequence numbers of the collectives whose transfers land here: whether each lands whole.
         self.expected: dict[int, bool] = {}
+        # Per sequence number, per sending replica: where each array of its transfer goes
+        # (collectives/landing.py).
+        self.targets: dict[int, dict[int, list[np.ndarray]]] = {}
         self.placed: dict[int, list[np.ndarray]] = {}  # the whole blocks received, by sequence number
         self.blocks = BufferPool(outbox=outbox)
         self.lock = threading.Lock()
 
-    def expect(self, seq: int, whole: bool = False) -> None:
+    def expect(self, seq: int, whole: bool = False, targets: dict[int, list[np.ndarray]] | None = None) -> None:
+        """Announce collective `seq`'s transfers: into leased blocks (`whole`: one per transfer), or
+        each array straight into its place, `targets[source replica]` in the transfer's order."""
         with self.lock:
             self.expected[seq] = whole
+            if targets is not None:
+                self.targets[seq] = targets
 
     def done(self, seq: int) -> None:
         with self.lock:
             self.expected.pop(seq, None)
             self.placed.pop(seq, None)
+            self.targets.pop(seq, None)
 
     def __call__(self, head: tuple, sizes: list[int]) -> list[np.ndarray | None] | None:
         """Writable uint8 buffers, one per array of `sizes` (None where the reader keeps its own), for
@@ -74,6 +82,12 @@ class Placer:
             whole = self.expected.get(key[1]) if key[2] == self.round else None
             if whole is None:
                 return None
+            places = self.targets.get(key[1])
+            if places is not None:
+                found = places.get(head[2])
+                if found is None or [t.nbytes for t in found] != sizes:
+                    return None  # read into the reader's buffers, copied into place afterwards
+                return list(found)
             if not whole:  # smaller arrays are inlined when forwarded: no copy to save
                 return [self.blocks.reused_or_leased((n,), _BYTES) if n >= shm.MIN_BYTES else None for n in sizes]
             starts = _starts(sizes)
@@ -214,7 +228,11 @@ def handed_on_board(ex: Any, round_: int, readers: list[int], payloads: dict[int
 def read_handed(ex: Any, writer: int, round_: int) -> tuple:
     """What the node leader at process position `writer` handed this process (`handed_on_board`, or
     as a message where the board announced one): (sources, [arrays or packs])."""
-    value = ex.read_board(writer, round_)
+    return handed_from(ex, ex.read_board(writer, round_))
+
+
+def handed_from(ex: Any, value: Any) -> tuple:
+    """`read_handed` of a value already read."""
     if type(value[0]) is not str:
         return value
     segment, per = value
@@ -227,38 +245,59 @@ def read_handed(ex: Any, writer: int, round_: int) -> tuple:
     return sources, [(array(p[0]), p[1]) if type(p) is tuple else [array(a) for a in p] for p in packs]
 
 
-def published_whole(ex: Any, round_: int, reader: int, parts: list[tuple]) -> bool:
+def published_whole(ex: Any, round_: int, reader: int, parts: list[tuple],
+                    results: list[tuple] | None = None) -> bool:
     """A process's operands (`parts`, a tuple of arrays per member) for its node leader at process
-    position `reader`, published on the board as `handed_on_board` does; False, with nothing lent,
-    when the board announced that they follow as a message (the caller sends it)."""
+    position `reader`, published on the board as `handed_on_board` does, with `results` (leased
+    buffers the leader writes the results into, collectives/landing.py) if given; False, with
+    nothing lent, when the board announced that they follow as a message (the caller sends it, and
+    no result lands)."""
     shared = ex.fabric.shared
     outbox = shared.outbox
     taken: list[Any] = []
-    pieces = []
-    for values in parts:
-        row = []
-        for x in values:
-            ref = outbox.lend(x) if x.flags.c_contiguous and x.nbytes else None
-            if ref is not None:
-                taken.append(ref)
-            row.append(x if ref is None else (ref, x.dtype.str, x.shape))
-        pieces.append(tuple(row))
+
+    def lent(rows: list[tuple]) -> list[tuple]:
+        pieces = []
+        for values in rows:
+            row = []
+            for x in values:
+                ref = outbox.lend(x) if x.flags.c_contiguous and x.nbytes else None
+                if ref is not None:
+                    taken.append(ref)
+                row.append(x if ref is None else (ref, x.dtype.str, x.shape))
+            pieces.append(tuple(row))
+        return pieces
+
+    payload: tuple = (outbox.name, lent(parts))
+    if results is not None:
+        places = lent(results)
+        if all(type(p) is tuple for row in places for p in row):  # every result where the leader can map it
+            payload += (places,)
     b = shared.board
     if b.publish(ex.topo.leader, board.tag_of(ex.seq, round_), b.fingerprint_bytes(ex.fingerprint.wire),
-                 (outbox.name, pieces), (reader,), ex._wait_released):
+                 payload, (reader,), ex._wait_released):
         return True
     for ref in taken:
         outbox.give_back(ref)
     return False
 
 
-def read_whole(ex: Any, writer: int, round_: int) -> list[tuple]:
+def read_whole(ex: Any, writer: int, round_: int, results: list | None = None) -> list[tuple]:
     """What the process at position `writer` published by `published_whole` (or sent, where the board
-    announced a message): its operands, a tuple of arrays per member."""
+    announced a message): its operands, a tuple of arrays per member. Its result buffers, writable,
+    are appended to `results` if it published them (else None is)."""
     value = ex.read_board(writer, round_)
-    if not (type(value) is tuple and len(value) == 2 and type(value[0]) is str):
+    if not (type(value) is tuple and len(value) in (2, 3) and type(value[0]) is str):
+        if results is not None:
+            results.append(None)
         return value
-    segment, pieces = value
+    segment, pieces = value[:2]
     inbox = ex.fabric.shared.inbox
-    return [tuple(inbox.lent(segment, p[0], p[2], np.dtype(p[1])) if type(p) is tuple else p for p in row)
-            for row in pieces]
+
+    def mapped(rows: list[tuple], writable: bool) -> list[tuple]:
+        return [tuple(inbox.lent(segment, p[0], p[2], np.dtype(p[1]), writable) if type(p) is tuple else p
+                      for p in row) for row in rows]
+
+    if results is not None:
+        results.append(mapped(value[2], True) if len(value) == 3 else None)
+    return mapped(pieces, False)

@@ -26,10 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from replicas.collectives import landing
 from replicas.collectives.buffers import pool_of
 from replicas.collectives.direct import place_items
 from replicas.collectives.exchange import Exchange
 from replicas.collectives.forwarding import (
+    handed_from,
     handed_on_board,
     on_board,
     packed_in_place,
@@ -51,6 +53,7 @@ from replicas.collectives.in_process import (
 from replicas.collectives.reduction import Combine, Values, chunks_of, reduce_into
 from replicas.collectives.selector import THRESHOLDS, Algorithm, Situation, Thresholds, register
 from replicas.collectives.topology import LEADER_ROUND, Topology
+from replicas.transport.board import tag_of as board_tag
 
 IN = LEADER_ROUND
 ACROSS = LEADER_ROUND + 1
@@ -265,6 +268,8 @@ def all_to_all(ex: Exchange, parts: list[Values], chunks: list[list[Values]], di
     local_direct = sum(c.nbytes for c in chunks[0][0]) >= THRESHOLDS.local_direct_min_bytes
     if not local_direct:
         got = _route_packed(ex, node, parts, chunks, dim)
+        if type(got) is _Landed:
+            return ex.scatter_local(got.results)
     elif not node.is_leader:
         # To process q: this process's members' chunks for q's members, member by member. (Lists and
         # tuples, never dicts: a message's arrays go through the node's shared memory only inside those.)
@@ -303,7 +308,7 @@ def _items(chunks: list[list[Values]], layout: Any, q: int) -> list[Values]:
 
 
 def _route_packed(ex: Exchange, node: _Node, parts: list[Values], chunks: list[list[Values]],
-                  dim: int) -> list[tuple[int, Any]]:
+                  dim: int) -> list[tuple[int, Any]] | _Landed:
     """Small chunks: a process hands its node leader its operands whole (one descriptor each, where
     they lie in its arena), and the leader hands each of the node's other processes what it is sent
     in three parts: its own chunks, the node's other processes' copied into one buffer of its pool,
@@ -313,56 +318,105 @@ def _route_packed(ex: Exchange, node: _Node, parts: list[Values], chunks: list[l
     topo = ex.topo
     layout = topo.layout
     pos = topo.position
+    n = len(topo.group)
+    readers = node.processes[1:]
     if not node.is_leader:
-        if not (on_board(ex.fabric, node.processes) and published_whole(ex, IN, node.processes[0], parts)):
+        # Its results, where its node leader can write them (collectives/landing.py).
+        results = landing.result_buffers(ex, parts, dim) if on_board(ex.fabric, readers) else None
+        if not (on_board(ex.fabric, node.processes)
+                and published_whole(ex, IN, node.processes[0], parts, results)):
             ex.send(node.leader, IN, list(parts))
-        if on_board(ex.fabric, node.processes[1:]):
-            sources, packs = read_handed(ex, node.processes[0], OUT)
+        if on_board(ex.fabric, readers):
+            value = ex.read_board(node.processes[0], OUT)
         else:
-            sources, packs = ex.recv_one(node.leader, OUT)
+            value = ex.recv_one(node.leader, OUT)
+        if value is landing.LANDED:
+            assert results is not None
+            return _Landed(results)
+        sources, packs = handed_from(ex, value)
         arrays = [a for pack in packs for a in (unpacked(pack) if type(pack) is tuple else pack)]
         return _regrouped(layout, sources, arrays, len(topo.local), len(parts[0]))
-    n = len(topo.group)
     cut = {pos: chunks}
+    results: dict[int, Any] = {}
     if on_board(ex.fabric, node.processes):
-        operands = [read_whole(ex, q, IN) for q in node.processes[1:]]
+        found: list[Any] = []
+        operands = [read_whole(ex, q, IN, found) for q in readers]
+        results = dict(zip(readers, found))
     else:
         operands = ex.recv(node.peers, IN)
-    for q, theirs in zip(node.processes[1:], operands):
+    for q, theirs in zip(readers, operands):
         cut[q] = [chunks_of(v, n, dim) for v in theirs]
     placer = placer_of(ex.fabric, ACROSS) if node.peers else None
+    peers = [node.leaders[m] for m in node.others]
+    places: dict[int, list[np.ndarray]] = {}
+    if (placer is not None and on_board(ex.fabric, readers) and all(results.get(q) for q in readers)
+            and landing.leading(parts[0], dim)):
+        pool = pool_of(ex.fabric)
+        results[pos] = [tuple(pool.empty(v.shape, v.dtype) for v in part) for part in parts]
+        places = {r: landing.targets(layout, layout.nodes[m], node.processes, results, n, dim)
+                  for m, r in zip(node.others, peers)}
     if placer is not None:
-        placer.expect(ex.seq, whole=True)
+        placer.expect(ex.seq, whole=not places, targets=places or None)
     try:
         # Destination by destination: each one's chunks from this node lie together where they land.
-        peers = [node.leaders[m] for m in node.others]
         for m, r in zip(node.others, peers):
             ex.send(r, ACROSS, [(p, q, _items(cut[p], layout, q)) for q in layout.nodes[m] for p in node.processes])
-        # The other processes' chunks for q are in their arenas, not this one's: copied, into one buffer.
-        pool = pool_of(ex.fabric)
-        local = {}
-        for q in node.processes[1:]:
-            arrays = [a for p in node.processes[1:] if p != q for v in _items(cut[p], layout, q) for a in v]
-            local[q] = packed_into(pool.empty((packed_size(arrays),), np.dtype(np.uint8)), arrays) if arrays else []
-        arrived: dict[int, list[tuple[int, list[Values]]]] = {q: [] for q in node.processes}
-        for bundle in ex.recv(peers, ACROSS):
-            for p, q, items in bundle:
-                arrived[q].append((p, items))
-        blocks = placer.take(ex.seq) if placer is not None else []
+        if places:
+            # The node's own chunks into every result while the transfers travel; then theirs.
+            landing.copy_local(layout, node.processes, cut, results, n, dim)
+            for r, bundle in zip(peers, ex.recv(peers, ACROSS)):
+                landing.settle_arrived(bundle, places[r])
+        else:
+            arrived, local, blocks = _packed_locally(ex, node, cut, peers, placer)
     finally:
         if placer is not None:
             placer.done(ex.seq)
+    if places:
+        del places, cut, operands  # views of the node's arenas: their blocks serve again once released
+        b = ex.fabric.shared.board
+        if not b.publish(ex.topo.leader, board_tag(ex.seq, OUT), b.fingerprint_bytes(ex.fingerprint.wire),
+                         landing.LANDED, tuple(readers), ex._wait_released):
+            for r in node.peers:
+                ex.send(r, OUT, landing.LANDED)
+        return _Landed(results[pos])
     handed = {}
     for q in node.processes[1:]:
         own = [a for v in _items(chunks, layout, q) for a in v]  # lent where they lie in its arena
         remote = [a for _, items in arrived[q] for v in items for a in v]
         sources = [p for p in node.processes if p != q] + [p for p, _ in arrived[q]]
         handed[q] = (sources, [own, local[q], packed_in_place(remote, blocks) or remote])
-    readers = node.processes[1:]
     if not (on_board(ex.fabric, readers) and handed_on_board(ex, OUT, readers, handed)):
         for q, r in zip(readers, node.peers):
             ex.send(r, OUT, handed[q])
     return [(p, _items(cut[p], layout, pos)) for p in node.processes[1:]] + arrived[pos]
+
+
+def _packed_locally(ex: Exchange, node: _Node, cut: dict[int, Any], peers: list[int], placer: Any) -> tuple:
+    """On a node leader, the packed route: the node's other processes' chunks for each other one
+    packed into one buffer (they lie in their arenas, not this one's), then the other nodes'
+    transfers received. (what arrived, by destination process; the packs; the placer's blocks)"""
+    layout = ex.topo.layout
+    pool = pool_of(ex.fabric)
+    local = {}
+    for q in node.processes[1:]:
+        arrays = [a for p in node.processes[1:] if p != q for v in _items(cut[p], layout, q) for a in v]
+        local[q] = packed_into(pool.empty((packed_size(arrays),), np.dtype(np.uint8)), arrays) if arrays else []
+    arrived: dict[int, list[tuple[int, list[Values]]]] = {q: [] for q in node.processes}
+    for bundle in ex.recv(peers, ACROSS):
+        for p, q, items in bundle:
+            arrived[q].append((p, items))
+    blocks = placer.take(ex.seq) if placer is not None else []
+    return arrived, local, blocks
+
+
+class _Landed:
+    """What `_route_packed` returns where the results were written in place (collectives/landing.py):
+    this process's, one tuple per local member."""
+
+    __slots__ = ("results",)
+
+    def __init__(self, results: list[Values]) -> None:
+        self.results = results
 
 
 def _regrouped(layout: Any, sources: list[int], arrays: list[np.ndarray], members: int,

@@ -56,6 +56,12 @@ WIRE_MAX_BYTES = 1 << 20
 MAX_HEAD_BYTES = 64 << 10  # a message's head: job token, destination, source and key
 # A frame at most this long is read in one call before its head is judged (a bounded allocation).
 _ONE_READ = 64 << 10
+# The congestion control of the connections between nodes (what sends the bytes; "" keeps the
+# system's). Why not the default where it is BBR: without the fq qdisc the kernel paces BBR's
+# segments itself, with a timer per burst, and a collective's transfers are bursts of a few MiB:
+# an exchange of one such burst each way between two hosts took clearly more CPU and time than
+# under CUBIC (bench/LOG-2026.md, "alltoall").
+CONGESTION = os.environ.get("REPLICAS_TCP_CONGESTION", "cubic")
 # Seconds a new connection has to prove it holds the key (real peers on a loaded machine need long).
 HANDSHAKE_TIMEOUT = 30.0
 SEND_TIMEOUT = 60.0  # seconds a send may wait for a peer that stopped reading
@@ -353,6 +359,7 @@ class Wire:
             # A message is written in pieces (its lengths, then its arrays): without this, Nagle's
             # algorithm holds each message's last short segment until the previous one is acknowledged.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _congestion(sock)
             target = tuple(peer["tcp"])
         try:
             sock.settimeout(HANDSHAKE_TIMEOUT)
@@ -508,6 +515,16 @@ def _read_body(conn: socket.socket, body_size: int, buffers: _Buffers | None = N
         into = places[k] if places is not None else None
         arrays.append(_recv_into(conn, kept.take(size) if into is None else into, heard))
     return pickle.loads(meta, buffers=arrays)  # noqa: S301 - an authenticated peer's (module doc)
+
+
+def _congestion(sock: socket.socket) -> None:
+    """Set the congestion control of a connection between nodes (`CONGESTION`) where the kernel has
+    it; else the system's default stays."""
+    if CONGESTION:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, CONGESTION.encode())
+        except OSError:  # not built into this kernel, or not allowed to this process
+            pass
 
 
 def _peer_credentials(conn: socket.socket) -> tuple[int, int, int]:

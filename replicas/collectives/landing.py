@@ -1,0 +1,99 @@
+"""An all-to-all's small chunks across nodes landed where they end (`collectives/nodes.py`,
+`_route_packed`): each process's result is written once, in place, and nobody assembles it.
+
+Why: with every chunk handed on through its node leader, each byte was written three times on its
+way into a result (the socket's read into the leader's arena, the leader's packing of the node's
+chunks, the process's assembly of its result), and two cores were the bound. Here:
+- each of the node's other processes takes its result buffers from its pool (leased blocks of its
+  arena) before the collective and publishes where they lie on the same-node board beside its
+  operands (`published_whole`), so its node leader maps them writable;
+- the node leader tells its wire where each array of the other node leaders' transfers goes
+  (`Placer.expect(seq, targets=...)`): the socket reads each chunk straight into its slot of the
+  result it belongs to (a chunk along the leading dimension is one run of bytes there);
+- while the transfers travel, the node leader copies the node's own chunks into every result of the
+  node, from the operands it reads in place (one copy each, the only one);
+- then it publishes `LANDED` for the node's processes: their results are ready.
+
+A transfer that came before the leader announced it, or whose layout differs, was read into the
+reader's own buffers: its chunks are copied into their slots afterwards (the same bits, later). A
+process whose results could not be leased publishes none, and the node takes the packed route.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from replicas.collectives.buffers import pool_of
+from replicas.collectives.reduction import Values, slot
+
+LANDED = None  # what a node leader hands its node's processes once their results are written
+
+
+def leading(values: Values, dim: int) -> bool:
+    """Whether each chunk of `values` along `dim` is one run of bytes (no dimension before `dim`
+    larger than one): then the socket can read it straight into its slot."""
+    return all(v.flags.c_contiguous and math.prod(v.shape[:dim]) == 1 and v.dtype.itemsize for v in values)
+
+
+def result_buffers(ex: Any, parts: list[Values], dim: int) -> list[Values] | None:
+    """This process's results, one tuple per local member, in leased blocks of its arena (so its
+    node leader can map them); None where that is not possible (then nothing lands)."""
+    if not leading(parts[0], dim):
+        return None
+    pool = pool_of(ex.fabric)
+    out = []
+    for part in parts:
+        row = []
+        for v in part:
+            found = None if v.dtype.hasobject else pool.reused_or_leased(v.shape, v.dtype)
+            if found is None:
+                return None
+            row.append(found)
+        out.append(tuple(row))
+    return out
+
+
+def _slot(result: np.ndarray, source: int, n: int, dim: int) -> np.ndarray:
+    width = result.shape[dim] // n
+    return result[slot(dim, source * width, (source + 1) * width)]
+
+
+def targets(layout: Any, senders: list[int], receivers: list[int], results: dict[int, list[Values]],
+            n: int, dim: int) -> list[np.ndarray]:
+    """Where each array of a node leader's transfer goes, in its order (`_route_packed` sends, for
+    each receiving process q of this node and each sending process p of its own, p's members' chunks
+    for q's members, member by member, operand by operand): the bytes of its slot in q's result."""
+    out = []
+    for q in receivers:
+        for i in (i for p in senders for i in layout.processes[p]):
+            for result in results[q]:
+                out.extend(_slot(r, i, n, dim).reshape(-1).view(np.uint8) for r in result)
+    return out
+
+
+def copy_local(layout: Any, processes: list[int], cut: dict[int, list[list[Values]]],
+               results: dict[int, list[Values]], n: int, dim: int) -> None:
+    """The node's own chunks copied into every result of the node: `cut[p][member][destination]`
+    holds process p's members' chunks."""
+    for q in processes:
+        for j, result in zip(layout.processes[q], results[q]):
+            for p in processes:
+                for i, chunks in zip(layout.processes[p], cut[p]):
+                    for r, c in zip(result, chunks[j]):
+                        np.copyto(_slot(r, i, n, dim), c, casting="no")
+
+
+def settle_arrived(bundle: list[tuple[int, int, list[Values]]], places: list[np.ndarray]) -> None:
+    """A received transfer's chunks that did not land in their slots (it came before it was
+    announced, or was laid out otherwise) copied there."""
+    arrays = [a for _, _, items in bundle for v in items for a in v]
+    if len(arrays) != len(places):
+        raise ValueError(f"an all-to-all transfer of {len(arrays)} arrays where {len(places)} were expected")
+    for a, place in zip(arrays, places):
+        if a.nbytes != place.nbytes:
+            raise ValueError(f"an all-to-all chunk of {a.nbytes} bytes where {place.nbytes} were expected")
+        if a.ctypes.data != place.ctypes.data:
+            np.copyto(place, a.reshape(-1).view(np.uint8), casting="no")
