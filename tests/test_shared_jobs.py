@@ -74,6 +74,32 @@ def test_an_output_passed_to_another_function_stays_where_it_is_and_matches_jax(
         then.close()
 
 
+@pytest.mark.parametrize("per_actor", [4, 2], ids=["one actor", "two actors"])
+def test_an_output_placed_otherwise_is_cut_out_where_it_is_when_one_actor_holds_every_shard(per_actor):
+    """Sharded -> replicated -> sharded: one actor cuts each replica's part from the shards it
+    holds; across two actors the array is gathered and split again. Both match JAX."""
+    def shift(x):  # replicated in and out
+        return x * 2 + 1
+
+    end_shared_jobs()
+    first = rp.jax.jit(scale, num_replicas=4, in_specs=(P("x"), P()), out_specs=P("x"), replicas_per_actor=per_actor)
+    then = rp.jax.jit(shift, num_replicas=4, in_specs=P(), out_specs=P(), replicas_per_actor=per_actor)
+    x = rng.normal(size=(1 << 16,)).astype(np.float32)  # 64 KiB shards: kept on the actors
+    try:
+        y = first(x, np.float32(3))
+        z = then(y)  # every replica takes the whole of it
+        w = first(z, np.float32(0.5))  # each its quarter of a replicated array
+        calls = devices_of(first)._backend.calls
+        gathered = calls["doorbell_fetch"] + calls["fetch"]
+        assert (gathered == 0) == (per_actor == 4), calls
+        jz = on_jax(shift, P(), P())(on_jax(scale, (P("x"), P()), P("x"))(x, np.float32(3)))
+        np.testing.assert_allclose(np.asarray(z), np.asarray(jz), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(w), np.asarray(jz) * 0.5, rtol=1e-6)
+    finally:
+        first.close()
+        then.close()
+
+
 def test_a_failed_call_of_one_function_ends_the_job_of_all_and_their_arrays_outlive_it():
     def maybe_sum(v):  # a replica whose shard is large all-reduces; the others do not: a deadlock
         return jax.lax.cond(v[0] > 100, lambda u: jax.lax.psum(u, "x") + u, lambda u: u, v)

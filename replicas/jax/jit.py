@@ -27,7 +27,7 @@ from replicas.jax.divergence import check_jax_outputs, checked_tolerance
 from replicas.jax.program import JaxProgram, _indices, _jax, _output_leaves, compile_jax, run_compiled
 from replicas.runtime.job import checked_executable
 from replicas.runtime.options import LaunchOptions
-from replicas.runtime.resident import Array, Kept, gather_replicas, holders, same_index
+from replicas.runtime.resident import Array, Kept, Resliced, gather_replicas, holders, same_index
 from replicas.runtime.session import Session, shared_devices
 
 # Options of a jitted function's job: every option of `rp.run` (`trace`: written when the job ends,
@@ -208,6 +208,11 @@ class JitFunction:
                     local = leaf.local_shards()
                     if local is not None:
                         return local
+                elif leaf.dtype == dtype and leaf.home is devices and devices.holds_whole(leaf.key):
+                    # placed otherwise, but every shard is in the one actor: it cuts each replica's part
+                    sources = tuple((q, leaf.index[q]) for q in gather_replicas(leaf.index))
+                    call, output = leaf.key[1], leaf.key[2]
+                    return [Resliced(call, output, leaf.shape, sources, index[p]) for p in range(n)]
                 leaf = leaf.value()
             value = host_value(leaf, dtype)
         if compiled.in_whole[i]:

@@ -31,6 +31,38 @@ class Kept:
         return Kept, (self.call, self.output)
 
 
+@dataclass(frozen=True, slots=True)
+class Resliced:
+    """An argument that is output `output` of call `call` of the same persistent job placed
+    otherwise: the actor, which holds every shard (`sources`: the distinct shards' replicas and
+    places in the global array of `shape`), cuts this replica's `place` out of them."""
+
+    call: int
+    output: int
+    shape: tuple[int, ...]
+    sources: tuple[tuple[int, tuple[slice, ...]], ...]
+    place: tuple[slice, ...]
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        return Resliced, (self.call, self.output, self.shape, self.sources, self.place)
+
+    def take(self, shards: dict[int, Any], assembled: dict[tuple[int, int], np.ndarray]) -> np.ndarray:
+        """This replica's part, from the kept `shards` (replica -> shard) of the output; the
+        global array is assembled once per call (`assembled`: by (call, output))."""
+        key = (self.call, self.output)
+        whole = assembled.get(key)
+        if whole is None:
+            first = np.asarray(shards[self.sources[0][0]])
+            if first.shape == self.shape:  # a replicated output: any replica's copy is the whole
+                whole = first
+            else:
+                whole = np.empty(self.shape, first.dtype)
+                for replica, place in self.sources:
+                    whole[place] = shards[replica]
+            assembled[key] = whole
+        return np.ascontiguousarray(whole[self.place])  # (a view when the part is contiguous)
+
+
 class Home(Protocol):
     """Where the shards of resident arrays live (a persistent job: runtime/session.py)."""
 

@@ -237,6 +237,11 @@ class Devices:
         """Whether the running job keeps the output `key` = (job, call, output)."""
         return key is not None and key[0] == self.job and self._backend is not None
 
+    def holds_whole(self, key: Any) -> bool:
+        """Whether the running job keeps every shard of output `key` in one process (one actor)."""
+        backend = self._backend
+        return self.resident and self.holds(key) and backend is not None and backend.single_actor
+
     def fetch(self, key: Any, replicas: list[int]) -> list[Any]:
         backend = self._backend
         evacuated = self._evacuated.get(key) if key is not None else None

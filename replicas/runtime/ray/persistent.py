@@ -82,6 +82,11 @@ class PersistentJob:
             bell.stop()
             bell.close()
 
+    @property
+    def single_actor(self) -> bool:
+        """Whether one actor hosts every replica (it holds every shard of a kept output)."""
+        return len(self._actors) == 1
+
     def add_program(self, executable: Executable) -> int:
         """Load another program into the job (its actors run it on the same replicas, fabrics and
         kept outputs: persistent_host.py); its number for `rerun`."""

@@ -1,10 +1,10 @@
-"""The actor's side of a persistent job (runtime/session.py): its replicas run the job's program
+"""The actor's side of a persistent job (runtime/session.py): its replicas run the job's programs
 again for every call, and the outputs stay here, by (call, output), until the driver forgets them.
 
-A call's arguments are values, or `Kept` names of outputs of earlier calls this actor holds
-(nothing moves). Its reply carries the outputs small enough to travel with it (a loss) and the
-rest stay. `ReplicaHost` mixes this in; its job state (`_runners`, `_token`, `_job_turn`) is the
-persistent job's.
+A call's arguments are values, `Kept` names of outputs of earlier calls this actor holds (nothing
+moves), or `Resliced` ones, placed otherwise, which it cuts out of the shards it holds. Its reply
+carries the outputs small enough to travel with it (a loss) and the rest stay. `ReplicaHost` mixes
+this in; its job state (`_runners`, `_token`, `_job_turn`) is the persistent job's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from replicas.diagnostics import host_output
 from replicas.errors import ReplicaFailure
 from replicas.runtime.compile import Executable, runs_bounded_alone
 from replicas.runtime.ray import parking
-from replicas.runtime.resident import Kept
+from replicas.runtime.resident import Kept, Resliced
 from replicas.transport import spin, where
 from replicas.transport.doorbell import CALL_ROOM, REPLY_BYTES, Doorbell, pack, unpack
 
@@ -106,8 +106,11 @@ class PersistentCalls:
                 PersistentCalls._switch(self, token, program)
             for key in forget:
                 store.pop(key, None)
+            assembled: dict[tuple[int, int], Any] = {}  # (an output placed otherwise, once a call)
             for r, values in args.items():
-                resolved = [store[(a.call, a.output)][r] if type(a) is Kept else a for a in values]
+                resolved = [store[(a.call, a.output)][r] if type(a) is Kept
+                            else a.take(store[(a.call, a.output)], assembled) if type(a) is Resliced else a
+                            for a in values]
                 if not inline or self._inline_all:
                     inline.append((self._runners[r], resolved))
                 else:
