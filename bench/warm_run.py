@@ -13,7 +13,8 @@ And the warm call of `rp.jax.jit` (a persistent job, runtime/session.py) at `--j
 - 1 MiB of host arguments that change every call (a new numpy array given to every replica), less
   the same call with that argument resident (goal on Ray: <= 1 ms extra);
 - a resident 1 MiB output gathered by `np.asarray`, against a copy of 1 MiB; and passed to another
-  jitted function (on Ray the same job: it stays where it is), less the same call given a host array.
+  jitted function (on Ray the same job: it stays where it is), and to one that takes it sharded (the
+  actor cuts each replica's part), each less the same call given a host array.
 
 Each number is the median of `--repeat` rounds of `--iterations` calls; the spread is min-max of
 the rounds' medians. A call and its anchor alternate round by round (the machine is shared: load
@@ -193,6 +194,22 @@ def jit_rows(ns: argparse.Namespace, backend: str, trip: list[float] | None) -> 
         host.append(median_per_call(changed_first, count))
     extra = [a - h for a, h in zip(passed, host)]
     print(f"jit {backend:7} N={n} another fn's 1 MiB {fmt(passed)}   extra {fmt(extra)} over a host array")
+    # The same, to a function that takes it sharded (compiled for a host array: its in_specs decide).
+    quarter = rp.jax.jit(lambda w: w[:1], num_replicas=n, in_specs=(P("x"),), out_specs=P("x"), backend=backend)
+    quarter(big)
+
+    def changed_quarter() -> None:
+        fresh_ones.reverse()
+        quarter(fresh_ones[0])
+
+    passed, host = [], []
+    for _ in range(ns.repeat):
+        outs = fresh_outputs()
+        passed.append(median_per_call(lambda outs=outs: quarter(outs.pop()), count))
+        host.append(median_per_call(changed_quarter, count))
+    extra = [a - h for a, h in zip(passed, host)]
+    print(f"jit {backend:7} N={n} resharded 1 MiB {fmt(passed)}   extra {fmt(extra)} over a host array")
+    quarter.close()
     first.close()
     add.close()
     use.close()
