@@ -138,9 +138,10 @@ class Devices:
                     named = self._named
                     for key in forget:
                         named.pop(key, None)
-                    everyone = tuple(range(self.num_replicas))
+                    if holders is None:
+                        holders = [tuple(range(self.num_replicas))] * count
                     for i in range(count):
-                        named[(seq, i)] = everyone if holders is None else holders[i]
+                        named[(seq, i)] = holders[i]
                     backend.rerun(args, seq, count, FETCH_MAX, forget, number)
                 elif not started:
                     backend.rerun(args)
