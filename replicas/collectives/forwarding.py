@@ -52,14 +52,16 @@ class Placer:
         self.expected: dict[int, bool] = {}
         # Per sequence number, per sending replica: where each array of its transfer goes
         # (collectives/landing.py).
-        self.targets: dict[int, dict[int, list[np.ndarray]]] = {}
+        self.targets: dict[int, dict[int, list[np.ndarray | None]]] = {}
         self.placed: dict[int, list[np.ndarray]] = {}  # the whole blocks received, by sequence number
         self.blocks = BufferPool(outbox=outbox)
         self.lock = threading.Lock()
 
-    def expect(self, seq: int, whole: bool = False, targets: dict[int, list[np.ndarray]] | None = None) -> None:
+    def expect(self, seq: int, whole: bool = False,
+               targets: dict[int, list[np.ndarray | None]] | None = None) -> None:
         """Announce collective `seq`'s transfers: into leased blocks (`whole`: one per transfer), or
-        each array straight into its place, `targets[source replica]` in the transfer's order."""
+        each array straight into its place, `targets[source replica]` in the transfer's order (the
+        wire reads each place as the array's turn comes: None there, into its own buffer)."""
         with self.lock:
             self.expected[seq] = whole
             if targets is not None:
@@ -85,9 +87,9 @@ class Placer:
             places = self.targets.get(key[1])
             if places is not None:
                 found = places.get(head[2])
-                if found is None or [t.nbytes for t in found] != sizes:
+                if found is None or len(found) != len(sizes):
                     return None  # read into the reader's buffers, copied into place afterwards
-                return list(found)
+                return found  # the leader's own list: a place it fills in later still serves
             if not whole:  # smaller arrays are inlined when forwarded: no copy to save
                 return [self.blocks.reused_or_leased((n,), _BYTES) if n >= shm.MIN_BYTES else None for n in sizes]
             starts = _starts(sizes)

@@ -8,15 +8,16 @@ chunks, the process's assembly of its result), and two cores were the bound. Her
   arena) before the collective and publishes where they lie on the same-node board beside its
   operands (`published_whole`), so its node leader maps them writable;
 - the node leader tells its wire where each array of the other node leaders' transfers goes
-  (`Placer.expect(seq, targets=...)`): the socket reads each chunk straight into its slot of the
-  result it belongs to (a chunk along the leading dimension is one run of bytes there);
+  (`Placer.expect(seq, targets=...)`, its own results' places first, the others' as it reads them):
+  the socket reads each chunk straight into its slot of the result it belongs to (a chunk along the
+  leading dimension is one run of bytes there);
 - while the transfers travel, the node leader copies the node's own chunks into every result of the
   node, from the operands it reads in place (one copy each, the only one);
 - then it publishes `LANDED` for the node's processes: their results are ready.
 
-A transfer that came before the leader announced it was read into the reader's own buffers: its
-chunks are copied into their slots afterwards (the same bits, later). A process whose results could
-not be leased publishes none, and the node takes the packed route.
+A transfer, or a chunk, that came before the leader announced its place was read into the reader's
+own buffers: it is copied into its slot afterwards (the same bits, later). A process whose results
+could not be leased publishes none, and the node takes the packed route.
 """
 
 from __future__ import annotations
@@ -61,17 +62,27 @@ def _slot(result: np.ndarray, source: int, n: int, dim: int) -> np.ndarray:
     return result[slot(dim, source * width, (source + 1) * width)]
 
 
-def targets(layout: Any, senders: list[int], receivers: list[int], results: dict[int, list[Values]],
-            n: int, dim: int) -> list[np.ndarray]:
-    """Where each array of a node leader's transfer goes, in its order (`_route_packed` sends, for
-    each receiving process q of this node and each sending process p of its own, p's members' chunks
-    for q's members, member by member, operand by operand): the bytes of its slot in q's result."""
-    out = []
-    for q in receivers:
-        for i in (i for p in senders for i in layout.processes[p]):
-            for result in results[q]:
-                out.extend(_slot(r, i, n, dim).reshape(-1).view(np.uint8) for r in result)
-    return out
+def empty_places(layout: Any, senders: list[int], receivers: list[int], operands: int) -> list[np.ndarray | None]:
+    """Where each array of the transfer from the node of `senders` (its processes) to this node's
+    `receivers` goes, none known yet: the node leader fills them in (`fill`) as it learns where
+    each process's results lie, while its wire may already be reading the transfer (an array whose
+    place is not known when its turn comes is read into the wire's own buffer, `settle_arrived`)."""
+    sources = sum(len(layout.processes[p]) for p in senders)
+    return [None] * (sources * sum(len(layout.processes[q]) for q in receivers) * operands)
+
+
+def fill(places: list[np.ndarray | None], layout: Any, senders: list[int], receivers: list[int], q: int,
+         result: list[Values], n: int, dim: int) -> None:
+    """The places of process q's results (one tuple per member) in `places`: the transfer holds, for
+    each receiving process in turn and each sending process p, p's members' chunks for q's members,
+    member by member, operand by operand (`_route_packed`); each goes to the bytes of its slot."""
+    sources = [i for p in senders for i in layout.processes[p]]
+    at = sum(len(sources) * len(layout.processes[r]) * len(result[0]) for r in receivers[:receivers.index(q)])
+    for i in sources:
+        for values in result:
+            for r in values:
+                places[at] = _slot(r, i, n, dim).reshape(-1).view(np.uint8)
+                at += 1
 
 
 def copy_local(layout: Any, processes: list[int], cut: dict[int, list[list[Values]]],
@@ -86,7 +97,7 @@ def copy_local(layout: Any, processes: list[int], cut: dict[int, list[list[Value
                         np.copyto(_slot(r, i, n, dim), c, casting="no")
 
 
-def settle_arrived(bundle: list[tuple[int, int, list[Values]]], places: list[np.ndarray]) -> None:
+def settle_arrived(bundle: list[tuple[int, int, list[Values]]], places: list[Any]) -> None:
     """A received transfer's chunks that did not land in their slots (it came before it was
     announced) copied there. Its layout is the one `places` follows: the fingerprint, compared before
     the transfer was handed over, names the same collective of the same shapes on both sides."""

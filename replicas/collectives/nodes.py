@@ -337,26 +337,42 @@ def _route_packed(ex: Exchange, node: _Node, parts: list[Values], chunks: list[l
         arrays = [a for pack in packs for a in (unpacked(pack) if type(pack) is tuple else pack)]
         return _regrouped(layout, sources, arrays, len(topo.local), len(parts[0]))
     cut = {pos: chunks}
-    results: dict[int, Any] = {}
-    if on_board(ex.fabric, node.processes):
-        found: list[Any] = []
-        operands = [read_whole(ex, q, IN, found) for q in readers]
-        results = dict(zip(readers, found))
-    else:
-        operands = ex.recv(node.peers, IN)
-    for q, theirs in zip(readers, operands):
-        cut[q] = [chunks_of(v, n, dim) for v in theirs]
     placer = placer_of(ex.fabric, ACROSS) if node.peers else None
     peers = [node.leaders[m] for m in node.others]
-    places: dict[int, list[np.ndarray]] = {}
-    if (placer is not None and on_board(ex.fabric, readers) and all(results.get(q) for q in readers)
-            and landing.leading(parts[0], dim)):
+    # Where the node may land its results in place, the wire learns their places from now on: this
+    # process's own first, each other's once read (collectives/landing.py).
+    places: dict[int, list[Any]] = {}
+    results: dict[int, Any] = {}
+    if placer is not None and on_board(ex.fabric, node.processes) and landing.leading(parts[0], dim):
         pool = pool_of(ex.fabric)
         results[pos] = [tuple(pool.empty(v.shape, v.dtype) for v in part) for part in parts]
-        places = {r: landing.targets(layout, layout.nodes[m], node.processes, results, n, dim)
+        places = {r: landing.empty_places(layout, layout.nodes[m], node.processes, len(parts[0]))
                   for m, r in zip(node.others, peers)}
-    if placer is not None:
-        placer.expect(ex.seq, whole=not places, targets=places or None)
+        for m, r in zip(node.others, peers):
+            landing.fill(places[r], layout, layout.nodes[m], node.processes, pos, results[pos], n, dim)
+        placer.expect(ex.seq, targets=places)
+    elif placer is not None:
+        placer.expect(ex.seq, whole=True)
+    try:
+        if on_board(ex.fabric, node.processes):
+            operands = []
+            for q in readers:
+                found: list[Any] = []
+                operands.append(read_whole(ex, q, IN, found))
+                results[q] = found[0]
+                if places and found[0]:
+                    for m, r in zip(node.others, peers):
+                        landing.fill(places[r], layout, layout.nodes[m], node.processes, q, found[0], n, dim)
+        else:
+            operands = ex.recv(node.peers, IN)
+        for q, theirs in zip(readers, operands):
+            cut[q] = [chunks_of(v, n, dim) for v in theirs]
+        if not all(results.get(q) for q in readers):
+            places = {}  # a process's results are not where this one can write: the packed route
+    except BaseException:
+        if placer is not None:
+            placer.done(ex.seq)
+        raise
     try:
         # Destination by destination: each one's chunks from this node lie together where they land.
         for m, r in zip(node.others, peers):
