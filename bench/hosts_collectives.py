@@ -3,7 +3,7 @@ benchmark, never a test; needs root and iproute2, as `replicas cluster` does).
 
     sudo python bench/hosts_collectives.py [--replicas 4,8] [--sizes 4KiB,1MiB,16MiB,64MiB]
                                            [--ops all-reduce,...] [--repeat 3] [--rounds 1] [--skip gloo,mpi]
-                                           [--rate 1gbit] [--delay 1ms] [--loss 5%] [--congestion cubic]
+                                           [--rate 1gbit] [--delay 1ms] [--loss 5%]
 
 Two hosts (replicas/cluster/hosts.py: each its own network, mount and UTS namespace and Ray node);
 replica r runs on host r % 2, one replica per actor. The driver runs inside host 0 and times the op
@@ -18,8 +18,8 @@ are turned off). ratio = replicas / the best of gloo and MPI. With `--rate`/`--d
 links are shaped (replicas/cluster/hosts.py: tbf, netem where the kernel has it, iptables) and a
 model column gives the link's bound for the op: its bytes over the busiest host's link at the shaped
 rate, plus one delay per message round (stated per op in `model_seconds`; loss is not in the model).
-`--congestion` sets the hosts' default TCP congestion control, which gloo's and MPI's sockets take
-(the replicas' connections between hosts run `REPLICAS_TCP_CONGESTION`, CUBIC unless told).
+The replicas' connections between hosts run CUBIC (`REPLICAS_TCP_CONGESTION`), gloo's and MPI's
+the system's default congestion control.
 """
 
 from __future__ import annotations
@@ -305,9 +305,6 @@ def main() -> None:
     parser.add_argument("--rate", default=None, help="shape each link: its bandwidth, as tc says it (1gbit)")
     parser.add_argument("--delay", default=None, help="shape each link: one-way delay (tc netem: 1ms)")
     parser.add_argument("--loss", default=None, help="shape each link: packet loss each way (5%%; iptables)")
-    parser.add_argument("--congestion", default=None,
-                        help="the hosts' default TCP congestion control (what gloo and MPI use: cubic, bbr); "
-                             "the replicas' connections between hosts run REPLICAS_TCP_CONGESTION (cubic)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -328,10 +325,6 @@ def main() -> None:
     name = f"b{secrets.token_hex(2)}"
     cluster = hosts.start(name, 2, cpus=max(ns) // 2, rate=a.rate, delay=a.delay, loss=a.loss)
     try:
-        if a.congestion:
-            for host in cluster.hosts:  # per network namespace: the anchors' sockets take it
-                subprocess.run(["ip", "netns", "exec", host.name, "sysctl", "-qw",
-                                f"net.ipv4.tcp_congestion_control={a.congestion}"], check=True)
         for n in ns:
             _measure(cluster, n, ops, sizes, a, skip)
     finally:
