@@ -35,13 +35,14 @@ import weakref
 from typing import Any
 
 from replicas.diagnostics.progress import Progress, progress_of
-from replicas.errors import ProgramError, ReplicasError
+from replicas.errors import ExecutionTimeout, ProgramError, ReplicasError
 from replicas.hlo.source import SourceMap
 from replicas.runtime.compile import Executable
 from replicas.runtime.job import Backend, Job
 from replicas.runtime.options import LaunchOptions
 
 FETCH_MAX = 4096  # bytes of one replica's output that come back with a call's reply (a loss)
+EVACUATE_SECONDS = 2.0  # how long a failed job's actors may take to answer for each output it keeps
 
 
 class _Watched(Backend):
@@ -180,7 +181,9 @@ class Devices:
                 continue
             replicas = sorted(set(holders))
             try:
-                shards = backend.fetch((seq, output), replicas)
+                shards = backend.fetch((seq, output), replicas, time.monotonic() + EVACUATE_SECONDS)
+            except ExecutionTimeout:  # an actor that does not answer (stopped): the rest would wait too
+                break
             except Exception:  # noqa: BLE001 - lost with its actor: the array says so when read
                 continue
             by_replica = dict(zip(replicas, shards))

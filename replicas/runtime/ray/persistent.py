@@ -214,9 +214,10 @@ class PersistentJob:
             self._bell_pending = False
             host_output.show([lines for _, lines in _decoded(replies)])
 
-    def fetch(self, key: tuple[int, int], replicas: list[int]) -> list[Any]:
+    def fetch(self, key: tuple[int, int], replicas: list[int], until: float | None = None) -> list[Any]:
         """The kept shards of output `key` of `replicas`, in that order: through the doorbell when
-        it reaches every actor holding them and no call is in flight on it, else by actor calls."""
+        it reaches every actor holding them and no call is in flight on it, else by actor calls
+        (answered by `until`, a time.monotonic(), when given; else within the job's deadline)."""
         wanted = set(replicas)
         holders = [i for i, ids in enumerate(self._groups) if any(r in wanted for r in ids)]
         merged: dict[int, Any] | None = None
@@ -227,7 +228,7 @@ class PersistentJob:
             self.calls["fetch"] += len(holders)
             refs = [self._actors[i].fetch.remote(key, [r for r in self._groups[i] if r in wanted]) for i in holders]
             merged = {}
-            for part in self._get(refs, holders):
+            for part in self._get(refs, holders, until):
                 merged.update(part)
         return [merged[r] for r in replicas]
 
