@@ -5,11 +5,13 @@ failure ending the job for all (runtime/session.py)."""
 from __future__ import annotations
 
 import gc
+import os
 
 import numpy as np
 import pytest
 
 import replicas as rp
+from replicas.errors import ProgramError
 from replicas.runtime.session import end_shared_jobs
 
 jax = pytest.importorskip("jax")
@@ -193,3 +195,25 @@ def test_a_function_called_after_ray_was_restarted_starts_a_new_job():
         assert devices_of(step)._backend is not old
     finally:
         step.close()
+
+
+def test_a_job_whose_actor_stopped_answering_ends_with_the_error_and_its_arrays_lost():
+    """The evacuation of a failed job waits a bounded while for an actor: one stopped (SIGSTOP)
+    answers nothing, and the call's error comes all the same."""
+    import signal
+
+    step = rp.jax.jit(scale, num_replicas=4, in_specs=(P("x"), P()), out_specs=P("x"), timeout=3, trace_events=334)
+    x = np.ones(8192, np.float32)
+    kept = step(x, np.float32(2))  # 8 KiB shards: kept on the actor
+    backend = devices_of(step)._backend
+    pid = ray_get(backend._actors[0].__ray_call__.remote(lambda host: os.getpid()))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises((rp.ExecutionTimeout, rp.ReplicaFailure)):
+            step(x, np.float32(3))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    with pytest.raises(ProgramError, match="lost with the job"):
+        np.asarray(kept)
+    np.testing.assert_array_equal(np.asarray(step(x, np.float32(3))), x * 3)  # a new job
+    step.close()
