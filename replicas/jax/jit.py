@@ -245,7 +245,9 @@ class JitFunction:
 
     def progress(self) -> Any:
         """The `Progress` of the running call (from any thread: elapsed time, replicas running,
-        blocked and finished, the slowest replica's instruction, ...), or of the last call."""
+        blocked and finished, the slowest replica's instruction, ...), or of the last call, on the
+        job this function runs on (under Ray, the job the functions jitted for the same replicas and
+        options share: the call may be another one's)."""
         return self._last_session().devices.progress()
 
     def write_trace(self, path: str) -> None:
