@@ -340,10 +340,8 @@ class Wire:
             try:
                 if len(parts) == 1 and len(parts[0]) < 65536:
                     conn.sendall(header + parts[0])  # one system call for the usual small message
-                else:
-                    conn.sendall(header)
-                    for part in parts:  # arrays go out from their own memory, not a pickled copy
-                        conn.sendall(part)
+                else:  # arrays go out from their own memory, not a pickled copy
+                    _send_all(conn, [header, *parts])
             except OSError as e:
                 self._drop(key, conn)
                 raise WireError(f"cannot send to the actor at {peer['unix']!r}: {type(e).__name__}: {e}") from None
@@ -515,6 +513,26 @@ def _read_body(conn: socket.socket, body_size: int, buffers: _Buffers | None = N
         into = places[k] if places is not None else None
         arrays.append(_recv_into(conn, kept.take(size) if into is None else into, heard))
     return pickle.loads(meta, buffers=arrays)  # noqa: S301 - an authenticated peer's (module doc)
+
+
+_IOV_MAX = 1024  # buffers one sendmsg takes at most (Linux's UIO_MAXIOV)
+
+
+def _send_all(conn: socket.socket, buffers: list[Any]) -> None:
+    """`buffers` (bytes-like, each contiguous) written in order by as few system calls as the kernel
+    takes them in: a message's lengths and head go out with its arrays, so over TCP the receiver is
+    not woken for a short first segment alone and then again for the rest."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    at = 0
+    while at < len(views):
+        sent = conn.sendmsg(views[at:at + _IOV_MAX])
+        while sent:
+            n = views[at].nbytes
+            if sent < n:
+                views[at] = views[at][sent:]
+                break
+            sent -= n
+            at += 1
 
 
 def _congestion(sock: socket.socket) -> None:
