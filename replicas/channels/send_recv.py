@@ -35,6 +35,7 @@ from replicas.ops.registry import KernelContext, kernel
 from replicas.records import BlockInfo
 from replicas.shapes import TOKEN, Shape
 from replicas.transport import keys
+from replicas.transport.fabric import FabricSlot
 
 if TYPE_CHECKING:
     from replicas.transport.fabric import Fabric
@@ -129,18 +130,24 @@ def make_send(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     me = ctx.replica_id
     targets = [t for s, t in routing(inst, ctx) if s == me]
     state = channel_state(fabric)
+    context_counter = ("send-context", channel)
+    counters = [(t, ("chan-send", channel, t)) for t in targets]  # made once: a Send runs every iteration
+    name, opcode = inst.name, inst.opcode
 
     def send(data: Any, *token: Any) -> Any:
-        k = fabric.next_seq(("send-context", channel))
-        posted = []
-        span = _Span(fabric, "send", inst, channel_id=channel) if targets else None
-        for t in targets:
-            seq = fabric.next_seq(("chan-send", channel, t))
-            fabric.send(t, keys.channel(channel, seq), data)
-            posted.append((t, seq))
-        if posted:
+        f = fabric.current if type(fabric) is FabricSlot else fabric  # one forwarding read, not one per use
+        k = f.next_seq(context_counter)
+        if counters:
+            recorder = f.recorder
+            event = recorder.begin("send", name, opcode, channel_id=channel) if recorder is not None else None
+            posted = []
+            for t, counter in counters:
+                seq = f.next_seq(counter)
+                f.send(t, keys.channel(channel, seq), data)
+                posted.append((t, seq))
             state[("send", channel, k)] = posted
-            span.done(peers=[t for t, _ in posted], seq=posted[0][1])
+            if event is not None:
+                recorder.end(event, peers=[t for t, _ in posted], seq=posted[0][1])
         return (data, np.asarray(k, dtype=ctx_dtype), TOKEN)
 
     return send
@@ -159,12 +166,19 @@ def make_send_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     def send_done(started: Any) -> Any:
         posted = state.pop(("send", channel, int(started[1])), None)
         if posted:
+            f = fabric.current if type(fabric) is FabricSlot else fabric
             seq = posted[0][1]
             block = BlockInfo("send-done", name, opcode, tuple(t for t, _ in posted), needs="one", seq=seq,
                               channel_id=channel, computation=computation)
-            wait = _Span(fabric, "send-done", inst, channel_id=channel, seq=seq)
-            fabric.recv_all([(t, keys.channel_ack(channel, s)) for t, s in posted], block)
-            wait.done()
+            recorder = f.recorder
+            event = (recorder.begin("send-done", name, opcode, channel_id=channel, seq=seq)
+                     if recorder is not None else None)
+            if len(posted) == 1:
+                f.recv(posted[0][0], keys.channel_ack(channel, seq), block)
+            else:
+                f.recv_all([(t, keys.channel_ack(channel, s)) for t, s in posted], block)
+            if event is not None:
+                recorder.end(event)
         return TOKEN
 
     return send_done
@@ -191,14 +205,22 @@ def make_recv(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     source = sources[0] if sources else None
     state = channel_state(fabric)
 
+    context_counter = ("recv-context", channel)
+    counter = ("chan-recv", channel, source)
+    name, opcode = inst.name, inst.opcode
+
     def recv(*token: Any) -> Any:
-        k = fabric.next_seq(("recv-context", channel))
+        f = fabric.current if type(fabric) is FabricSlot else fabric
+        k = f.next_seq(context_counter)
         if source is not None:
-            seq = fabric.next_seq(("chan-recv", channel, source))
-            span = _Span(fabric, "recv", inst, channel_id=channel, peer=source, seq=seq)
-            fabric.send(source, keys.channel_ack(channel, seq), True)
+            seq = f.next_seq(counter)
+            recorder = f.recorder
+            event = (recorder.begin("recv", name, opcode, channel_id=channel, peer=source, seq=seq)
+                     if recorder is not None else None)
+            f.send(source, keys.channel_ack(channel, seq), True)
             state[("recv", channel, k)] = (source, seq)
-            span.done()
+            if event is not None:
+                recorder.end(event)
         return (zeros, np.asarray(k, dtype=ctx_dtype), TOKEN)
 
     return recv
@@ -233,12 +255,16 @@ def make_recv_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         pending = state.pop(("recv", channel, int(started[1])), None)
         if pending is None:  # this replica is no target of the channel
             return (zeros, TOKEN)
+        f = fabric.current if type(fabric) is FabricSlot else fabric
         source, seq = pending
         block = BlockInfo("recv-done", name, opcode, (source,), needs="one", seq=seq, channel_id=channel,
                           computation=computation)
-        wait = _Span(fabric, "recv-done", inst, channel_id=channel, peer=source, seq=seq)
-        data = fabric.recv(source, keys.channel(channel, seq), block)
-        wait.done()
+        recorder = f.recorder
+        event = (recorder.begin("recv-done", name, opcode, channel_id=channel, peer=source, seq=seq)
+                 if recorder is not None else None)
+        data = f.recv(source, keys.channel(channel, seq), block)
+        if event is not None:
+            recorder.end(event)
         check(data, source)
         return (data, TOKEN)
 

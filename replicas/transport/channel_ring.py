@@ -85,32 +85,43 @@ def is_channel_key(key: Hashable) -> bool:
     return type(key) is tuple and len(key) == 3 and key[0] in CHANNEL_KINDS
 
 
-def _bell(mapping: Mapping, index: int, always: bool = False) -> None:
-    """Bump the doorbell word `index` of `mapping`, and wake its replica if it sleeps there (the word
-    after it says so: a wake-up is a system call, and most messages find their receiver awake; the
-    fence orders the bump before the flag's read, see `futex.fence`)."""
-    words = mapping.words
-    if words.size:
-        words[index] = (int(words[index]) + 1) & 0xFFFFFFFF
-        if not always:
-            futex.fence()
-        if always or words[index + 1]:
-            futex.wake(mapping.address + 4 * index)
+def _bell(words: memoryview, address: int, index: int, always: bool = False) -> None:
+    """Bump the doorbell word `index` of a segment (`words`: its u32 words, mapped at `address`), and
+    wake its replica if it sleeps there (the word after it says so: a wake-up is a system call, and
+    most messages find their receiver awake; the fence orders the bump before the flag's read, see
+    `futex.fence`). Memoryviews, not numpy: a numpy scalar read or store costs several times as
+    much, and a channel op makes a handful of them."""
+    words[index] = (words[index] + 1) & 0xFFFFFFFF
+    if not always:
+        futex.fence()
+    if always or words[index + 1]:
+        futex.wake(address + 4 * index)
+
+
+def _views(mapping: Mapping) -> tuple[memoryview, memoryview]:
+    """The segment's u32 words (doorbells) and u64 words (ring heads and tails) as memoryviews
+    (released by `ChannelRings.close` before the mapping is closed)."""
+    return memoryview(mapping.mm).cast("I"), memoryview(mapping.mm).cast("Q")
 
 
 class _Ring:
     """One ring inside a mapped segment: where its words and records are."""
 
-    __slots__ = ("mapping", "head", "tail", "start", "capacity", "lock", "refused")
+    __slots__ = ("mapping", "mm", "words", "words64", "address", "head", "tail", "start", "capacity", "lock",
+                 "refused", "layout")
 
-    def __init__(self, mapping: Mapping, offset: int, capacity: int) -> None:
+    def __init__(self, mapping: Mapping, views: tuple[memoryview, memoryview], offset: int, capacity: int) -> None:
         self.mapping = mapping
+        self.mm = mapping.mm
+        self.words, self.words64 = views  # the segment's doorbells, and this ring's head and tail
+        self.address = mapping.address
         self.head = offset // 8  # u64 index
         self.tail = (offset + _LINE) // 8
         self.start = offset + 2 * _LINE
         self.capacity = capacity
         self.lock = threading.Lock()
         self.refused = False  # a record was refused: the ring is read no more (its actor's replicas fail)
+        self.layout: tuple[bytes, tuple] = (b"", ())  # the last array layout read (meta -> (dtype, shape))
 
 
 class ChannelRings:
@@ -143,7 +154,9 @@ class ChannelRings:
         self.peers = frozenset(r for r in same_node if placement[r] != self.me)
         self._own = Mapping(os.path.join(shm.SHM_DIR, segment_name(token, first[self.me])),
                              self._segment_bytes(self.me))
-        self._inbound = [self._ring(self._own, self.me, writer) for writer in self.actors if writer != self.me]
+        self._own_views = _views(self._own)
+        self._inbound = [self._ring(self._own, self._own_views, self.me, writer)
+                         for writer in self.actors if writer != self.me]
         self._outbound: dict[int, _Ring] = {}  # receiving actor -> my ring in its segment
         self._peer_maps: list[Mapping] = []
         self._map_lock = threading.Lock()
@@ -156,9 +169,9 @@ class ChannelRings:
     def _segment_bytes(self, actor: int) -> int:
         return _LINE * self._count[actor] + (len(self.actors) - 1) * (2 * _LINE + self.capacity)
 
-    def _ring(self, mapping: Mapping, reader: int, writer: int) -> _Ring:
+    def _ring(self, mapping: Mapping, views: tuple[memoryview, memoryview], reader: int, writer: int) -> _Ring:
         k = [a for a in self.actors if a != reader].index(writer)
-        return _Ring(mapping, _LINE * self._count[reader] + k * (2 * _LINE + self.capacity), self.capacity)
+        return _Ring(mapping, views, _LINE * self._count[reader] + k * (2 * _LINE + self.capacity), self.capacity)
 
     def _outbound_ring(self, actor: int) -> _Ring | None:
         ring = self._outbound.get(actor)
@@ -174,14 +187,17 @@ class ChannelRings:
                         mapping.close()
                         return None
                     self._peer_maps.append(mapping)
-                    ring = self._outbound[actor] = self._ring(mapping, actor, self.me)
+                    ring = self._outbound[actor] = self._ring(mapping, _views(mapping), actor, self.me)
         return ring
 
     # -- doorbells -------------------------------------------------------------------------------
     def ring_doorbell(self, replica: int, always: bool = False) -> None:
         """Wake `replica` (hosted here) if it sleeps on its doorbell: something was delivered to it."""
         if not self.closed:
-            _bell(self._own, _LINE // 4 * self._rank[replica], always)
+            try:
+                _bell(self._own_views[0], self._own.address, _LINE // 4 * self._rank[replica], always)
+            except ValueError:  # closed meanwhile (its views released): nobody waits on it any more
+                pass
 
     # -- sending -----------------------------------------------------------------------------------
     def send(self, dst: int, src: int, key: tuple, value: Any, outbox: shm.Outbox | None) -> bool:
@@ -189,44 +205,49 @@ class ChannelRings:
         cannot go this way (a full ring, a value the arena cannot take, no segment): the caller
         posts it by the fabric's other paths. Never waits."""
         actor = self._placement[dst]
-        ring = self._outbound_ring(actor)
+        ring = self._outbound.get(actor) or self._outbound_ring(actor)
         if ring is None:
             return False
         kind, channel, seq = key
-        meta, raw, form = self._encode(kind, value, key, outbox)
-        if form is None:
-            return False
+        if kind == keys.CHANNEL_ACK and value is True:  # most records: no bytes but the header
+            meta, raw, form = b"", None, ACK
+        else:
+            meta, raw, form = self._encode(kind, value, key, outbox)
+            if form is None:
+                return False
         meta_len = len(meta)
-        data_at = _round8(_RECORD.size + meta_len)
+        data_at = (_RECORD.size + meta_len + 7) & ~7
         data_len = 0 if raw is None else raw.nbytes
-        length = _round8(data_at + data_len)
+        length = (data_at + data_len + 7) & ~7
         capacity = ring.capacity
         if length > capacity // 2:
             return False
-        mapping = ring.mapping
-        with ring.lock:
-            if self.closed or not mapping.words.size:
+        with ring.lock:  # (`close` takes it before it releases the views)
+            if self.closed:
                 return False
-            words64 = mapping.words.view(np.uint64)
-            head = int(words64[ring.head])
-            tail = int(words64[ring.tail])
+            words64 = ring.words64
+            head = words64[ring.head]
             at = head % capacity
             skip = capacity - at if capacity - at < length else 0
-            if head + skip + length - tail > capacity:
+            if head + skip + length - words64[ring.tail] > capacity:
                 return False  # full: the receiver has not read what is there yet
-            mm = mapping.mm
+            mm = ring.mm
             if skip:
                 if skip >= _RECORD.size:
                     _RECORD.pack_into(mm, ring.start + at, skip, 0, 0, WRAP, 0, 0, 0, 0)
                 at = 0
             base = ring.start + at
             _RECORD.pack_into(mm, base, length, dst, src, form, channel, seq, meta_len, data_len)
-            mm[base + _RECORD.size:base + _RECORD.size + meta_len] = meta
-            if raw is not None and data_len:
-                out = np.ndarray(raw.shape, raw.dtype, buffer=mm, offset=base + data_at)
-                np.copyto(out, raw, casting="no")
+            if meta_len:
+                mm[base + _RECORD.size:base + _RECORD.size + meta_len] = meta
+            if data_len:
+                if raw.flags.c_contiguous and raw.dtype.isbuiltin == 1:  # (bfloat16 and the like have no buffer format)
+                    # One memcpy, where a numpy view of the ring and copyto are three calls.
+                    mm[base + data_at:base + data_at + data_len] = raw.data.cast("B")
+                else:
+                    np.copyto(np.ndarray(raw.shape, raw.dtype, buffer=mm, offset=base + data_at), raw, casting="no")
             words64[ring.head] = head + skip + length  # publishes the record (stores stay in order)
-        _bell(mapping, _LINE // 4 * self._rank[dst])
+            _bell(ring.words, ring.address, _LINE // 4 * self._rank[dst])
         return True
 
     def _encode(self, kind: str, value: Any, key: tuple, outbox: shm.Outbox | None
@@ -257,24 +278,23 @@ class ChannelRings:
         wake that replica, unless it is `reader`, the one draining). A record refused by the
         message bounds fails this actor's replicas."""
         for ring in self._inbound:
-            words64 = ring.mapping.words
-            if self.closed or not words64.size:
+            if self.closed:
                 return
-            words64 = words64.view(np.uint64)
-            if ring.refused or int(words64[ring.head]) == int(words64[ring.tail]):
+            words64 = ring.words64
+            if ring.refused or words64[ring.head] == words64[ring.tail]:
                 continue
             try:
                 with ring.lock:
                     if not (ring.refused or self.closed):
-                        self._drain_ring(ring, words64, reader)
+                        self._drain_ring(ring, reader)
             except (WireError, ValueError, TypeError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
                 ring.refused = True
                 self._on_fault(RefusedMessage("a peer actor of this node (through a channel ring)", e))
 
-    def _drain_ring(self, ring: _Ring, words64: np.ndarray, reader: int | None) -> None:
-        capacity, mm = ring.capacity, ring.mapping.mm
-        tail = int(words64[ring.tail])
-        head = int(words64[ring.head])
+    def _drain_ring(self, ring: _Ring, reader: int | None) -> None:
+        capacity, mm, words64 = ring.capacity, ring.mm, ring.words64
+        tail = words64[ring.tail]
+        head = words64[ring.head]
         while tail < head:
             at = tail % capacity
             if capacity - at < _RECORD.size:  # too little room for a header: the writer wrapped
@@ -287,46 +307,47 @@ class ChannelRings:
                     raise WireError(f"a channel ring record wraps by {length} bytes at {at} of {capacity}")
                 tail += length
                 continue
-            data_at = _round8(_RECORD.size + meta_len)
+            data_at = (_RECORD.size + meta_len + 7) & ~7
             if length % 8 or length > capacity - at or length < _round8(data_at + data_len) or length > head - tail:
                 raise WireError(f"a malformed channel ring record ({length} bytes, meta {meta_len}, data {data_len})")
             box = self._mailboxes.get(dst)
             if box is None:
                 raise WireError(f"replica {src} sent a channel message for replica {dst}, which this actor "
                                 "does not run")
-            key = (keys.CHANNEL_ACK if form == ACK else keys.CHANNEL, channel, seq)
-            value = self._decode(form, src, key, mm, base, meta_len, data_at, data_len)
+            if form == ACK:
+                key = (keys.CHANNEL_ACK, channel, seq)
+                if channel not in self._bounds.acknowledged:
+                    self._bounds.check_frame(src, key, 0)
+                value = True
+            else:
+                key = (keys.CHANNEL, channel, seq)
+                value = self._decode(ring, form, src, key, base, meta_len, data_at, data_len)
             tail += length
             words64[ring.tail] = tail  # the writer may reuse the bytes: the value is out
             box.deliver(src, key, value)
             if dst != reader:
                 self.ring_doorbell(dst)
 
-    def _decode(self, form: int, src: int, key: tuple, mm: Any, base: int, meta_len: int, data_at: int,
+    def _decode(self, ring: _Ring, form: int, src: int, key: tuple, base: int, meta_len: int, data_at: int,
                 data_len: int) -> Any:
-        """The value of a record, judged by its key and size first (transport/message_bounds.py)."""
+        """The value of a data record, judged by its key and size first (transport/message_bounds.py)."""
         bounds = self._bounds
+        mm = ring.mm
         meta_at = base + _RECORD.size
-        if form == ACK:
-            if key[1] not in bounds.acknowledged:
-                bounds.check_frame(src, key, 0)
-            return True
         if form == ARRAY:
             if data_len > bounds.channels.get(key[1], -1):
                 bounds.check_frame(src, key, data_len)  # raises: over the channel's bound, or no such channel
-            meta = bytes(mm[meta_at:meta_at + meta_len])
-            layout = self._layouts_read.get(meta)
-            if layout is None:
-                layout = pickle.loads(meta)  # noqa: S301 - this job's actors only (see the module doc)
-                if not (type(layout) is tuple and len(layout) == 2 and isinstance(layout[0], np.dtype)
-                        and not layout[0].hasobject and type(layout[1]) is tuple):
-                    raise WireError(f"a channel ring record with the layout {layout!r}")
-                self._layouts_read.put(meta, layout)
-            dtype, shape = layout
-            count = math.prod(shape)
+            meta = mm[meta_at:meta_at + meta_len]
+            if meta == ring.layout[0]:  # a channel's records mostly repeat one layout
+                dtype, shape, count = ring.layout[1]
+            else:
+                found = self._layout(meta)
+                ring.layout = (meta, found)
+                dtype, shape, count = found
             if count * dtype.itemsize != data_len:
                 raise WireError(f"a channel ring record of {data_len} bytes for {dtype}{list(shape)}")
-            return np.frombuffer(mm, dtype, count, base + data_at).reshape(shape).copy()
+            value = np.frombuffer(mm, dtype, count, base + data_at).copy()
+            return value if len(shape) == 1 else value.reshape(shape)
         if form == PICKLED:
             bounds.check_frame(src, key, meta_len)
             return pickle.loads(mm[meta_at:meta_at + meta_len])  # noqa: S301 - this job's actors only
@@ -339,6 +360,17 @@ class ChannelRings:
                 raise WireError("a shared-memory descriptor through a channel ring, but this actor has no inbox")
             return self._inbox.decode(shared)
         raise WireError(f"a channel ring record of unknown form {form}")
+
+    def _layout(self, meta: bytes) -> tuple:
+        """(dtype, shape, element count) of an array record's layout pickle."""
+        layout = self._layouts_read.get(meta)
+        if layout is None:
+            layout = pickle.loads(meta)  # noqa: S301 - this job's actors only (see the module doc)
+            if not (type(layout) is tuple and len(layout) == 2 and isinstance(layout[0], np.dtype)
+                    and not layout[0].hasobject and type(layout[1]) is tuple):
+                raise WireError(f"a channel ring record with the layout {layout!r}")
+            layout = self._layouts_read.put(meta, (layout[0], layout[1], math.prod(layout[1])))
+        return layout
 
     def wait(self, replica: int, box: Mailbox, wanted: list[tuple[int, Hashable]], block: Any,
              spinner: Spinner = NEVER) -> None:
@@ -358,28 +390,32 @@ class ChannelRings:
         if ready():
             return
         index = _LINE // 4 * self._rank[replica]
-        own = self._own
+        words = self._own_views[0]
 
         def drained_and_ready() -> bool:
             self.drain(replica)
             return ready()
 
-        if spinner.watch(own, index, drained_and_ready) and ready():
+        if spinner.watch_words(words, index, drained_and_ready) and ready():
             return
-        address = own.address + 4 * index
+        address = self._own.address + 4 * index
         if block is not None and block.needs != "group":
             block.waits_for = tuple(dict.fromkeys(src for src, key in wanted if not box.poll(src, key)))
+
         def sleep(timeout: float) -> None:
-            words = own.words
-            if not words.size:
+            try:
+                words[index + 1] = 1  # "asleep": writers wake it (see `_bell`)
+                seen = words[index]
+            except ValueError:  # closed (its views released): the caller's wait sees the abort
                 return
-            words[index + 1] = 1  # "asleep": writers wake it (see `_bell`)
-            seen = int(words[index])
             self.drain(replica)
             if not ready():
                 futex.wait(address, seen, timeout)
                 self.drain(replica)  # what woke it, read before the caller asks again
-            words[index + 1] = 0
+            try:
+                words[index + 1] = 0
+            except ValueError:
+                pass
 
         box.wait_external(block, ready, sleep, lambda: self.ring_doorbell(replica, always=True))
 
@@ -388,10 +424,13 @@ class ChannelRings:
         """Unlink this actor's segment and unmap every mapping (values read were copied out)."""
         with self._map_lock:
             self.closed = True
-            maps, self._peer_maps, self._outbound = self._peer_maps, [], {}
-        for ring in self._inbound:
-            with ring.lock:
-                pass  # a drain in progress finishes before the mapping goes
+            maps, self._peer_maps, outbound, self._outbound = self._peer_maps, [], self._outbound, {}
+        for ring in [*self._inbound, *outbound.values()]:
+            with ring.lock:  # a drain or send in progress finishes before the views go
+                ring.words.release()
+                ring.words64.release()
+        for view in self._own_views:
+            view.release()
         for mapping in [self._own, *maps]:
             mapping.close()
         try:

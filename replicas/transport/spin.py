@@ -140,4 +140,34 @@ class Spinner:
         return self.spin(changed)
 
 
+    def watch_words(self, words: memoryview, index: int, then: Callable[[], bool]) -> bool:
+        """`watch` of a u32 memoryview's word `index` (the channel rings' doorbells: a memoryview's read
+        is a fraction of a numpy scalar's); a released view (its segment closed) ends the spin as a change
+        would, and the caller's wait ends it."""
+        if self.budget <= 0.0:
+            return False
+        if self._rest:
+            self._rest -= 1
+            return False
+        if self._recent is not None and self._recent > self.budget:
+            return False
+        try:
+            seen = words[index]
+        except ValueError:
+            return True
+
+        def changed() -> bool:
+            nonlocal seen
+            try:
+                value = words[index]
+            except ValueError:
+                return True
+            if value == seen:
+                return False
+            seen = value
+            return then()
+
+        return self.spin(changed)
+
+
 NEVER = Spinner(0.0)  # for waits outside a job with peers on this node

@@ -68,7 +68,8 @@ class RayFabric(MailboxFabric):
     def recv(self, src: int, key: Hashable, block: Any) -> Any:
         rings = self.rings
         if rings is not None and src in rings.peers and channel_ring.is_channel_key(key):
-            return self.recv_all([(src, key)], block)[0]
+            # On the doorbell, reading the rings.
+            rings.wait(self.replica_id, self.mailbox, [(src, key)], block, self._spinner())
         return self.mailbox.take(src, key, block)
 
     def recv_all(self, wanted: list[tuple[int, Hashable]], block: Any) -> list[Any]:
@@ -83,20 +84,22 @@ class RayFabric(MailboxFabric):
         return shared.spinner if shared is not None and shared.spinner is not None else spin.NEVER
 
     def _post(self, dst: int, key: Hashable, value: Any) -> None:
-        box = self._local.get(dst)
         rings = self.rings
+        channel = rings is not None and channel_ring.is_channel_key(key)
+        if channel and dst in rings.peers:  # first: a ping-pong's every message takes this path
+            shared = self.shared
+            if rings.send(dst, self.replica_id, key, value, shared.outbox if shared is not None else None):
+                self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
+                return
+            self.ring_declined[dst] = self.ring_declined.get(dst, 0) + 1
+        box = self._local.get(dst)
         shared = self.shared
         outbox = shared.outbox if shared is not None else None
         if box is not None:
             box.deliver(self.replica_id, key, value)
-            if rings is not None and channel_ring.is_channel_key(key):
+            if channel:
                 rings.ring_doorbell(dst)  # it may wait on its doorbell for a peer's ring too
             return
-        if rings is not None and dst in rings.peers and channel_ring.is_channel_key(key):
-            if rings.send(dst, self.replica_id, key, value, outbox):
-                self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
-                return
-            self.ring_declined[dst] = self.ring_declined.get(dst, 0) + 1
         if outbox is not None and dst in shared.same_node:
             descriptor = outbox.encode(value, key)
             if descriptor is not None:  # a descriptor over the socket; the bytes wait in the arena
