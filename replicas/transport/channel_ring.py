@@ -243,7 +243,7 @@ class ChannelRings:
             if data_len:
                 if raw.flags.c_contiguous and raw.dtype.isbuiltin == 1:  # (bfloat16 and the like have no buffer format)
                     # One memcpy, where a numpy view of the ring and copyto are three calls.
-                    mm[base + data_at:base + data_at + data_len] = raw.data.cast("B")
+                    mm[base + data_at:base + data_at + data_len] = raw
                 else:
                     np.copyto(np.ndarray(raw.shape, raw.dtype, buffer=mm, offset=base + data_at), raw, casting="no")
             words64[ring.head] = head + skip + length  # publishes the record (stores stay in order)
@@ -380,6 +380,8 @@ class ChannelRings:
         self.drain(replica)
         if len(wanted) == 1:
             (src, key), = wanted
+            if box.poll(src, key):  # mostly there already: no closure built
+                return
 
             def ready() -> bool:  # also the monitor's question, under the mailbox's lock: never drains
                 return box.poll(src, key)
@@ -387,8 +389,8 @@ class ChannelRings:
             def ready() -> bool:
                 return all(box.poll(src, key) for src, key in wanted)
 
-        if ready():
-            return
+            if ready():
+                return
         index = _LINE // 4 * self._rank[replica]
         words = self._own_views[0]
 
