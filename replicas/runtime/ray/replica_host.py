@@ -65,11 +65,26 @@ class RayFabric(MailboxFabric):
         sent = self.shm_sent if writer == self.replica_id else self.here[writer].shm_sent
         sent[dst] = sent.get(dst, 0) + 1
 
+    def send(self, dst: int, key: Hashable, value: Any) -> None:
+        """`MailboxFabric.send`, a channel message to another actor of this node written into its ring
+        without the calls between (a ping-pong's every message)."""
+        self.mailbox.count_sent()  # before the post: the monitor never sees it received but not sent
+        rings = self.rings
+        if rings is not None and dst in rings.peers and channel_ring.is_channel_key(key):
+            self._post_to_ring(rings, dst, key, value)
+        elif dst == self.replica_id:
+            self.mailbox.deliver(dst, key, value)
+        else:
+            self._post(dst, key, value)
+
     def recv(self, src: int, key: Hashable, block: Any) -> Any:
         rings = self.rings
         if rings is not None and src in rings.peers and channel_ring.is_channel_key(key):
-            # On the doorbell, reading the rings.
-            rings.wait(self.replica_id, self.mailbox, [(src, key)], block, self._spinner())
+            box = self.mailbox
+            rings.drain(self.replica_id)
+            if not box.poll(src, key):  # (mostly it is there: no wait is set up)
+                # On the doorbell, reading the rings.
+                rings.wait(self.replica_id, box, [(src, key)], block, self._spinner())
         return self.mailbox.take(src, key, block)
 
     def recv_all(self, wanted: list[tuple[int, Hashable]], block: Any) -> list[Any]:
@@ -83,15 +98,25 @@ class RayFabric(MailboxFabric):
         shared = self.shared
         return shared.spinner if shared is not None and shared.spinner is not None else spin.NEVER
 
+    def _post_to_ring(self, rings: channel_ring.ChannelRings, dst: int, key: Hashable, value: Any) -> None:
+        shared = self.shared
+        if rings.send(dst, self.replica_id, key, value, shared.outbox if shared is not None else None):
+            self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
+        else:
+            self.ring_declined[dst] = self.ring_declined.get(dst, 0) + 1
+            self._post_otherwise(dst, key, value, True)
+
     def _post(self, dst: int, key: Hashable, value: Any) -> None:
         rings = self.rings
         channel = rings is not None and channel_ring.is_channel_key(key)
-        if channel and dst in rings.peers:  # first: a ping-pong's every message takes this path
-            shared = self.shared
-            if rings.send(dst, self.replica_id, key, value, shared.outbox if shared is not None else None):
-                self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
-                return
-            self.ring_declined[dst] = self.ring_declined.get(dst, 0) + 1
+        if channel and dst in rings.peers:
+            self._post_to_ring(rings, dst, key, value)
+        else:
+            self._post_otherwise(dst, key, value, channel)
+
+    def _post_otherwise(self, dst: int, key: Hashable, value: Any, channel: bool) -> None:
+        """Post by the paths other than a channel ring (`channel`: the key is a channel's)."""
+        rings = self.rings
         box = self._local.get(dst)
         shared = self.shared
         outbox = shared.outbox if shared is not None else None
