@@ -13,7 +13,7 @@ import pytest
 
 import replicas as rp
 from replicas.errors import DeadlockError, ProgramError
-from replicas.transport import channel_ring, keys
+from replicas.transport import channel_ring, keys, spin
 from replicas.transport.mailbox import Mailbox
 from replicas.transport.message_bounds import MessageBounds
 from replicas.transport.shm import job_segments
@@ -318,3 +318,45 @@ def test_a_ring_record_over_its_channels_bound_is_refused_before_it_is_read(key,
     finally:
         writer.close()
         reader.close()
+
+
+@pytest.mark.skipif(not channel_ring.available(), reason="needs Linux x86-64 futexes and /dev/shm")
+def test_every_layout_comes_out_of_a_ring_as_it_went_in():
+    """Arrays go into a ring by one memcpy when they can (C-contiguous, a type with a buffer format) and
+    by numpy otherwise; a ring keeps the last layout it read: alternating layouts must not mix."""
+    import ml_dtypes
+
+    grid = np.arange(40, dtype=np.float32).reshape(5, 8)
+    values = [grid, grid[:, ::2], np.full((), 7.5, np.float32), np.arange(9, dtype=np.float16),
+              np.arange(6).astype(ml_dtypes.bfloat16), np.asfortranarray(grid), grid.reshape(40),
+              np.array([True, False, True]), grid, np.zeros((0, 3), np.int32), grid[1]]
+    writer, reader, box, faults = _pair(1 << 20)
+    try:
+        for k, v in enumerate(values):
+            assert writer.send(1, 0, keys.channel(1, k), v, None)
+        reader.drain()
+        for k, v in enumerate(values):
+            got = box.take(0, keys.channel(1, k), None)
+            assert got.dtype == v.dtype and got.shape == v.shape and got.flags.writeable
+            np.testing.assert_array_equal(got, v)
+        assert faults == [] and box.state.received == len(values)
+    finally:
+        writer.close()
+        reader.close()
+
+
+@pytest.mark.skipif(not channel_ring.available(), reason="needs Linux x86-64 futexes and /dev/shm")
+def test_closed_rings_decline_and_ignore_bells():
+    """After `close` (the views onto the segments released), a late send declines (the caller posts by
+    the other paths), a late bell or drain does nothing, and a spin on the released doorbell ends."""
+    writer, reader, box, faults = _pair(1 << 20)
+    assert writer.send(1, 0, keys.channel(1, 0), np.ones(4, np.float32), None)
+    doorbell = reader._own_views[0]
+    writer.close()
+    reader.close()
+    assert not writer.send(1, 0, keys.channel(1, 1), np.ones(4, np.float32), None)
+    reader.ring_doorbell(1)
+    writer.ring_doorbell(0, always=True)
+    reader.drain()
+    assert spin.Spinner(1.0).watch_words(doorbell, 0, lambda: False)
+    assert faults == []

@@ -172,3 +172,30 @@ def test_a_snapshot_during_an_outside_wait_that_polls_the_mailbox_returns():
     assert box.snapshot().status == "running"  # what it waits for is there: not blocked
     t.join(10)
     assert done.is_set()
+
+
+def test_a_watched_memoryview_word_ends_the_spin_when_it_changes_and_then_holds():
+    class Word:
+        """A doorbell word a peer bumps between every two reads (as a busy writer would)."""
+
+        def __init__(self) -> None:
+            self.value = 0
+
+        def __getitem__(self, index: int) -> int:
+            self.value += 1
+            return self.value
+
+    changes = []
+
+    def ready() -> bool:
+        changes.append(1)
+        return len(changes) == 2  # the first change is not yet what the waiter needs
+
+    spinner = spin.Spinner(10.0)  # a budget it never reaches: the second change ends it
+    assert spinner.watch_words(Word(), 1, ready)
+    assert len(changes) == 2 and (spinner.spins, spinner.hits) == (1, 1)
+    assert not spin.NEVER.watch_words(Word(), 1, ready)
+
+    released = memoryview(bytearray(16)).cast("I")
+    released.release()  # its segment closed: the spin ends and the caller's wait sees why
+    assert spin.Spinner(10.0).watch_words(released, 0, ready)
