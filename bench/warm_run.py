@@ -180,37 +180,24 @@ def jit_rows(ns: argparse.Namespace, backend: str, trip: list[float] | None) -> 
         fetches.append(median_per_call(lambda outs=outs: np.asarray(outs.pop()), count))
         copies.append(median_per_call(lambda: np.copyto(floor, big), count))
     print(f"jit {backend:7} N={n} fetch 1 MiB {fmt(fetches)}   {ratio(fetches, copies)} a 1 MiB copy")
-    first = rp.jax.jit(lambda w: w[:1], num_replicas=n, in_specs=(P(),), out_specs=P(), backend=backend)
-    first(kept_w)
+    # Passed to another function (the same placement), and to one that takes it sharded (compiled
+    # for a host array: its in_specs decide), each against the same call given a host array.
+    for label, spec in (("another fn's", P()), ("resharded", P("x"))):
+        other = rp.jax.jit(lambda w: w[:1], num_replicas=n, in_specs=(spec,), out_specs=spec, backend=backend)
+        other(big)
 
-    def changed_first() -> None:
-        fresh_ones.reverse()
-        first(fresh_ones[0])
+        def changed_other(other=other) -> None:
+            fresh_ones.reverse()
+            other(fresh_ones[0])
 
-    passed, host = [], []
-    for _ in range(ns.repeat):
-        outs = fresh_outputs()
-        passed.append(median_per_call(lambda outs=outs: first(outs.pop()), count))
-        host.append(median_per_call(changed_first, count))
-    extra = [a - h for a, h in zip(passed, host)]
-    print(f"jit {backend:7} N={n} another fn's 1 MiB {fmt(passed)}   extra {fmt(extra)} over a host array")
-    # The same, to a function that takes it sharded (compiled for a host array: its in_specs decide).
-    quarter = rp.jax.jit(lambda w: w[:1], num_replicas=n, in_specs=(P("x"),), out_specs=P("x"), backend=backend)
-    quarter(big)
-
-    def changed_quarter() -> None:
-        fresh_ones.reverse()
-        quarter(fresh_ones[0])
-
-    passed, host = [], []
-    for _ in range(ns.repeat):
-        outs = fresh_outputs()
-        passed.append(median_per_call(lambda outs=outs: quarter(outs.pop()), count))
-        host.append(median_per_call(changed_quarter, count))
-    extra = [a - h for a, h in zip(passed, host)]
-    print(f"jit {backend:7} N={n} resharded 1 MiB {fmt(passed)}   extra {fmt(extra)} over a host array")
-    quarter.close()
-    first.close()
+        passed, host = [], []
+        for _ in range(ns.repeat):
+            outs = fresh_outputs()
+            passed.append(median_per_call(lambda outs=outs, other=other: other(outs.pop()), count))
+            host.append(median_per_call(changed_other, count))
+        extra = [a - h for a, h in zip(passed, host)]
+        print(f"jit {backend:7} N={n} {label} 1 MiB {fmt(passed)}   extra {fmt(extra)} over a host array")
+        other.close()
     add.close()
     use.close()
     del jax
