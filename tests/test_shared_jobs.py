@@ -217,3 +217,41 @@ def test_a_job_whose_actor_stopped_answering_ends_with_the_error_and_its_arrays_
         np.asarray(kept)
     np.testing.assert_array_equal(np.asarray(step(x, np.float32(3))), x * 3)  # a new job
     step.close()
+
+
+def test_two_threads_calling_two_functions_of_one_job_take_turns_and_match_jax():
+    import threading
+
+    end_shared_jobs()
+    first = rp.jax.jit(scale, num_replicas=4, in_specs=(P("x"), P()), out_specs=P("x"))
+    then = rp.jax.jit(normalize, num_replicas=4, in_specs=P("x"), out_specs=P("x"))
+    x = np.arange(1, 8193, dtype=np.float32)
+    results: dict[str, object] = {}
+
+    def loop(name, step):
+        try:
+            y = x
+            for _ in range(20):
+                y = step(y)
+            results[name] = np.asarray(y)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            results[name] = e
+
+    threads = [threading.Thread(target=loop, args=("scale", lambda y: first(y, np.float32(1.01)))),
+               threading.Thread(target=loop, args=("normalize", then))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads)
+        want_scale, want_norm = x, x
+        for _ in range(20):
+            want_scale = on_jax(scale, (P("x"), P()), P("x"))(want_scale, np.float32(1.01))
+            want_norm = on_jax(normalize, P("x"), P("x"))(want_norm)
+        np.testing.assert_allclose(results["scale"], np.asarray(want_scale), rtol=1e-5)
+        np.testing.assert_allclose(results["normalize"], np.asarray(want_norm), rtol=1e-5)
+        assert devices_of(first)._backend is devices_of(then)._backend
+    finally:
+        first.close()
+        then.close()
