@@ -167,7 +167,11 @@ def test_a_closed_function_lets_its_program_go_on_the_actors_and_the_others_run_
         first.close()
         np.testing.assert_allclose(np.asarray(then(z)), np.asarray(then(np.asarray(z))), rtol=1e-6)
         assert backend.calls["drop_program"] == 1, backend.calls
-        assert ray_get(actor.__ray_call__.remote(threads_of_programs)) == [0, 4]
+        for _ in range(200):  # (the drop is an actor call of its own: a threaded actor may answer this one first)
+            left = ray_get(actor.__ray_call__.remote(threads_of_programs))
+            if left == [0, 4]:
+                break
+        assert left == [0, 4]
     finally:
         first.close()
         then.close()
