@@ -1,5 +1,6 @@
 """`rp.jax.jit`: JAX's calling model on replicas. Compile once per argument signature, keep the
-program's job running between calls, and keep outputs on the replicas as `rp.Array`s.
+program's job running between calls (shared by the functions jitted for the same replicas and
+options under Ray), and keep outputs on the replicas as `rp.Array`s.
 
     step = rp.jax.jit(train_step, num_replicas=4, in_specs=(P(), P("x")), out_specs=(P(), P()))
     for batch in batches:
@@ -282,8 +283,10 @@ def jit(f: Callable[..., Any] | None = None, *, num_replicas: int | None = None,
         donate_argnums: Sequence[int] = (), **options: Any) -> Any:
     """`jax.jit` for replicas: `rp.jax.jit(f, num_replicas=4, in_specs=..., out_specs=...)(*args)`.
 
-    Compiles once per argument signature and keeps the program's job running; returns the outputs
-    as `rp.Array`s that stay on the replicas (pass them to the next call; `np.asarray` gathers).
+    Compiles once per argument signature and keeps the program's job running (under Ray one job for
+    every function jitted for the same replicas and options, as JAX's functions share the devices);
+    returns the outputs as `rp.Array`s that stay on the replicas (pass them to the next call, of
+    this function or another; `np.asarray` gathers).
     num_replicas / mesh / in_specs / out_specs / axis_name: as `rp.jax.run` (`in_specs` covers the
         arguments that are not static).
     static_argnums: arguments that are compile-time constants (hashable; a new value compiles again).
