@@ -228,13 +228,12 @@ class JitFunction:
             for i, (shape, dtype, index, sharding, gather) in enumerate(meta):
                 shards = [part[i] for part in results]
                 here = None if any(s is None for s in shards) else shards  # came back with the reply
-                outputs.append(Array(shape, dtype, index, shards=here, home=devices, key=(devices.job, seq, i),
-                                     sharding=sharding, gather=gather))
+                outputs.append(Array.made(shape, dtype, index, here, devices, (devices.job, seq, i), sharding, gather))
         else:  # every replica's outputs are here
             per_replica = [_output_leaves(r, len(meta)) for r in results]
             columns = [[leaves[i]] for leaves in per_replica for i in range(len(meta))] if len(results) == 1 \
                 else [list(c) for c in zip(*per_replica)]
-            outputs = [Array.local(shape, dtype, index, shards, devices, sharding, gather)
+            outputs = [Array.made(shape, dtype, index, shards, devices, None, sharding, gather)
                        for (shape, dtype, index, sharding, gather), shards in zip(meta, columns)]
         return outputs[0] if compiled.out_leaf else compiled.program.out_tree.unflatten(outputs)
 

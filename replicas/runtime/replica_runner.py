@@ -30,6 +30,10 @@ class _Flag:
     def set(self) -> None:
         self._lock.release()
 
+    def clear(self) -> bool:
+        """Unset it again, when it is set and nobody holds it at this instant (else False)."""
+        return self._lock.acquire(blocking=False)
+
     def wait(self, timeout: float | None = None) -> bool:
         if self._lock.acquire(timeout=-1 if timeout is None else timeout):
             self._lock.release()
@@ -91,19 +95,24 @@ class ReplicaRunner:
         threads (the monitor's polls) waits for it. Ctrl-C in the caller's thread propagates, after
         the replica is recorded as failed (the job ends as any interrupted job). `in_turn`: this
         thread runs every replica of the process, one after the other (so they never run batched)."""
-        done = self._done = _Flag()
+        done = self._done
+        if type(done) is not _Flag or not done.clear():  # (the last run's flag again, when it can be)
+            done = self._done = _Flag()
         if in_turn:
             self.fabric.kernel_state[batched.IN_TURN] = True
-        self._run(list(args))
+        self._run(list(args), counted=False)
         done.set()
         if type(self.error) is KeyboardInterrupt:
             raise self.error
 
-    def _run(self, args: list[Any]) -> None:
+    def _run(self, args: list[Any], counted: bool = True) -> None:
+        """`counted`: the run is one of the process's replica threads that may run at once (one
+        that runs in its caller's thread is not: the GIL's switch interval is for many of them)."""
         pin = self.pin
         if pin is not None:
             pin.enter()
-        gil_slice.enter()
+        if counted:
+            gil_slice.enter()
         try:
             self.result = self.interpreter.run(args, checked=True)  # job.prepare checked them
             if not self.persistent:
@@ -117,7 +126,8 @@ class ReplicaRunner:
         # The kernels' state of this job (a collective keeps its `Exchange` there, which refers to the
         # fabric: a cycle that would keep the job's mailbox and recorder until a collection).
         self.fabric.kernel_state.clear()
-        gil_slice.leave()
+        if counted:
+            gil_slice.leave()
         if pin is not None:
             # Before the status: once every replica is finished, no thread of the job is pinned (a
             # pooled worker thread has its own affinity back).

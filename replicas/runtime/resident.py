@@ -97,12 +97,12 @@ class Array:
         self._gather = gather
 
     @classmethod
-    def local(cls, shape: tuple[int, ...], dtype: np.dtype, index: list[tuple[slice, ...]], shards: list[Any],
-              home: Home, sharding: Any, gather: tuple[int, ...]) -> Array:
-        """An array of shards held in this process, from parts of the right types (a call's outputs
-        on threads: `__init__` without its conversions)."""
+    def made(cls, shape: tuple[int, ...], dtype: np.dtype, index: list[tuple[slice, ...]], shards: list[Any] | None,
+             home: Home, key: Any, sharding: Any, gather: tuple[int, ...]) -> Array:
+        """A call's output, from parts of the right types (`__init__` without its conversions):
+        its shards held in this process (threads; `key` None), or kept where `key` names them."""
         a = cls.__new__(cls)
-        a.shape, a.dtype, a.index, a.home, a.key, a.sharding = shape, dtype, index, home, None, sharding
+        a.shape, a.dtype, a.index, a.home, a.key, a.sharding = shape, dtype, index, home, key, sharding
         a._shards, a._value, a._deleted, a._gather = shards, None, False, gather
         return a
 

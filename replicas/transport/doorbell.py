@@ -80,6 +80,15 @@ def available() -> bool:
 _RAW_MAX = 1 << 16  # bytes of an array packed raw; larger ones keep numpy's pickle (no extra copy)
 
 
+_RAW_DTYPES: dict[np.dtype, str | None] = {}  # dtype -> its `str` when its arrays may be packed raw
+
+
+def _raw_name(dtype: np.dtype) -> str | None:
+    name = dtype.str if dtype.isbuiltin == 1 and not dtype.hasobject else None
+    _RAW_DTYPES[dtype] = name
+    return name
+
+
 def pack(values: list[Any]) -> list[Any]:
     """`values` (a call's arguments or outputs) for a request or reply: each small array as
     (dtype, shape, its bytes), pickled as plain bytes (numpy's own pickle of a small array costs a
@@ -89,8 +98,9 @@ def pack(values: list[Any]) -> list[Any]:
         t = type(v)
         if t is np.ndarray:
             dtype = v.dtype
-            if dtype.isbuiltin == 1 and not dtype.hasobject and v.nbytes <= _RAW_MAX and v.flags.c_contiguous:
-                v = (dtype.str, v.shape, pickle.PickleBuffer(v))
+            name = _RAW_DTYPES[dtype] if dtype in _RAW_DTYPES else _raw_name(dtype)
+            if name is not None and v.nbytes <= _RAW_MAX and v.flags.c_contiguous:
+                v = (name, v.shape, pickle.PickleBuffer(v))
         elif t is tuple:
             v = (v,)
         out.append(v)

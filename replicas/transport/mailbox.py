@@ -43,6 +43,7 @@ class Mailbox:
         # Reentrant: `snapshot` asks an outside wait's `ready()` under it, which may poll this mailbox.
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)  # the host's waits (outfeed, channels to the host)
+        self._host_waits = 0  # threads waiting on `_cond` now
         # The replica's own thread sleeps on `_wake` (a lock used as a binary semaphore) while
         # `_sleeping`; a delivery that completes what it waits for releases it once. Cheaper than a
         # Condition (whose wait allocates a lock and runs a dozen lines of Python per hand-off: a
@@ -283,7 +284,11 @@ class Mailbox:
         """Pop the oldest value; raise TimeoutError if none arrives within `timeout` seconds."""
         with self._lock:
             ended = ("finished", "failed", "cancelled")  # a cancelled replica writes nothing more either
-            ok = self._cond.wait_for(lambda: bool(queue_of()) or self.state.status in ended, timeout)
+            self._host_waits += 1
+            try:
+                ok = self._cond.wait_for(lambda: bool(queue_of()) or self.state.status in ended, timeout)
+            finally:
+                self._host_waits -= 1
             if queue_of():
                 return queue_of().popleft()
             if ok:
@@ -313,4 +318,5 @@ class Mailbox:
         with self._lock:
             self.state.status = status
             self.state.error = error
-            self._cond.notify_all()
+            if self._host_waits:  # (twice a persistent job's call: no notification without a waiter)
+                self._cond.notify_all()
