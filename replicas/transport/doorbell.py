@@ -199,8 +199,10 @@ class Doorbell:
         words[_DRIVER_CPU] = _UNKNOWN_CPU if cpu is None else cpu
         words[0] = seq
         futex.fence()
-        if any(words[flag] for flag in self._actor_flags):
-            futex.wake(self.base)
+        for flag in self._actor_flags:
+            if words[flag]:  # an actor sleeps on the request word
+                futex.wake(self.base)
+                break
         return seq
 
     def replies(self, seq: int, actors: list[int], timeout: float,
@@ -223,7 +225,8 @@ class Doorbell:
                 words[word + _DRIVER_ASLEEP] = 0
         self._seen_at = time.monotonic()
         mm = self.map.mm
-        spinner.observed(max((_SECONDS.unpack_from(mm, (1 + i) * _LINE + _TURN)[0] for i in actors), default=0.0))
+        turns = [_SECONDS.unpack_from(mm, (1 + i) * _LINE + _TURN)[0] for i in actors]
+        spinner.observed(max(turns) if turns else 0.0)
         if self._requested > _KEEP:  # (every actor has read the request: it replied)
             self._give_back(self._request_at, self._requested)
             self._requested = _KEEP

@@ -127,9 +127,10 @@ class PersistentJob:
         by_call: Any = range(len(self._actors))
         if self._bell is not None:
             first = args[0]
-            if all(a is first or (len(a) == len(first) and all(x is y for x, y in zip(a, first))) for a in args):
+            if len(args) == 1 or all(a is first or (len(a) == len(first) and all(x is y for x, y in zip(a, first)))
+                                     for a in args):
                 rung: Any = doorbell.pack(first)  # every replica takes the same values (resident names, ...): once
-                arrays = any(type(v) is np.ndarray for v in rung)
+                arrays = np.ndarray in map(type, rung)
             else:
                 rung = {r: doorbell.pack(args[r]) for i in self._bell_actors for r in self._groups[i]}
                 arrays = any(type(v) is np.ndarray for values in rung.values() for v in values)
