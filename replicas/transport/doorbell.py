@@ -80,13 +80,15 @@ def available() -> bool:
 _RAW_MAX = 1 << 16  # bytes of an array packed raw; larger ones keep numpy's pickle (no extra copy)
 
 
-_RAW_DTYPES: dict[np.dtype, str | None] = {}  # dtype -> its `str` when its arrays may be packed raw
+_RAW_DTYPES: dict[np.dtype, str] = {}  # numpy's builtin dtypes (a few dozen) seen so far -> their `str`
 
 
 def _raw_name(dtype: np.dtype) -> str | None:
-    name = dtype.str if dtype.isbuiltin == 1 and not dtype.hasobject else None
-    _RAW_DTYPES[dtype] = name
-    return name
+    """`dtype.str` when arrays of `dtype` may be packed raw, else None."""
+    if dtype.isbuiltin == 1 and not dtype.hasobject:
+        name = _RAW_DTYPES[dtype] = dtype.str
+        return name
+    return None
 
 
 def pack(values: list[Any]) -> list[Any]:
@@ -98,7 +100,7 @@ def pack(values: list[Any]) -> list[Any]:
         t = type(v)
         if t is np.ndarray:
             dtype = v.dtype
-            name = _RAW_DTYPES[dtype] if dtype in _RAW_DTYPES else _raw_name(dtype)
+            name = _RAW_DTYPES.get(dtype) or _raw_name(dtype)
             if name is not None and v.nbytes <= _RAW_MAX and v.flags.c_contiguous:
                 v = (name, v.shape, pickle.PickleBuffer(v))
         elif t is tuple:
