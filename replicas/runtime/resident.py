@@ -228,18 +228,15 @@ class Array:
             pass
 
 
-def gather_replicas(index: Sequence[tuple[slice, ...]]) -> tuple[int, ...]:
-    """The replicas a gather reads: the first of those holding each distinct shard."""
-    first: dict[tuple, int] = {}
-    for r, place in enumerate(index):
-        first.setdefault(_key(place), r)
-    return tuple(first.values())
-
-
 def holders(index: Sequence[tuple[slice, ...]]) -> tuple[int, ...]:
     """For each replica, the first replica whose shard has the same place (an equal copy)."""
     first: dict[tuple, int] = {}
     return tuple(first.setdefault(_key(place), r) for r, place in enumerate(index))
+
+
+def gather_replicas(index: Sequence[tuple[slice, ...]]) -> tuple[int, ...]:
+    """The replicas a gather reads: the first of those holding each distinct shard."""
+    return tuple(dict.fromkeys(holders(index)))
 
 
 def _key(index: tuple[slice, ...]) -> tuple:
