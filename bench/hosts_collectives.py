@@ -15,9 +15,10 @@ MPICH's mpiexec, pip's `mpich`, whose launcher enters the hosts' namespaces, so 
 share a hostname and a /dev/shm as on real hosts and MPICH uses shared memory within a host, TCP
 between them: UCX's own shared-memory transports, which reach across simulated hosts of one kernel,
 are turned off). ratio = replicas / the best of gloo and MPI. With `--rate`/`--delay`/`--loss` the
-links are shaped (replicas/cluster/hosts.py: tbf, netem where the kernel has it, iptables) and a
-model column gives the link's bound for the op: its bytes over the busiest host's link at the shaped
-rate, plus one delay per message round (stated per op in `model_seconds`; loss is not in the model).
+links are shaped (replicas/cluster/hosts.py: tbf; netem where the kernel has it, else the cluster's
+delay line; iptables) and a model column gives the link's bound for the op: its bytes over the
+busiest host's link at the shaped rate, plus one one-way delay per message round across the link
+(stated per op in `model_seconds`; loss is not in the model).
 The replicas' connections between hosts run CUBIC (`REPLICAS_TCP_CONGESTION`), gloo's and MPI's
 the system's default congestion control.
 """
@@ -189,18 +190,21 @@ def mpi_anchor(cluster, n: int, ops: list[str], sizes: list[int], timeout: float
 
 def model_seconds(op: str, nbytes: int, n: int, rate_bps: float | None, delay_s: float) -> float | None:
     """The shaped link's bound: the bytes the busiest host must send over its link at `rate_bps`,
-    plus one one-way delay per message round. Half the replicas are on each host; per op, the bytes
-    a host sends to the other: all-reduce (reduce-scatter + all-gather between the hosts) its half
-    of the buffer twice; all-gather its replicas' buffers once; reduce-scatter the other host's
-    shards of its partial sums, half the buffer; all-to-all half of each of its replicas' buffers;
-    collective-permute (r -> r + 1) each of its replicas' buffer."""
+    plus one one-way delay per message round across the link. Half the replicas are on each host;
+    per op, the bytes a host sends to the other: all-reduce its partial sums of the whole buffer
+    (or half of them twice: reduce-scatter + all-gather between the hosts); all-gather its replicas'
+    buffers once; reduce-scatter the other host's shards of its partial sums, half the buffer;
+    all-to-all half of each of its replicas' buffers; collective-permute (r -> r + 1) each of its
+    replicas' buffer. Rounds: every op can cross in one (the two hosts' transfers at once), and no
+    iteration of the timed loop starts before the last one's bytes arrived, so each op pays one
+    delay at least; the replicas' node leaders take exactly that one round between two hosts
+    (collectives/nodes.py), a stream's chunks following each other without waiting for a reply."""
     if rate_bps is None:
         return None
     half = n // 2
     sent = {"all-reduce": nbytes, "all-gather": half * nbytes, "reduce-scatter": nbytes / 2,
             "all-to-all": half * nbytes / 2, "collective-permute": half * nbytes}[op]
-    rounds = 2 if op == "all-reduce" else 1
-    return sent * 8 / rate_bps + rounds * delay_s
+    return sent * 8 / rate_bps + delay_s
 
 
 def rate_bits(text: str | None) -> float | None:
@@ -211,12 +215,6 @@ def rate_bits(text: str | None) -> float | None:
         if text.endswith(unit):
             return float(text[: -len(unit)]) * scale
     raise SystemExit(f"--rate {text!r}: give it as tc does (100mbit, 1gbit)")
-
-
-def delay_seconds(text: str | None) -> float:
-    if text is None:
-        return 0.0
-    return float(text[:-2]) / 1000 if text.endswith("ms") else float(text[:-2]) / 1e6
 
 
 def anchor_time(anchor: dict | None, op: str, nbytes: int) -> float | None:
@@ -242,6 +240,8 @@ def _measure(cluster, n: int, ops: list[str], sizes: list[int], a: argparse.Name
     """`--rounds` rounds of the replicas, gloo and MPI in turn (a slow period of the machine then
     falls on every column alike); a cell is the median over every round's samples, and the ratio's
     range is that of the rounds' own ratios."""
+    from replicas.cluster import hosts
+
     mine: dict[tuple[str, int], list[float]] = {}
     anchors: dict[tuple[str, str, int], list[float]] = {}
     per_round: list[dict[tuple[str, int], float]] = []
@@ -285,7 +285,7 @@ def _measure(cluster, n: int, ops: list[str], sizes: list[int], a: argparse.Name
             if best:
                 rs = [r[(op, nbytes)] for r in per_round if (op, nbytes) in r]
                 ratio = f"{timing.median / min(best):.2f}x" + (f" ({min(rs):.2f}-{max(rs):.2f})" if len(rs) > 1 else "")
-            model = model_seconds(op, nbytes, n, rate_bits(a.rate), delay_seconds(a.delay))
+            model = model_seconds(op, nbytes, n, rate_bits(a.rate), hosts.delay_seconds(a.delay) if a.delay else 0.0)
             versus = f"{timing.median / model:.2f}x" if model else "-"
             print(f"| {op} | {size_label(nbytes)} | {timing.text()} | "
                   f"{Timing(cols['gloo']).text() if cols['gloo'] else '-'} | "
@@ -303,7 +303,7 @@ def main() -> None:
                         help="the replicas and the anchors measured this many times in turn")
     parser.add_argument("--skip", default="", help="anchors to leave out: gloo,mpi")
     parser.add_argument("--rate", default=None, help="shape each link: its bandwidth, as tc says it (1gbit)")
-    parser.add_argument("--delay", default=None, help="shape each link: one-way delay (tc netem: 1ms)")
+    parser.add_argument("--delay", default=None, help="shape each link: one-way delay (2ms; netem or the delay line)")
     parser.add_argument("--loss", default=None, help="shape each link: packet loss each way (5%%; iptables)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -2,11 +2,11 @@
 each its own Ray node with token authentication (replicas/cluster/hosts.py). The driver runs inside
 host 0, as on a real head node. Values equal the threads backend's byte for byte when it is told
 the same placement over the same nodes (one and two replicas per actor, N=4 and N=8, every
-collective, a streamed all-reduce), the same bits every run; `resources=` places them per host; a cut link, a
-frozen host and a killed node end a running job naming that host's replicas, no hang, nothing of
-Ray's on the driver's stdout, and the next job runs on the host that is left; no host's /dev/shm
-keeps anything. Skipped, with one line saying why, where namespaces cannot be made (not root, no
-iproute2)."""
+collective, a streamed all-reduce), the same bits every run, also over links shaped in rate, delay
+and loss; `resources=` places them per host; a cut link, a frozen host and a killed node end a
+running job naming that host's replicas, no hang, nothing of Ray's on the driver's stdout, and the
+next job runs on the host that is left; no host's /dev/shm keeps anything. Skipped, with one line
+saying why, where namespaces cannot be made (not root, no iproute2)."""
 
 from __future__ import annotations
 
@@ -166,16 +166,32 @@ def dropped(host: hosts.Host) -> int:
     return sum(int(line.split()[0]) for line in rules if " DROP " in f" {line} ")
 
 
-def test_shaped_lossy_links_give_the_same_values(cluster: hosts.Cluster) -> None:
-    """5% of the packets lost each way on links of 1 gbit: the values are the same bits (TCP resends);
-    a delay is refused, naming netem, where the kernel has no netem."""
+# Connections to a port nobody listens on across the link: each is refused after one round trip
+# (a SYN there, a reset back), which crosses each direction's delay once.
+REFUSED = textwrap.dedent("""
+    import socket, sys, time
+    seconds = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        try:
+            socket.create_connection((sys.argv[1], 9), timeout=30).close()
+        except ConnectionRefusedError:
+            seconds.append(time.perf_counter() - t0)
+    print(min(seconds))
+""")
+
+
+def test_shaped_lossy_delayed_links_give_the_same_values(cluster: hosts.Cluster) -> None:
+    """Links of 1 gbit, 2 ms each way and 5% of the packets lost each way: the values are the same
+    bits (TCP resends), a round trip across a link takes at least the two delays (netem, or where the
+    kernel has none the cluster's delay line, which holds every packet at least that long); unshaped
+    again, no delay line or rule is left."""
     if shutil.which("iptables") is None:
         pytest.skip("no iptables here (apt-get install iptables): lossy links cannot be made")
-    try:
-        hosts.reshape(cluster, delay="1ms")
-    except hosts.HostsError as e:
-        assert "netem" in str(e), e
-    hosts.reshape(cluster, rate="1gbit", loss="5%")
+    with pytest.raises(hosts.HostsError, match="up to 1 s with its unit"):
+        hosts.reshape(cluster, delay="2")
+    hosts.reshape(cluster, rate="1gbit", delay="2ms", loss="5%")
+    lines = [x.delay_line for x in cluster.hosts]
     try:
         size = 1 << 18  # 1 MiB a replica
         cases = [("lossy", ALL_REDUCE.format(n=4, size=size, gsize=4 * size), [0, 1, 0, 1], 1)]
@@ -183,9 +199,13 @@ def test_shaped_lossy_links_give_the_same_values(cluster: hosts.Cluster) -> None
         h0, h1 = (x.address for x in cluster.hosts)
         assert report["lossy"] == {"equal": True, "close": True, "repeat": True, "hosts": [h0, h1, h0, h1]}
         assert all(dropped(x) > 0 for x in cluster.hosts)
+        assert float(run_driver(cluster, REFUSED, h1).strip().splitlines()[-1]) >= 2 * 0.002
+        assert [row["delay_line"] for row in hosts.status(cluster.name)] == ["running" if p else "-" for p in lines]
     finally:
         hosts.reshape(cluster)
     assert all(dropped(x) == 0 for x in cluster.hosts)  # the rule is gone
+    assert not any(p in hosts.pids_in(x) for p, x in zip(lines, cluster.hosts) if p)  # so are the delay lines
+    assert all(x.delay_line == 0 for x in hosts.load(cluster.name).hosts)
 
 
 LONG = """HloModule loop, replica_count=4

@@ -25,7 +25,8 @@ def add_cluster_parser(sub: Any, **kw: Any) -> None:
     start.add_argument("--hosts", type=int, default=2, help="how many hosts (1-16)")
     start.add_argument("--cpus", type=int, default=1, help="Ray CPUs per host")
     start.add_argument("--rate", default=None, help="each link's bandwidth, as tc says it (1gbit, 100mbit)")
-    start.add_argument("--delay", default=None, help="each link's one-way delay (1ms; needs the kernel's netem)")
+    start.add_argument("--delay", default=None,
+                       help="each link's one-way delay (2ms; the kernel's netem, else the cluster's delay line)")
     start.add_argument("--loss", default=None, help="each link's packet loss, per direction (5%%; iptables)")
     for name, text in (("stop", "end every process of the hosts and remove them"),
                        ("status", "the hosts, their addresses, processes and links")):

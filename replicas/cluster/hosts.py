@@ -4,10 +4,11 @@ joined to the head on host 0; links optionally shaped (`shape`). Needs root and 
 
 Shaping, with what a kernel may lack: `rate` is a token bucket (`tc` tbf) on both ends of each
 link; `loss` drops that share of the packets arriving at each host (iptables' `statistic` match in
-the host's namespace: the kernel's netfilter, not netem), so each direction loses it; `delay`
-needs the kernel's netem qdisc (`sch_netem`), and nothing else can hold packets back (the fq
-qdisc, for pacing by departure time, is a module such kernels often lack too): without it,
-`delay` is refused naming what is missing.
+the host's namespace: the kernel's netfilter, not netem), so each direction loses it; `delay` holds
+every packet back that long once per direction: the kernel's netem qdisc on the host's end where
+the kernel has it, otherwise a delay line (replicas/cluster/delay_line.py: iptables' NFQUEUE in the
+host's namespace queues what arrives over its link and a process of the cluster's, in that
+namespace, lets each packet through once due), which `stop` ends with the host.
 
 Only the namespaces' private addresses (10.213.0.2 ...) are used: the bridge has no address in
 the machine's own namespace and the hosts have no route beyond it, so nothing they start is
@@ -37,6 +38,8 @@ SUBNET = "10.213.0"  # host k is SUBNET.(k+2); every cluster has its own bridge,
 GCS_PORT = 6379
 BASE = Path(os.environ.get("REPLICAS_HOSTS_DIR", "/tmp/rph"))  # short: Ray's socket paths stay < 108 bytes
 START_SECONDS = 120.0
+DELAY_LINE = Path(__file__).with_name("delay_line.py")
+DELAY_QUEUE = 0  # the NFQUEUE number, in each host's own namespace
 
 
 class HostsError(ReplicasError):
@@ -49,6 +52,7 @@ class Host:
     address: str
     veth: str  # the bridge's end of its link, in the machine's own namespace
     holder: int = 0  # pid of the process that keeps the mount and UTS namespaces
+    delay_line: int = 0  # pid of the process delaying what arrives over its link (0: none)
 
 
 @dataclass
@@ -135,8 +139,8 @@ def _ray() -> list[str]:
 def start(name: str, count: int = 2, *, cpus: int = 1, rate: str | None = None, delay: str | None = None,
           loss: str | None = None, object_store_bytes: int = 200 << 20) -> Cluster:
     """`count` hosts named `<name>-h<k>` (k from 0; the head on h0) with custom resources `host<k>`,
-    linked through a bridge, each link shaped by `rate` (tbf), `delay` (netem) and `loss`
-    (iptables) if given (see the module doc)."""
+    linked through a bridge, each link shaped by `rate` (tbf), `delay` (netem or a delay line) and
+    `loss` (iptables) if given (see the module doc)."""
     reason = why_not_possible()
     if reason is not None:
         raise HostsError(reason)
@@ -195,24 +199,74 @@ def _make_host(cluster: Cluster, host: Host) -> None:
 def shape(cluster: Cluster, host: Host) -> None:
     """Both directions of the host's link shaped as `cluster.shaping` says (nothing: unshaped)."""
     rate, delay, loss = (cluster.shaping.get(k) for k in ("rate", "delay", "loss"))
-    for where in (["ip", "netns", "exec", host.name, "tc"], ["tc"]):
-        device = "eth0" if len(where) > 1 else host.veth
-        _sh(*where, "qdisc", "del", "dev", device, "root", check=False)
-        if delay:
-            netem = ["delay", delay, *(["rate", rate] if rate else [])]
-            done = _sh(*where, "qdisc", "add", "dev", device, "root", "netem", *netem, check=False)
-            if done.returncode != 0:
-                raise HostsError(f"a link delay needs the kernel's netem qdisc (sch_netem), which this kernel "
-                                 f"does not have (tc: {done.stderr.strip()}); nothing else here holds packets back")
-        elif rate:
-            _sh(*where, "qdisc", "add", "dev", device, "root", "tbf", "rate", rate, "burst", "256kb",
+    inside = ["ip", "netns", "exec", host.name]
+    netem = False
+    for where, device in ((inside, "eth0"), ([], host.veth)):
+        _sh(*where, "tc", "qdisc", "del", "dev", device, "root", check=False)
+        if delay and device == "eth0":  # the host's end only: each direction leaves one host once
+            netem = _sh(*where, "tc", "qdisc", "add", "dev", device, "root", "netem", "delay", delay,
+                        *(["rate", rate] if rate else []), check=False).returncode == 0
+        if rate and not (netem and device == "eth0"):
+            _sh(*where, "tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", rate, "burst", "256kb",
                 "latency", "50ms")
-    inside = ["ip", "netns", "exec", host.name, "iptables"]
-    if loss or shutil.which("iptables") is not None:
-        _sh(*inside, "-F", "INPUT", check=bool(loss))
+    if loss or delay or shutil.which("iptables") is not None:
+        if delay and not netem and shutil.which("iptables") is None:
+            raise HostsError("a link delay needs the kernel's netem qdisc (sch_netem) or iptables' NFQUEUE "
+                             "target (apt-get install iptables); this machine has neither")
+        _sh(*inside, "iptables", "-F", "INPUT", check=bool(loss))
+        _sh(*inside, "iptables", "-t", "raw", "-F", "PREROUTING", check=bool(delay and not netem))
+    _end_delay_line(host)
     if loss:
-        _sh(*inside, "-A", "INPUT", "-i", "eth0", "-m", "statistic", "--mode", "random", "--probability",
-            f"{loss_fraction(loss):.6f}", "-j", "DROP")
+        _sh(*inside, "iptables", "-A", "INPUT", "-i", "eth0", "-m", "statistic", "--mode", "random",
+            "--probability", f"{loss_fraction(loss):.6f}", "-j", "DROP")
+    if delay and not netem:
+        _start_delay_line(cluster, host, delay_seconds(delay))
+        _sh(*inside, "iptables", "-t", "raw", "-A", "PREROUTING", "-i", "eth0", "-j", "NFQUEUE",
+            "--queue-num", str(DELAY_QUEUE))
+
+
+def _start_delay_line(cluster: Cluster, host: Host, seconds: float) -> None:
+    """The host's delay line started in its namespaces and bound to its queue (it says "ready")."""
+    log = cluster.directory / f"{host.name}-delay.log"
+    with open(log, "w") as errors:
+        line = subprocess.Popen([*_enter(host), sys.executable, "-I", str(DELAY_LINE), str(DELAY_QUEUE),
+                                 repr(seconds)], stdout=subprocess.PIPE, stderr=errors, text=True,
+                                start_new_session=True)
+    assert line.stdout is not None
+    ready = line.stdout.readline().strip() == "ready"
+    line.stdout.close()
+    if not ready:
+        line.kill()
+        line.wait()
+        raise HostsError(f"host {host.name}: its link's delay line did not start: {log.read_text().strip()[-2000:]}")
+    host.delay_line = line.pid  # nsenter execs the interpreter
+
+
+def _end_delay_line(host: Host) -> None:
+    """The host's delay line ended (the kernel drops what it held: TCP sends it again)."""
+    pid, host.delay_line = host.delay_line, 0
+    if not pid or pid not in pids_in(host):  # gone already (or a pid reused elsewhere)
+        return
+    os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    deadline = time.monotonic() + 10  # its queue is free once it is gone
+    while pid in pids_in(host) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def delay_seconds(text: str) -> float:
+    """A delay as tc says it (`2ms`, `500us`, `0.1s`) in seconds; HostsError for anything else or
+    outside (0, 1 s]."""
+    units = {"us": 1e-6, "usec": 1e-6, "ms": 1e-3, "msec": 1e-3, "s": 1.0, "sec": 1.0}
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    try:
+        value = float(number) * units[text[len(number):]]
+    except (ValueError, KeyError):
+        value = -1.0
+    if not 0 < value <= 1:
+        raise HostsError(f"a link delay is a time up to 1 s with its unit, as tc says it (2ms, 500us), got {text!r}")
+    return value
 
 
 def loss_fraction(text: str) -> float:
@@ -237,6 +291,8 @@ def reshape(cluster: Cluster, rate: str | None = None, delay: str | None = None,
 
 def _check_shaping(shaping: dict[str, str]) -> None:
     """Refuse, before anything is made, shaping this machine cannot do."""
+    if "delay" in shaping:
+        delay_seconds(shaping["delay"])
     if "loss" in shaping:
         loss_fraction(shaping["loss"])
         if shutil.which("iptables") is None:
@@ -291,8 +347,9 @@ def pids_in(host: Host) -> list[int]:
 
 
 def signal_host(cluster: Cluster, which: int | str, sig: int, *, keep_holder: bool = True) -> list[int]:
+    """`sig` to every process of the host but (`keep_holder`) its holder and its link's delay line."""
     host = cluster.host(which)
-    pids = [p for p in pids_in(host) if not (keep_holder and p == host.holder)]
+    pids = [p for p in pids_in(host) if not (keep_holder and p in (host.holder, host.delay_line))]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
@@ -359,6 +416,8 @@ def status(name: str) -> list[dict[str, object]]:
     for host in cluster.hosts:
         pids = pids_in(host)
         link = _sh("ip", "-br", "link", "show", host.veth, check=False).stdout.split()
+        line = "-" if not host.delay_line else "running" if host.delay_line in pids else "gone"
         rows.append({"host": host.name, "address": host.address, "processes": len(pids),
-                     "link": link[1] if len(link) > 1 else "gone", "shaping": cluster.shaping or "none"})
+                     "link": link[1] if len(link) > 1 else "gone", "shaping": cluster.shaping or "none",
+                     "delay_line": line})
     return rows
