@@ -38,10 +38,10 @@ def write(replica: int, text: str, stream: TextIO | None = None) -> None:
 def take() -> list[tuple[int, str]]:
     """What replicas of this process printed since the last `take`, in the order they printed it."""
     global _collected
+    if not _collected:  # (the replicas that printed finished before: their appends are seen)
+        return []
     with _lock:
-        if not _collected:
-            return []
-        taken, _collected = _collected, []
+        taken, _collected = _collected or [], []
         return taken
 
 

@@ -225,10 +225,16 @@ class JitFunction:
         meta = compiled.out_meta
         if devices.resident:
             outputs = []
+            job = devices.job
             for i, (shape, dtype, index, sharding, gather) in enumerate(meta):
-                shards = [part[i] for part in results]
-                here = None if any(s is None for s in shards) else shards  # came back with the reply
-                outputs.append(Array.made(shape, dtype, index, here, devices, (devices.job, seq, i), sharding, gather))
+                here: list[Any] | None = []  # the shards, when they came back with the reply
+                for part in results:
+                    shard = part[i]
+                    if shard is None:
+                        here = None
+                        break
+                    here.append(shard)
+                outputs.append(Array.made(shape, dtype, index, here, devices, (job, seq, i), sharding, gather))
         else:  # every replica's outputs are here
             per_replica = [_output_leaves(r, len(meta)) for r in results]
             columns = [[leaves[i]] for leaves in per_replica for i in range(len(meta))] if len(results) == 1 \

@@ -100,7 +100,7 @@ class ReplicaRunner:
             done = self._done = _Flag()
         if in_turn:
             self.fabric.kernel_state[batched.IN_TURN] = True
-        self._run(list(args), counted=False)
+        self._run(args if type(args) is list else list(args), counted=False)
         done.set()
         if type(self.error) is KeyboardInterrupt:
             raise self.error

@@ -137,6 +137,8 @@ def _pickled(value: Any, out_of_band: bool) -> tuple[bytes, list[memoryview], in
         return False
 
     header = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=apart if out_of_band else None)
+    if not large:
+        return header, large, len(header)
     return header, large, _LENGTH.size * len(large) + len(header) + sum(b.nbytes for b in large)
 
 
@@ -197,12 +199,14 @@ class Doorbell:
         words = self.words
         seq = (int(words[0]) + 1) & 0xFFFFFFFF
         _SECONDS.pack_into(mm, _TURN, time.monotonic() - self._seen_at if self._seen_at else 1.0)
-        cpu = affinity.current_cpu()
-        words[_DRIVER_CPU] = _UNKNOWN_CPU if cpu is None else cpu
         words[0] = seq
         futex.fence()
         for flag in self._actor_flags:
             if words[flag]:  # an actor sleeps on the request word
+                # (read by an actor only once woken; one woken otherwise, by its wait's end, may
+                # read the previous call's: a hint, moving it off a core at worst)
+                cpu = affinity.current_cpu()
+                words[_DRIVER_CPU] = _UNKNOWN_CPU if cpu is None else cpu
                 futex.wake(self.base)
                 break
         return seq
@@ -212,14 +216,18 @@ class Doorbell:
         """Each of `actors`' reply (the value) to request `seq` once all replied within `timeout` s,
         else None (`spinner`: how long to watch a reply word before sleeping on it). `actors` are
         every actor of the doorbell: each reads the request, and the next may overwrite it."""
-        deadline = time.monotonic() + timeout
+        deadline = None
         words = self.words
         for i in actors:
             word = (1 + i) * (_LINE // 4)
-            if int(words[word]) != seq:
-                spinner.watch(self.map, word, lambda word=word: int(words[word]) == seq)
-            while int(words[word]) != seq:
-                left = deadline - time.monotonic()
+            if words[word] == seq:
+                continue
+            spinner.watch(self.map, word, lambda word=word: words[word] == seq)
+            while words[word] != seq:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + timeout
+                left = deadline - now
                 if left <= 0:
                     return None
                 words[word + _DRIVER_ASLEEP] = 1
@@ -227,8 +235,10 @@ class Doorbell:
                 words[word + _DRIVER_ASLEEP] = 0
         self._seen_at = time.monotonic()
         mm = self.map.mm
-        turns = [_SECONDS.unpack_from(mm, (1 + i) * _LINE + _TURN)[0] for i in actors]
-        spinner.observed(max(turns) if turns else 0.0)
+        turn = 0.0
+        for i in actors:
+            turn = max(turn, _SECONDS.unpack_from(mm, (1 + i) * _LINE + _TURN)[0])
+        spinner.observed(turn)
         if self._requested > _KEEP:  # (every actor has read the request: it replied)
             self._give_back(self._request_at, self._requested)
             self._requested = _KEEP

@@ -162,11 +162,12 @@ class PersistentJob:
             self._bell_pending = False
             failed = False
             printed = []
-            for part, lines in _decoded(replies):
+            for part, lines in replies:  # (a call's replies: each replica's values, or None: failed)
                 if part is None:
                     failed = True
                 else:
-                    merged.update(part)
+                    for r, values in part.items():
+                        merged[r] = doorbell.unpack(values)
                 if lines:
                     printed.append(lines)
             if printed:  # (a failed call's, or a too large reply's: asked later)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from replicas.diagnostics import host_output
@@ -137,16 +138,19 @@ class PersistentCalls:
             return None
         return self.settle(token, seq, count, fetch_max)
 
-    def settle(self, token: str, seq: int, count: int, fetch_max: int) -> dict[int, list[Any]]:
+    def settle(self, token: str, seq: int, count: int, fetch_max: int, packed: bool = False) -> dict[int, list[Any]]:
         """Keep every hosted replica's outputs of the call just finished as call `seq`; per replica,
-        the outputs of at most `fetch_max` bytes (None for the others, which stay here)."""
+        the outputs of at most `fetch_max` bytes (None for the others, which stay here), `packed`
+        for a doorbell's reply."""
         store = self._kept
         out: dict[int, list[Any]] = {}
         for r, runner in self._runners.items():
             leaves = output_leaves(runner.result, count)
+            back = []
             for i, value in enumerate(leaves):
                 store.setdefault((seq, i), {})[r] = value
-            out[r] = [v if getattr(v, "nbytes", 0) <= fetch_max else None for v in leaves]
+                back.append(value if getattr(value, "nbytes", 0) <= fetch_max else None)
+            out[r] = pack(back) if packed else back
         return out
 
     def fetch(self, key: tuple[int, int], replicas: list[int]) -> dict[int, Any]:
@@ -219,20 +223,19 @@ class PersistentCalls:
             else:
                 mine = {r: unpack(args[r]) for r in self._runners}
             PersistentCalls.call(self, token, mine, forget, program)  # the first replica runs here
-            runners = list(self._runners.values())
+            runners = self._runners.values()
             for runner in runners:
                 while not runner.join(0.05):
                     if self._faults or _failed(runners) or self._token != token:
                         return None, CALL_ROOM, False
             if self._faults or _failed(runners):
                 return None, CALL_ROOM, False
-            outputs = PersistentCalls.settle(self, token, seq, count, fetch_max)
-            return {r: pack(v) for r, v in outputs.items()}, CALL_ROOM, False
+            return PersistentCalls.settle(self, token, seq, count, fetch_max, packed=True), CALL_ROOM, False
         except Exception:  # noqa: BLE001 - the driver's monitor finds and names what failed
             return None, CALL_ROOM, False
 
 
-def _failed(runners: list[Any]) -> bool:
+def _failed(runners: Iterable[Any]) -> bool:
     for runner in runners:  # (a loop: a generator costs a call of one replica more)
         if runner.error is not None:
             return True

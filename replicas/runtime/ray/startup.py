@@ -17,12 +17,18 @@ from replicas.errors import ReplicaFailure, ResourceExhausted, exhausted_resourc
 _init_lock = threading.Lock()
 
 
+_worker: Any = None  # Ray's one worker object of this process (`ray.init` and `shutdown` keep it)
+
+
 def connection() -> Any:
     """This driver's connection to its Ray session: a new object after each `ray.init` (a job id
-    does not tell sessions apart: every session numbers its jobs from 1)."""
-    import ray
+    does not tell sessions apart: every session numbers its jobs from 1). Asked before every call."""
+    global _worker
+    if _worker is None:
+        import ray
 
-    return ray._private.worker.global_worker.node  # noqa: SLF001
+        _worker = ray._private.worker.global_worker  # noqa: SLF001
+    return _worker.node
 
 
 def ensure_ray(address: str | None = None, timeout: float | None = None) -> None:
