@@ -198,7 +198,9 @@ def model_seconds(op: str, nbytes: int, n: int, rate_bps: float | None, delay_s:
     replicas' buffer. Rounds: every op can cross in one (the two hosts' transfers at once), and no
     iteration of the timed loop starts before the last one's bytes arrived, so each op pays one
     delay at least; the replicas' node leaders take exactly that one round between two hosts
-    (collectives/nodes.py), a stream's chunks following each other without waiting for a reply."""
+    (collectives/nodes.py), a stream's chunks following each other without waiting for a reply.
+    Where several replicas' streams share a link, one's bytes can cross while another's wait out
+    the delay: a cell can come in a little under the model."""
     if rate_bps is None:
         return None
     half = n // 2
