@@ -360,3 +360,31 @@ def test_closed_rings_decline_and_ignore_bells():
     reader.drain()
     assert spin.Spinner(1.0).watch_words(doorbell, 0, lambda: False)
     assert faults == []
+
+
+@pytest.mark.skipif(not channel_ring.available(), reason="needs Linux x86-64 futexes and /dev/shm")
+def test_acknowledgements_are_words_and_a_waited_record_skips_the_mailbox():
+    """A Recv's acknowledgement is a word of the Send side's segment (never in flight: counted neither
+    sent nor received), acknowledging every earlier Recv of its channel too; a record the waiting
+    replica reads itself is counted received once and leaves nothing in the mailbox."""
+    writer, reader, box, faults = _pair(1 << 20)
+    try:
+        # Replica 0 (writer's actor) posts its Recvs number 0 and 1 of channel 1 from replica 1.
+        assert writer.post_ack(1, 0, keys.channel_ack(1, 0), True)
+        assert writer.post_ack(1, 0, keys.channel_ack(1, 1), True)
+        assert not writer.post_ack(1, 0, keys.channel_ack(7, 0), True)  # no such channel: a record then
+        assert not writer.post_ack(1, 0, keys.channel(1, 0), np.ones(2, np.float32))  # data is no acknowledgement
+        for seq in (1, 0):
+            assert reader.take(1, 0, keys.channel_ack(1, seq), box, None) is True
+        assert box.state.received == 0 and box.leftovers() == {}
+        values = [np.full(1000, k, np.float32) for k in range(3)]
+        for k, v in enumerate(values):
+            assert writer.send(1, 0, keys.channel(1, k), v, None)
+        np.testing.assert_array_equal(reader.take(1, 0, keys.channel(1, 1), box, None), values[1])  # not first
+        assert box.state.received == 3  # record 0 went to the mailbox on the way, record 2 too
+        for k in (0, 2):
+            np.testing.assert_array_equal(reader.take(1, 0, keys.channel(1, k), box, None), values[k])
+        assert box.state.received == 3 and box.leftovers() == {} and faults == []
+    finally:
+        writer.close()
+        reader.close()

@@ -115,6 +115,21 @@ class _Span:
 
 # -- send / send-done ------------------------------------------------------------------------------
 
+_new = object.__new__
+
+
+def _event(kind: str, inst: Instruction, replica: int, **info: Any) -> dict[str, Any]:
+    """A kernel's flight-recorder event, for `recorder.begin_collective(template, seq)` (a copy of a
+    dict and two stores, where `begin` builds the event from keywords; the fields in `begin`'s order)."""
+    return {"kind": kind, "instruction": inst.name, "opcode": inst.opcode, "replica": replica, "start_us": None,
+            "end_us": None, **info}
+
+
+def _block(kind: str, inst: Instruction, computation: str, **fields: Any) -> dict[str, Any]:
+    """A kernel's `BlockInfo` fields, copied per call into a bare instance (as collectives do)."""
+    return BlockInfo(kind, inst.name, inst.opcode, computation=computation, **fields).__dict__.copy()
+
+
 @kernel("send")
 def make_send(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     channel = channel_id(inst)
@@ -133,9 +148,29 @@ def make_send(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     context_counter = ("send-context", channel)
     counters = [(t, ("chan-send", channel, t)) for t in targets]  # made once: a Send runs every iteration
     name, opcode = inst.name, inst.opcode
+    if len(targets) == 1:  # most Sends: no lists per call
+        (target, counter), = counters
+        template = _event("send", inst, me, channel_id=channel, peers=None, seq=None)
+
+        def send_one(data: Any, *token: Any) -> Any:
+            f = fabric.current if type(fabric) is FabricSlot else fabric  # one forwarding read, not one per use
+            seq = f.next_seq(counter)
+            recorder = f.recorder
+            if recorder is None:
+                f.send(target, (keys.CHANNEL, channel, seq), data)
+            else:
+                event = recorder.begin_collective(template, seq)
+                event["peers"] = [target]
+                f.send(target, (keys.CHANNEL, channel, seq), data)
+                recorder.ended(event)
+            k = f.next_seq(context_counter)  # (after the post: the peer may be waiting for it)
+            state[("send", channel, k)] = (target, seq)
+            return (data, np.asarray(k, dtype=ctx_dtype), TOKEN)
+
+        return send_one
 
     def send(data: Any, *token: Any) -> Any:
-        f = fabric.current if type(fabric) is FabricSlot else fabric  # one forwarding read, not one per use
+        f = fabric.current if type(fabric) is FabricSlot else fabric
         k = f.next_seq(context_counter)
         if counters:
             recorder = f.recorder
@@ -162,10 +197,25 @@ def make_send_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     state = channel_state(fabric)
     name, opcode = inst.name, inst.opcode
     computation = computation_of(ctx, inst)
+    template = _event("send-done", inst, ctx.replica_id, channel_id=channel, seq=None)
+    fields = _block("send-done", inst, computation, needs="one", channel_id=channel)
 
     def send_done(started: Any) -> Any:
         posted = state.pop(("send", channel, int(started[1])), None)
-        if posted:
+        if type(posted) is tuple:  # one target (see `make_send`): most Sends
+            target, seq = posted
+            f = fabric.current if type(fabric) is FabricSlot else fabric
+            block = _new(BlockInfo)
+            block.__dict__ = fields.copy()
+            block.waits_for, block.seq = (target,), seq
+            recorder = f.recorder
+            if recorder is None:
+                f.recv(target, (keys.CHANNEL_ACK, channel, seq), block)
+            else:
+                event = recorder.begin_collective(template, seq)
+                f.recv(target, (keys.CHANNEL_ACK, channel, seq), block)
+                recorder.ended(event)
+        elif posted:
             f = fabric.current if type(fabric) is FabricSlot else fabric
             seq = posted[0][1]
             block = BlockInfo("send-done", name, opcode, tuple(t for t, _ in posted), needs="one", seq=seq,
@@ -173,10 +223,7 @@ def make_send_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
             recorder = f.recorder
             event = (recorder.begin("send-done", name, opcode, channel_id=channel, seq=seq)
                      if recorder is not None else None)
-            if len(posted) == 1:
-                f.recv(posted[0][0], keys.channel_ack(channel, seq), block)
-            else:
-                f.recv_all([(t, keys.channel_ack(channel, s)) for t, s in posted], block)
+            f.recv_all([(t, keys.channel_ack(channel, s)) for t, s in posted], block)
             if event is not None:
                 recorder.end(event)
         return TOKEN
@@ -207,7 +254,7 @@ def make_recv(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
 
     context_counter = ("recv-context", channel)
     counter = ("chan-recv", channel, source)
-    name, opcode = inst.name, inst.opcode
+    template = _event("recv", inst, me, channel_id=channel, peer=source, seq=None)
 
     def recv(*token: Any) -> Any:
         f = fabric.current if type(fabric) is FabricSlot else fabric
@@ -215,12 +262,13 @@ def make_recv(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
         if source is not None:
             seq = f.next_seq(counter)
             recorder = f.recorder
-            event = (recorder.begin("recv", name, opcode, channel_id=channel, peer=source, seq=seq)
-                     if recorder is not None else None)
-            f.send(source, keys.channel_ack(channel, seq), True)
+            if recorder is None:
+                f.send(source, (keys.CHANNEL_ACK, channel, seq), True)
+            else:
+                event = recorder.begin_collective(template, seq)
+                f.send(source, (keys.CHANNEL_ACK, channel, seq), True)
+                recorder.ended(event)
             state[("recv", channel, k)] = (source, seq)
-            if event is not None:
-                recorder.end(event)
         return (zeros, np.asarray(k, dtype=ctx_dtype), TOKEN)
 
     return recv
@@ -250,6 +298,8 @@ def make_recv_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     # Read-only, made once: a fresh buffer per call costs a replica that is no target a real share
     # of a small ping-pong's time (and fresh pages of the whole buffer per call when it is large).
     zeros = _frozen_zeros(data_shape)
+    template = _event("recv-done", inst, ctx.replica_id, channel_id=channel, peer=None, seq=None)
+    fields = _block("recv-done", inst, computation, needs="one", channel_id=channel)
 
     def recv_done(started: Any) -> Any:
         pending = state.pop(("recv", channel, int(started[1])), None)
@@ -257,14 +307,17 @@ def make_recv_done(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
             return (zeros, TOKEN)
         f = fabric.current if type(fabric) is FabricSlot else fabric
         source, seq = pending
-        block = BlockInfo("recv-done", name, opcode, (source,), needs="one", seq=seq, channel_id=channel,
-                          computation=computation)
+        block = _new(BlockInfo)
+        block.__dict__ = fields.copy()
+        block.waits_for, block.seq = (source,), seq
         recorder = f.recorder
-        event = (recorder.begin("recv-done", name, opcode, channel_id=channel, peer=source, seq=seq)
-                 if recorder is not None else None)
-        data = f.recv(source, keys.channel(channel, seq), block)
-        if event is not None:
-            recorder.end(event)
+        if recorder is None:
+            data = f.recv(source, (keys.CHANNEL, channel, seq), block)
+        else:
+            event = recorder.begin_collective(template, seq)
+            event["peer"] = source
+            data = f.recv(source, (keys.CHANNEL, channel, seq), block)
+            recorder.ended(event)
         check(data, source)
         return (data, TOKEN)
 

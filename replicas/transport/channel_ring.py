@@ -27,6 +27,15 @@ a 64-byte doorbell line per hosted replica, then one inbound ring per other acto
 writer process (a lock orders the threads of that process), and x86-64 keeps stores in order, so
 a reader that sees `head` sees the record before it.
 
+An acknowledgement (a Recv is posted: its Send's SendDone may return) is mostly no record but a
+word: each ring's reader segment also holds a table of u64 words, one per (channel, acknowledging
+replica, acknowledged replica) of the pair of actors, and the acknowledging replica stores its Recv's
+sequence number + 1 there and rings the doorbell (a channel's Recvs from one peer are posted in
+order, so the word says every earlier one is posted too). The waiting SendDone reads the word: no
+record to write, read, deliver and take. A pair of actors whose table would be large (many packed
+replicas and channels), or a channel the table has no word for (a later program of a persistent job),
+sends its acknowledgements as records.
+
 A record is a header (length, destination, source, form, channel, sequence number, lengths) and
 its bytes: an acknowledgement has none; an array smaller than `shm.MIN_BYTES` is its layout and
 raw bytes (copied in by the sender and out by the receiver); any other small value is a pickle;
@@ -35,10 +44,13 @@ place) and the record carries its descriptor. The receiver judges every record b
 size before it reads the value (transport/message_bounds.py), like a socket frame.
 
 Accounting: a record is counted sent by the sender's fabric before it is written and received
-when a reader delivers it to the destination's mailbox. Readers are the waiting replicas
-themselves, and `ReplicaHost.states` drains the rings before every snapshot, so a value that sits
-in a ring is in flight for the monitor until the next poll delivers it (no false alarm), and a
-replica blocked elsewhere never keeps a delivered value in flight (the deadlock is still found).
+when a reader delivers it to the destination's mailbox, or takes it from the ring itself (`take`:
+the record the replica waits for, first in its ring, skips the mailbox). Readers are the waiting
+replicas themselves, and `ReplicaHost.states` drains the rings before every snapshot, so a value
+that sits in a ring is in flight for the monitor until the next poll delivers it (no false alarm),
+and a replica blocked elsewhere never keeps a delivered value in flight (the deadlock is still
+found). An acknowledgement word is never in flight: it is counted neither sent nor received, and
+the waiting SendDone's readiness, which the monitor's snapshot asks, reads the word itself.
 """
 
 from __future__ import annotations
@@ -67,6 +79,8 @@ _LINE = 64
 _RECORD = struct.Struct("<IIIIqqIQ")
 ACK, ARRAY, PICKLED, SHARED, WRAP = 0, 1, 2, 3, 4
 CHANNEL_KINDS = (keys.CHANNEL, keys.CHANNEL_ACK)
+ACK_WORDS_MOST = 4096  # acknowledgement words per ordered pair of actors; beyond it, acknowledgements are records
+_NONE = object()  # no record taken
 
 
 def available() -> bool:
@@ -108,9 +122,10 @@ class _Ring:
     """One ring inside a mapped segment: where its words and records are."""
 
     __slots__ = ("mapping", "mm", "words", "words64", "address", "head", "tail", "start", "capacity", "lock",
-                 "refused", "layout")
+                 "refused", "layout", "acks", "sent", "freed")
 
-    def __init__(self, mapping: Mapping, views: tuple[memoryview, memoryview], offset: int, capacity: int) -> None:
+    def __init__(self, mapping: Mapping, views: tuple[memoryview, memoryview], offset: int, capacity: int,
+                 acks: int) -> None:
         self.mapping = mapping
         self.mm = mapping.mm
         self.words, self.words64 = views  # the segment's doorbells, and this ring's head and tail
@@ -122,6 +137,9 @@ class _Ring:
         self.lock = threading.Lock()
         self.refused = False  # a record was refused: the ring is read no more (its actor's replicas fail)
         self.layout: tuple[bytes, tuple] = (b"", ())  # the last array layout read (meta -> (dtype, shape))
+        self.acks = acks  # u64 index of its acknowledgement words (-1: none, acknowledgements are records)
+        self.sent: tuple[Any, Any, bytes] = (None, None, b"")  # the last array layout written: dtype, shape, meta
+        self.freed = 0  # its `tail` as the writer last read it (the reader's word: read again only when short)
 
 
 class ChannelRings:
@@ -150,13 +168,17 @@ class ChannelRings:
         self._first, self._rank, self._count = first, rank, count
         self._placement = placement
         self.actors = sorted({placement[r] for r in same_node} | {self.me})  # this node's actors
+        # Channel -> its row of the acknowledgement tables (every actor of the job reads one program).
+        self._ack_rows = {c: k for k, c in enumerate(sorted(bounds.acknowledged))}
+        self._ack_words: dict[tuple[int, int, int], tuple[_Ring, int] | None] = {}  # (acker, acked, channel) ->
         # The replicas whose messages may come through a ring: the node's, in other actors.
         self.peers = frozenset(r for r in same_node if placement[r] != self.me)
         self._own = Mapping(os.path.join(shm.SHM_DIR, segment_name(token, first[self.me])),
                              self._segment_bytes(self.me))
         self._own_views = _views(self._own)
-        self._inbound = [self._ring(self._own, self._own_views, self.me, writer)
-                         for writer in self.actors if writer != self.me]
+        self._inbound_from = {writer: self._ring(self._own, self._own_views, self.me, writer)
+                              for writer in self.actors if writer != self.me}
+        self._inbound = list(self._inbound_from.values())
         self._outbound: dict[int, _Ring] = {}  # receiving actor -> my ring in its segment
         self._peer_maps: list[Mapping] = []
         self._map_lock = threading.Lock()
@@ -167,11 +189,44 @@ class ChannelRings:
 
     # -- where things are --------------------------------------------------------------------------
     def _segment_bytes(self, actor: int) -> int:
-        return _LINE * self._count[actor] + (len(self.actors) - 1) * (2 * _LINE + self.capacity)
+        rings = _LINE * self._count[actor] + (len(self.actors) - 1) * (2 * _LINE + self.capacity)
+        return rings + sum(self._ack_table_bytes(actor, w) for w in self.actors if w != actor)
+
+    def _ack_table_words(self, reader: int, writer: int) -> int:
+        """Acknowledgement words of the ring writer -> reader: one per (channel, writer's replica, reader's)."""
+        words = len(self._ack_rows) * self._count[writer] * self._count[reader]
+        return words if words <= ACK_WORDS_MOST else 0
+
+    def _ack_table_bytes(self, reader: int, writer: int) -> int:
+        return (8 * self._ack_table_words(reader, writer) + _LINE - 1) // _LINE * _LINE
 
     def _ring(self, mapping: Mapping, views: tuple[memoryview, memoryview], reader: int, writer: int) -> _Ring:
-        k = [a for a in self.actors if a != reader].index(writer)
-        return _Ring(mapping, views, _LINE * self._count[reader] + k * (2 * _LINE + self.capacity), self.capacity)
+        writers = [a for a in self.actors if a != reader]
+        k = writers.index(writer)
+        tables = _LINE * self._count[reader] + len(writers) * (2 * _LINE + self.capacity)
+        table = tables + sum(self._ack_table_bytes(reader, w) for w in writers[:k])
+        acks = table // 8 if self._ack_table_words(reader, writer) else -1
+        return _Ring(mapping, views, _LINE * self._count[reader] + k * (2 * _LINE + self.capacity), self.capacity,
+                     acks)
+
+    def _ack_word(self, acker: int, acked: int, channel: int) -> tuple[_Ring, int] | None:
+        """The ring whose table holds the word `acker` acknowledges `acked`'s Sends on `channel` with, and
+        the word's u64 index (None: those acknowledgements are records). The acker writes it through its
+        outbound ring to acked's actor; acked reads it in its own segment."""
+        found = self._ack_words.get((acker, acked, channel), _NONE)
+        if found is _NONE:
+            writer, reader = self._placement[acker], self._placement[acked]
+            row = self._ack_rows.get(channel)
+            ring = (self._inbound_from.get(writer) if reader == self.me
+                    else self._outbound.get(reader) or self._outbound_ring(reader))
+            if row is None or ring is None or ring.acks < 0:
+                found = None
+            else:
+                found = (ring, ring.acks + (row * self._count[writer] + self._rank[acker]) * self._count[reader]
+                         + self._rank[acked])
+            if ring is not None or reader == self.me:  # (no outbound ring yet: asked again next time)
+                self._ack_words[(acker, acked, channel)] = found
+        return found
 
     def _outbound_ring(self, actor: int) -> _Ring | None:
         ring = self._outbound.get(actor)
@@ -209,7 +264,18 @@ class ChannelRings:
         if ring is None:
             return False
         kind, channel, seq = key
-        if kind == keys.CHANNEL_ACK and value is True:  # most records: no bytes but the header
+        meta = None
+        if type(value) is np.ndarray and kind == keys.CHANNEL and value.nbytes < shm.MIN_BYTES:
+            sent = ring.sent  # a channel's records mostly repeat one layout
+            if value.dtype is sent[0] and value.shape == sent[1]:
+                meta = sent[2]
+            else:
+                meta = self._array_meta(value)
+                if meta is not None:
+                    ring.sent = (value.dtype, value.shape, meta)
+        if meta is not None:
+            raw, form = value, ARRAY
+        elif kind == keys.CHANNEL_ACK and value is True:  # no bytes but the header
             meta, raw, form = b"", None, ACK
         else:
             meta, raw, form = self._encode(kind, value, key, outbox)
@@ -229,8 +295,10 @@ class ChannelRings:
             head = words64[ring.head]
             at = head % capacity
             skip = capacity - at if capacity - at < length else 0
-            if head + skip + length - words64[ring.tail] > capacity:
-                return False  # full: the receiver has not read what is there yet
+            if head + skip + length - ring.freed > capacity:
+                ring.freed = words64[ring.tail]  # (a word the other core writes: read when it matters)
+                if head + skip + length - ring.freed > capacity:
+                    return False  # full: the receiver has not read what is there yet
             mm = ring.mm
             if skip:
                 if skip >= _RECORD.size:
@@ -250,17 +318,31 @@ class ChannelRings:
             _bell(ring.words, ring.address, _LINE // 4 * self._rank[dst])
         return True
 
+    def post_ack(self, dst: int, src: int, key: tuple, value: Any) -> bool:
+        """Acknowledge by its word (see the module doc) when `key` is an acknowledgement that has one:
+        src's Recv number key[2] on channel key[1] is posted, for dst's SendDone. False otherwise (or
+        when the rings are closed): the caller sends it as a message."""
+        if key[0] != keys.CHANNEL_ACK or value is not True:
+            return False
+        found = self._ack_word(src, dst, key[1])
+        if found is None:
+            return False
+        ring, word = found
+        with ring.lock:  # (`close` takes it before it releases the views)
+            if self.closed:
+                return False
+            ring.words64[word] = key[2] + 1  # this channel's Recvs from dst are posted in order
+            _bell(ring.words, ring.address, _LINE // 4 * self._rank[dst])
+        return True
+
     def _encode(self, kind: str, value: Any, key: tuple, outbox: shm.Outbox | None
                 ) -> tuple[bytes, np.ndarray | None, int | None]:
         """(meta bytes, array to copy or None, form), form None when the value cannot go by the ring."""
         if kind == keys.CHANNEL_ACK:
             return b"", None, ACK if value is True else None
-        if type(value) is np.ndarray and not value.dtype.hasobject:
-            if value.nbytes < shm.MIN_BYTES:
-                layout = (value.dtype, value.shape)
-                meta = self._layouts.get(layout)
-                if meta is None:
-                    meta = self._layouts.put(layout, pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL))
+        if type(value) is np.ndarray and value.nbytes < shm.MIN_BYTES:
+            meta = self._array_meta(value)
+            if meta is not None:
                 return meta, value, ARRAY
         if payload_bytes(value) >= shm.MIN_BYTES:
             shared = outbox.encode(value, key) if outbox is not None else None
@@ -272,29 +354,45 @@ class ChannelRings:
         except (pickle.PicklingError, TypeError, AttributeError):
             return b"", None, None
 
+    def _array_meta(self, value: np.ndarray) -> bytes | None:
+        """An array record's layout bytes (None: an object array, which is pickled)."""
+        if value.dtype.hasobject:
+            return None
+        layout = (value.dtype, value.shape)
+        meta = self._layouts.get(layout)
+        if meta is None:
+            meta = self._layouts.put(layout, pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL))
+        return meta
+
     # -- receiving ---------------------------------------------------------------------------------
-    def drain(self, reader: int | None = None) -> None:
+    def drain(self, reader: int | None = None, wanted: tuple[int, tuple] | None = None) -> Any:
         """Deliver every record waiting in this actor's inbound rings to its replica's mailbox (and
-        wake that replica, unless it is `reader`, the one draining). A record refused by the
-        message bounds fails this actor's replicas."""
+        wake that replica, unless it is `reader`, the one draining), except `wanted` (a (source, key)
+        of `reader`'s), which is taken instead: its value is returned (_NONE if no ring held it). A
+        record refused by the message bounds fails this actor's replicas."""
+        taken = _NONE
         for ring in self._inbound:
             if self.closed:
-                return
+                return taken
             words64 = ring.words64
             if ring.refused or words64[ring.head] == words64[ring.tail]:
                 continue
             try:
                 with ring.lock:
                     if not (ring.refused or self.closed):
-                        self._drain_ring(ring, reader)
+                        value = self._drain_ring(ring, reader, wanted)
+                        if value is not _NONE:
+                            taken, wanted = value, None
             except (WireError, ValueError, TypeError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
                 ring.refused = True
                 self._on_fault(RefusedMessage("a peer actor of this node (through a channel ring)", e))
+        return taken
 
-    def _drain_ring(self, ring: _Ring, reader: int | None) -> None:
+    def _drain_ring(self, ring: _Ring, reader: int | None, wanted: tuple[int, tuple] | None) -> Any:
         capacity, mm, words64 = ring.capacity, ring.mm, ring.words64
         tail = words64[ring.tail]
         head = words64[ring.head]
+        taken = _NONE
         while tail < head:
             at = tail % capacity
             if capacity - at < _RECORD.size:  # too little room for a header: the writer wrapped
@@ -324,9 +422,14 @@ class ChannelRings:
                 value = self._decode(ring, form, src, key, base, meta_len, data_at, data_len)
             tail += length
             words64[ring.tail] = tail  # the writer may reuse the bytes: the value is out
+            if wanted is not None and dst == reader and src == wanted[0] and key == wanted[1]:
+                box.count_taken(src)  # delivered and taken at once: no mailbox hand-off
+                taken, wanted = value, None
+                continue
             box.deliver(src, key, value)
             if dst != reader:
                 self.ring_doorbell(dst)
+        return taken
 
     def _decode(self, ring: _Ring, form: int, src: int, key: tuple, base: int, meta_len: int, data_at: int,
                 data_len: int) -> Any:
@@ -372,42 +475,98 @@ class ChannelRings:
             layout = self._layouts_read.put(meta, (layout[0], layout[1], math.prod(layout[1])))
         return layout
 
+    def take(self, replica: int, src: int, key: tuple, box: Mailbox, block: Any, spinner: Spinner = NEVER) -> Any:
+        """The value of channel message (src, key) for `replica` (hosted here), waiting on its doorbell:
+        an acknowledgement read from its word, a record taken from its ring when a read finds it
+        (no mailbox hand-off), else taken from the mailbox the rings are drained into."""
+        if key[0] == keys.CHANNEL_ACK:
+            found = self._ack_word(src, replica, key[1])
+            if found is not None:
+                if not self._acked(found[1], key[2]):
+                    self.wait(replica, box, [(src, key)], block, spinner)
+                    if not self._acked(found[1], key[2]):  # it came as a message (or the rings closed)
+                        return box.take(src, key, block)
+                return True
+        wanted = (src, key)
+        value = self.drain(replica, wanted)
+        if value is not _NONE:
+            return value
+        if not box.poll(src, key):
+            got = [_NONE]
+
+            def arrived() -> bool:
+                got[0] = self.drain(replica, wanted)
+                return got[0] is not _NONE or box.poll(src, key)
+
+            if spinner.watch_words(self._own_views[0], _LINE // 4 * self._rank[replica], arrived) \
+                    and got[0] is not _NONE:
+                return got[0]
+            self.wait(replica, box, [wanted], block)  # what comes meanwhile is drained into the mailbox
+        return box.take(src, key, block)
+
+    def take_all(self, replica: int, wanted: list[tuple[int, tuple]], box: Mailbox, block: Any,
+                 spinner: Spinner = NEVER) -> list[Any]:
+        """`take` of every (src, key) of `wanted` (a SendDone's acknowledgements from its targets)."""
+        self.wait(replica, box, wanted, block, spinner)
+        out = []
+        for src, key in wanted:
+            found = self._ack_word(src, replica, key[1]) if key[0] == keys.CHANNEL_ACK else None
+            out.append(True if found is not None and self._acked(found[1], key[2]) else box.take(src, key, block))
+        return out
+
+    def _acked(self, word: int, seq: int) -> bool:
+        """Is Send number `seq` acknowledged by the word `word` of this actor's segment."""
+        try:
+            return self._own_views[1][word] > seq
+        except ValueError:  # closed (its views released): the caller's wait sees the abort
+            return False
+
     def wait(self, replica: int, box: Mailbox, wanted: list[tuple[int, Hashable]], block: Any,
              spinner: Spinner = NEVER) -> None:
-        """Wait (on `replica`'s doorbell) until every (src, key) of `wanted` is in `box`, delivering what
-        the rings hold meanwhile; `block` is published while waiting (as a mailbox wait would). With a
-        `spinner`, the doorbell is watched for a while before the replica sleeps (transport/spin.py)."""
+        """Wait (on `replica`'s doorbell) until every (src, key) of `wanted` is in `box` (or, an
+        acknowledgement with a word, acknowledged there), delivering what the rings hold meanwhile;
+        `block` is published while waiting (as a mailbox wait would). With a `spinner`, the doorbell
+        is watched for a while before the replica sleeps (transport/spin.py)."""
         self.drain(replica)
+        acked = self._acked
+        words = [found[1] if key[0] == keys.CHANNEL_ACK and (found := self._ack_word(src, replica, key[1])) else -1
+                 for src, key in wanted]
+
+        def there(src: int, key: Any, word: int) -> bool:
+            return (word >= 0 and acked(word, key[2])) or box.poll(src, key)
+
         if len(wanted) == 1:
             (src, key), = wanted
-            if box.poll(src, key):  # mostly there already: no closure built
+            word = words[0]
+            if there(src, key, word):  # mostly there already: no closure built
                 return
 
             def ready() -> bool:  # also the monitor's question, under the mailbox's lock: never drains
-                return box.poll(src, key)
+                return there(src, key, word)
         else:
             def ready() -> bool:
-                return all(box.poll(src, key) for src, key in wanted)
+                return all(there(src, key, word) for (src, key), word in zip(wanted, words))
 
             if ready():
                 return
         index = _LINE // 4 * self._rank[replica]
-        words = self._own_views[0]
+        doorbells = self._own_views[0]
 
         def drained_and_ready() -> bool:
             self.drain(replica)
             return ready()
 
-        if spinner.watch_words(words, index, drained_and_ready) and ready():
+        if spinner.watch_words(doorbells, index, drained_and_ready) and ready():
             return
         address = self._own.address + 4 * index
         if block is not None and block.needs != "group":
-            block.waits_for = tuple(dict.fromkeys(src for src, key in wanted if not box.poll(src, key)))
+            block.waits_for = tuple(dict.fromkeys(src for (src, key), word in zip(wanted, words)
+                                                  if not there(src, key, word)))
 
         def sleep(timeout: float) -> None:
             try:
-                words[index + 1] = 1  # "asleep": writers wake it (see `_bell`)
-                seen = words[index]
+                doorbells[index + 1] = 1  # "asleep": writers wake it (see `_bell`)
+                seen = doorbells[index]
             except ValueError:  # closed (its views released): the caller's wait sees the abort
                 return
             self.drain(replica)
@@ -415,7 +574,7 @@ class ChannelRings:
                 futex.wait(address, seen, timeout)
                 self.drain(replica)  # what woke it, read before the caller asks again
             try:
-                words[index + 1] = 0
+                doorbells[index + 1] = 0
             except ValueError:
                 pass
 

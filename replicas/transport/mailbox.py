@@ -83,6 +83,14 @@ class Mailbox:
                     self._sleeping = False
                     self._wake.release()
 
+    def count_taken(self, src: int) -> None:
+        """A message from `src` delivered and taken at once (a channel ring's record read by the waiting
+        replica itself): received, and progress."""
+        with self._lock:
+            state = self.state
+            state.received += 1
+            state.progress += 1
+
     def count_sent(self) -> None:
         # Only the replica's own thread sends, so no lock: a snapshot sees the count before or after
         # (the GIL makes the store atomic), and either is consistent with the post that follows.

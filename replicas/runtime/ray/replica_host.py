@@ -67,12 +67,17 @@ class RayFabric(MailboxFabric):
 
     def send(self, dst: int, key: Hashable, value: Any) -> None:
         """`MailboxFabric.send`, a channel message to another actor of this node written into its ring
-        without the calls between (a ping-pong's every message)."""
-        self.mailbox.count_sent()  # before the post: the monitor never sees it received but not sent
+        without the calls between (a ping-pong's every message), an acknowledgement as a word there."""
         rings = self.rings
         if rings is not None and dst in rings.peers and channel_ring.is_channel_key(key):
+            if value is True and rings.post_ack(dst, self.replica_id, key, value):  # never in flight: not counted
+                self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
+                return
+            self.mailbox.count_sent()  # before the post: the monitor never sees it received but not sent
             self._post_to_ring(rings, dst, key, value)
-        elif dst == self.replica_id:
+            return
+        self.mailbox.count_sent()
+        if dst == self.replica_id:
             self.mailbox.deliver(dst, key, value)
         else:
             self._post(dst, key, value)
@@ -80,18 +85,13 @@ class RayFabric(MailboxFabric):
     def recv(self, src: int, key: Hashable, block: Any) -> Any:
         rings = self.rings
         if rings is not None and src in rings.peers and channel_ring.is_channel_key(key):
-            box = self.mailbox
-            rings.drain(self.replica_id)
-            if not box.poll(src, key):  # (mostly it is there: no wait is set up)
-                # On the doorbell, reading the rings.
-                rings.wait(self.replica_id, box, [(src, key)], block, self._spinner())
+            return rings.take(self.replica_id, src, key, self.mailbox, block, self._spinner())
         return self.mailbox.take(src, key, block)
 
     def recv_all(self, wanted: list[tuple[int, Hashable]], block: Any) -> list[Any]:
         rings = self.rings
         if rings is not None and any(src in rings.peers and channel_ring.is_channel_key(key) for src, key in wanted):
-            # On the doorbell, reading the rings.
-            rings.wait(self.replica_id, self.mailbox, wanted, block, self._spinner())
+            return rings.take_all(self.replica_id, wanted, self.mailbox, block, self._spinner())
         return self.mailbox.take_all(wanted, block)
 
     def _spinner(self) -> spin.Spinner:
