@@ -3,10 +3,11 @@ benchmark, never a test; needs root and iproute2, as `replicas cluster` does).
 
     sudo python bench/hosts_collectives.py [--replicas 4,8] [--sizes 4KiB,1MiB,16MiB,64MiB]
                                            [--ops all-reduce,...] [--repeat 3] [--rounds 1] [--skip gloo,mpi]
-                                           [--rate 1gbit] [--delay 1ms] [--loss 5%]
+                                           [--rate 1gbit] [--delay 1ms] [--loss 5%] [--per-actor 1]
 
 Two hosts (replicas/cluster/hosts.py: each its own network, mount and UTS namespace and Ray node);
-replica r runs on host r % 2, one replica per actor. The driver runs inside host 0 and times the op
+replica r runs on host r % 2 (`resources`), packed into actors as the runtime chooses
+(`--per-actor K`: K replicas an actor instead). The driver runs inside host 0 and times the op
 K times in a While loop on an operand the program makes (`made_inside`), differenced ((T(K2) -
 T(K1)) / (K2 - K1): the job's start and its results cancel), `--repeat` times, median and spread.
 Anchors in the same run, half the ranks on each host, in that host's namespaces: torch.distributed
@@ -75,7 +76,7 @@ def made_inside(module, elements: int):
     return rp.parse_hlo("\n".join(lines))
 
 
-def child_replicas(n: int, ops: list[str], sizes: list[int], repeat: int) -> dict:
+def child_replicas(n: int, ops: list[str], sizes: list[int], repeat: int, per_actor: int | None) -> dict:
     import numpy as np
 
     import replicas as rp
@@ -92,7 +93,7 @@ def child_replicas(n: int, ops: list[str], sizes: list[int], repeat: int) -> dic
             def run(k: int, module: rp.Module = module, x: np.ndarray = x) -> float:
                 t0 = time.perf_counter()
                 rp.run(module, [x, np.asarray(k, np.int32)], num_replicas=n, address="auto",
-                       resources=placement, replicas_per_actor=1, timeout=600)
+                       resources=placement, replicas_per_actor=per_actor, timeout=600)
                 return time.perf_counter() - t0
 
             run(1)  # actors, binding, connections
@@ -229,7 +230,7 @@ def _replicas_round(cluster, n: int, a: argparse.Namespace) -> dict:
     from replicas.cluster import hosts
 
     argv = [sys.executable, os.path.abspath(__file__), "--child", "--n", str(n), "--ops", a.ops,
-            "--sizes", a.sizes, "--repeat", str(a.repeat)]
+            "--sizes", a.sizes, "--repeat", str(a.repeat), "--per-actor", str(a.per_actor)]
     proc = hosts.run_in(cluster, 0, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=a.timeout)
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
@@ -308,13 +309,14 @@ def main() -> None:
     parser.add_argument("--delay", default=None, help="shape each link: one-way delay (2ms; netem or the delay line)")
     parser.add_argument("--loss", default=None, help="shape each link: packet loss each way (5%%; iptables)")
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--per-actor", type=int, default=0, help="replicas an actor (0: the runtime's packing)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     a = parser.parse_args()
     ops = a.ops.split(",")
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     if a.child:
-        print(json.dumps(child_replicas(a.n, ops, sizes, a.repeat)), flush=True)
+        print(json.dumps(child_replicas(a.n, ops, sizes, a.repeat, a.per_actor or None)), flush=True)
         return
 
     from replicas.cluster import hosts

@@ -30,8 +30,10 @@ DRIVER = textwrap.dedent("""
     # node's processes first, then node order: collectives/nodes.py).
     want = Job(ThreadBackend(compile_module(m), [[x] for x in xs], placement=[0, 1, 2, 3], nodes=[0, 1, 0, 1]),
                None, timeout=120, host_may_send=False).result()
+    # One replica an actor (by default a node's replicas would share one): pairs of a node cross processes.
     placement = [{"node1": 1}, {"node2": 1}, {"node1": 1}, {"node2": 1}]
-    job = rp.launch(m, [[x] for x in xs], num_replicas=4, address=sys.argv[1], resources=placement, timeout=120)
+    job = rp.launch(m, [[x] for x in xs], num_replicas=4, address=sys.argv[1], resources=placement,
+                    replicas_per_actor=1, timeout=120)
     nodes = {s.replica: s.node for s in job.states()}
     got = job.result()
     equal = all(a.tobytes() == b.tobytes() for r in range(4) for a, b in zip(got[r], want[r]))
@@ -44,7 +46,8 @@ DRIVER = textwrap.dedent("""
     m = rp.parse_hlo(open(sys.argv[4]).read())
     xs = [rng.standard_normal(1024).astype(np.float32) for _ in range(4)]
     want = rp.run(m, [[x] for x in xs], num_replicas=4, backend="threads")
-    job = rp.launch(m, [[x] for x in xs], num_replicas=4, address=sys.argv[1], resources=placement, timeout=120)
+    job = rp.launch(m, [[x] for x in xs], num_replicas=4, address=sys.argv[1], resources=placement,
+                    replicas_per_actor=1, timeout=120)
     got = job.result()
     report["channels_equal"] = all(a.tobytes() == b.tobytes() for r in range(4) for a, b in zip(got[r], want[r]))
     sent = {}

@@ -27,7 +27,14 @@ from replicas.runtime.ray import state_columns
 from replicas.runtime.ray.driver_process import AUTHKEY, POOL, job_ended, new_job_token
 from replicas.runtime.ray.faults import actor_failure, doing_at, not_started, published, unplaceable, without_report
 from replicas.runtime.ray.persistent import PersistentJob
-from replicas.runtime.ray.placement import actor_options, cluster_resources, default_packing, reachable, wanted
+from replicas.runtime.ray.placement import (
+    actor_groups,
+    actor_options,
+    cluster_resources,
+    default_packing,
+    reachable,
+    wanted,
+)
 from replicas.runtime.ray.replica_host import STOP_SECONDS
 from replicas.runtime.ray.startup import connection, ensure_ray
 from replicas.runtime.threads import CHECKED_THREADS
@@ -75,9 +82,9 @@ class RayBackend(PersistentJob, Backend):
         deadline = None if timeout is None else time.monotonic() + timeout
         n = len(args)
         self.num_replicas = n
-        per = int(replicas_per_actor) if replicas_per_actor else default_packing(n, resources, persistent)
-        check_peak(executable, min(per, n))  # an actor's replicas share its memory (runtime/memory.py)
-        groups = [list(range(i, min(i + per, n))) for i in range(0, n, per)]
+        nodes = ray.nodes() if resources is not None and not replicas_per_actor else None
+        groups = actor_groups(n, resources, int(replicas_per_actor or 0), persistent, nodes)
+        check_peak(executable, max(map(len, groups)))  # an actor's replicas share its memory (runtime/memory.py)
         self._groups = groups
         self._actors = []
         self._actor_of: dict[int, Any] = {}
@@ -87,7 +94,8 @@ class RayBackend(PersistentJob, Backend):
         self._options = [actor_options(ids, resources, num_cpus) for ids in groups]
         # Every actor from the pool: they were placed already, so the cluster is not asked (a GCS round trip).
         warm = POOL.can_serve(self._options)
-        nodes = ray.nodes() if not warm or n >= CHECKED_THREADS else None
+        if nodes is None and (not warm or n >= CHECKED_THREADS):
+            nodes = ray.nodes()
         if not warm:
             why = unplaceable([(ids, wanted(o)) for ids, o in zip(groups, self._options)], nodes)
             if why is not None:
@@ -520,7 +528,7 @@ class RayBackend(PersistentJob, Backend):
                          [self._index_of(replica)])[0]
 
     def _index_of(self, replica: int) -> int:
-        return next(i for i, ids in enumerate(self._groups) if ids[0] <= replica <= ids[-1])
+        return next(i for i, ids in enumerate(self._groups) if replica in ids)
 
     def drain(self) -> dict[int, tuple[list[Any], dict[int, list[Any]]]]:
         """What each live actor's replicas wrote to the host and nobody read yet (kept on the Job)."""

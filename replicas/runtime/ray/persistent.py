@@ -93,7 +93,7 @@ class PersistentJob:
         from replicas.ops.custom_call import registered_custom_calls
 
         self._ensure_launched()
-        check_peak(executable, len(self._groups[0]))  # (as the job's first program was)
+        check_peak(executable, max(map(len, self._groups)))  # (as the job's first program was)
         self._wake_actors()
         module = self._ray.put(executable.bytes())  # one object for every actor
         custom = registered_custom_calls() or None

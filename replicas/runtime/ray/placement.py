@@ -3,6 +3,7 @@ cluster, and whether placed actors can reach each other."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -25,18 +26,59 @@ def default_packing(num_replicas: int, resources: list[dict[str, float]] | None,
     while the replicas' large numpy and BLAS calls run in parallel outside the GIL in one process
     as well (bench/LOG-2026.md "packing": the 100-step MLP loop at N=4 2.8 ms a step in one actor
     against 5.2 ms in two, N=8 4.1 against 12.3 ms in four; gpt_dp 98 against 109 ms)."""
-    import math
-
     import ray
 
     if persistent and resources is None:
         return max(1, num_replicas)
     if resources is not None or num_replicas <= 2:
         return 1  # placement was chosen replica by replica; or one actor each on any cluster
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    if num_replicas <= cpus:
+    return _per_actor(num_replicas, int(ray.cluster_resources().get("CPU", 1)), persistent)
+
+
+def _per_actor(count: int, cpus: int, persistent: bool) -> int:
+    """`default_packing`'s rule for `count` replicas on `cpus` CPUs."""
+    if persistent:
+        return max(1, count)
+    if count <= cpus:
         return 1
-    return max(2, math.ceil(num_replicas / (2 * cpus)))
+    return max(2, math.ceil(count / (2 * max(1, cpus))))
+
+
+def actor_groups(num_replicas: int, resources: list[dict[str, float]] | None, replicas_per_actor: int,
+                 persistent: bool, nodes: list[dict[str, Any]] | None) -> list[list[int]]:
+    """The replicas of each actor. Without `resources`: `replicas_per_actor` consecutive replicas an
+    actor (0: `default_packing`'s count). With them, only replicas asking for the same resources
+    share an actor (those of one host, when the resources name hosts: a collective's members there
+    then meet in one process, as JAX's devices of one host do), `replicas_per_actor` of them, or by
+    default as many as `default_packing` puts together on the one alive node of `nodes` offering
+    those resources, and at most what it can hold (an actor asks for the sum of its replicas');
+    one each where several nodes offer them or none does."""
+    if resources is None:
+        per = replicas_per_actor or default_packing(num_replicas, None, persistent)
+        return [list(range(i, min(i + per, num_replicas))) for i in range(0, num_replicas, per)]
+    alike: dict[tuple, list[int]] = {}
+    for r, wants in enumerate(resources):
+        alike.setdefault(tuple(sorted((wants or {}).items())), []).append(r)
+    groups = []
+    for wants, ids in alike.items():
+        per = replicas_per_actor or _packing_on_node(len(ids), dict(wants), persistent, nodes or [])
+        groups.extend(ids[i:i + per] for i in range(0, len(ids), per))
+    return sorted(groups)
+
+
+def _packing_on_node(count: int, wants: dict[str, float], persistent: bool, nodes: list[dict[str, Any]]) -> int:
+    """Replicas an actor of `count` replicas asking for `wants` each (see `actor_groups`)."""
+    named = {k: v for k, v in wants.items() if k not in ("CPU", "GPU") and v > 0}
+    offering = [node for node in nodes if node.get("Alive")
+                and all(k in node.get("Resources", {}) for k in named)] if named else []
+    if len(offering) != 1:
+        return 1
+    total = offering[0].get("Resources", {})
+    per = _per_actor(count, int(total.get("CPU", 1)), persistent)
+    for k, v in wants.items():
+        if v > 0:
+            per = min(per, int(total.get(k, 0) // v))
+    return max(1, per)
 
 
 def cluster_resources(ray: Any) -> tuple[dict[str, float], dict[str, float], int]:
