@@ -12,9 +12,12 @@ def by_host(n: int) -> list[dict[str, float]]:
     return [{f"host{r % 2}": 1} for r in range(n)]
 
 
-def test_replicas_of_one_host_share_actors_as_replicas_of_one_node_would():
+def test_replicas_of_one_host_share_its_cpus_actors():
     assert actor_groups(4, by_host(4), 0, False, HOSTS) == [[0, 2], [1, 3]]
-    assert actor_groups(8, by_host(8), 0, False, HOSTS) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert actor_groups(8, by_host(8), 0, False, HOSTS) == [[0, 2, 4, 6], [1, 3, 5, 7]]  # one CPU a host
+    wide = [{"Alive": True, "Resources": {"CPU": 2.0, f"host{h}": 1000.0}} for h in (0, 1)]
+    assert actor_groups(8, by_host(8), 0, False, wide) == [[0, 2], [1, 3], [4, 6], [5, 7]]  # an actor a CPU
+    assert actor_groups(4, by_host(4), 0, False, wide) == [[0], [1], [2], [3]]
     # a persistent job (rp.jax.jit's): one actor per host, as without resources one actor in all
     assert actor_groups(8, by_host(8), 0, True, HOSTS) == [[0, 2, 4, 6], [1, 3, 5, 7]]
 

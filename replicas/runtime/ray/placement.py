@@ -15,10 +15,11 @@ def reachable(addresses: list[dict[str, Any] | None]) -> bool:
     return len({a["node"] for a in addresses}) == 1 or all(a.get("tcp") for a in addresses)
 
 
-def default_packing(num_replicas: int, resources: list[dict[str, float]] | None, persistent: bool = False) -> int:
-    """One replica per actor up to the cluster's CPUs, then two (about one process per CPU: two
-    replicas of one actor meet in-process, faster than two processes competing for one core);
-    beyond twice the CPUs, enough per actor for at most twice as many actors as CPUs.
+def default_packing(num_replicas: int, persistent: bool = False) -> int:
+    """Replicas an actor when resources do not place them (`actor_groups`): one up to the cluster's
+    CPUs, then two (about one process per CPU: two replicas of one actor meet in-process, faster
+    than two processes competing for one core); beyond twice the CPUs, enough per actor for at most
+    twice as many actors as CPUs.
 
     A persistent job (`rp.jax.jit`'s) puts every replica in one actor: a training step is many
     small collectives between short stretches of interpreted work, and a collective between
@@ -28,20 +29,14 @@ def default_packing(num_replicas: int, resources: list[dict[str, float]] | None,
     against 5.2 ms in two, N=8 4.1 against 12.3 ms in four; gpt_dp 98 against 109 ms)."""
     import ray
 
-    if persistent and resources is None:
-        return max(1, num_replicas)
-    if resources is not None or num_replicas <= 2:
-        return 1  # placement was chosen replica by replica; or one actor each on any cluster
-    return _per_actor(num_replicas, int(ray.cluster_resources().get("CPU", 1)), persistent)
-
-
-def _per_actor(count: int, cpus: int, persistent: bool) -> int:
-    """`default_packing`'s rule for `count` replicas on `cpus` CPUs."""
     if persistent:
-        return max(1, count)
-    if count <= cpus:
+        return max(1, num_replicas)
+    if num_replicas <= 2:
+        return 1  # one actor each on any cluster
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    if num_replicas <= cpus:
         return 1
-    return max(2, math.ceil(count / (2 * max(1, cpus))))
+    return max(2, math.ceil(num_replicas / (2 * cpus)))
 
 
 def actor_groups(num_replicas: int, resources: list[dict[str, float]] | None, replicas_per_actor: int,
@@ -49,12 +44,15 @@ def actor_groups(num_replicas: int, resources: list[dict[str, float]] | None, re
     """The replicas of each actor. Without `resources`: `replicas_per_actor` consecutive replicas an
     actor (0: `default_packing`'s count). With them, only replicas asking for the same resources
     share an actor (those of one host, when the resources name hosts: a collective's members there
-    then meet in one process, as JAX's devices of one host do), `replicas_per_actor` of them, or by
-    default as many as `default_packing` puts together on the one alive node of `nodes` offering
-    those resources, and at most what it can hold (an actor asks for the sum of its replicas');
-    one each where several nodes offer them or none does."""
+    then meet in one process, as JAX's devices of one host do), `replicas_per_actor` of them. By
+    default, on the one alive node of `nodes` offering those resources: all of them in one actor
+    for a persistent job (as `default_packing`), else in as many actors as that node has CPUs (a
+    collective's members in processes of their own cost each a wake-up and its share of a core,
+    and a host's leader process reaches the other hosts for all of them); never more in an actor
+    than the node can hold (an actor asks for the sum of its replicas'); one each where several
+    nodes offer them or none does."""
     if resources is None:
-        per = replicas_per_actor or default_packing(num_replicas, None, persistent)
+        per = replicas_per_actor or default_packing(num_replicas, persistent)
         return [list(range(i, min(i + per, num_replicas))) for i in range(0, num_replicas, per)]
     alike: dict[tuple, list[int]] = {}
     for r, wants in enumerate(resources):
@@ -74,7 +72,7 @@ def _packing_on_node(count: int, wants: dict[str, float], persistent: bool, node
     if len(offering) != 1:
         return 1
     total = offering[0].get("Resources", {})
-    per = _per_actor(count, int(total.get("CPU", 1)), persistent)
+    per = count if persistent else math.ceil(count / max(1, int(total.get("CPU", 1))))
     for k, v in wants.items():
         if v > 0:
             per = min(per, int(total.get(k, 0) // v))
