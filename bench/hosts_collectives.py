@@ -327,7 +327,8 @@ def main() -> None:
     skip = set(filter(None, a.skip.split(",")))
     ns = [int(v) for v in a.replicas.split(",")]
     name = f"b{secrets.token_hex(2)}"
-    cluster = hosts.start(name, 2, cpus=max(ns) // 2, rate=a.rate, delay=a.delay, loss=a.loss)
+    # Each host's Ray CPUs are its share of this machine's cores (what the runtime packs a host's replicas by).
+    cluster = hosts.start(name, 2, cpus=max(1, (os.cpu_count() or 2) // 2), rate=a.rate, delay=a.delay, loss=a.loss)
     try:
         for n in ns:
             _measure(cluster, n, ops, sizes, a, skip)
