@@ -232,9 +232,9 @@ def start_ray(n: int, sizes: list[int], backends: list[str]) -> dict[int, float]
     log("Ray start and warm-up")
     ensure_ray()
     if any(b.startswith("ray") for b in backends):
-        from replicas.runtime.ray.backend import _default_packing
+        from replicas.runtime.ray.placement import default_packing
 
-        print(f"packing: `ray` = the default, {_default_packing(n)} replica(s) per actor here; "
+        print(f"packing: `ray` = the default, {default_packing(n)} replica(s) per actor here; "
               f"`ray/k` = k replicas per actor")
     for b in backends:
         warm_up(n, b)

@@ -27,14 +27,7 @@ from replicas.runtime.ray import state_columns
 from replicas.runtime.ray.driver_process import AUTHKEY, POOL, job_ended, new_job_token
 from replicas.runtime.ray.faults import actor_failure, doing_at, not_started, published, unplaceable, without_report
 from replicas.runtime.ray.persistent import PersistentJob
-from replicas.runtime.ray.placement import (
-    actor_groups,
-    actor_options,
-    cluster_resources,
-    default_packing,
-    reachable,
-    wanted,
-)
+from replicas.runtime.ray.placement import actor_groups, actor_options, cluster_resources, reachable, wanted
 from replicas.runtime.ray.replica_host import STOP_SECONDS
 from replicas.runtime.ray.startup import connection, ensure_ray
 from replicas.runtime.threads import CHECKED_THREADS
@@ -42,12 +35,11 @@ from replicas.transport import where
 
 # Names other modules, tests and benchmarks import from here (their homes are the modules above).
 _AUTHKEY = AUTHKEY
-_default_packing = default_packing
 # Seconds past the job's deadline an actor call may take: the poll that notices the deadline, then the
 # report's and the abort's calls.
 ANSWER_GRACE = 1.0
 
-__all__ = ["POOL", "RayBackend", "_AUTHKEY", "_default_packing", "ensure_ray"]
+__all__ = ["POOL", "RayBackend", "_AUTHKEY", "ensure_ray"]
 
 
 def _only_this_node(ray: Any, nodes: list[dict[str, Any]]) -> bool:
