@@ -337,13 +337,10 @@ class ChannelRings:
 
     def _encode(self, kind: str, value: Any, key: tuple, outbox: shm.Outbox | None
                 ) -> tuple[bytes, np.ndarray | None, int | None]:
-        """(meta bytes, array to copy or None, form), form None when the value cannot go by the ring."""
+        """(meta bytes, array to copy or None, form) of what `send` does not lay out itself (small
+        arrays, acknowledgements), form None when the value cannot go by the ring."""
         if kind == keys.CHANNEL_ACK:
             return b"", None, ACK if value is True else None
-        if type(value) is np.ndarray and value.nbytes < shm.MIN_BYTES:
-            meta = self._array_meta(value)
-            if meta is not None:
-                return meta, value, ARRAY
         if payload_bytes(value) >= shm.MIN_BYTES:
             shared = outbox.encode(value, key) if outbox is not None else None
             if shared is None:  # no arena, or it is full: the fabric's other paths

@@ -114,15 +114,20 @@ class Spinner:
             del last[0]
         self._recent = sorted(last)[len(last) // 2]
 
+    def _will_spin(self) -> bool:
+        """Whether a watch spins now, decided as `spin` decides (a resting spinner counts this wait),
+        before the watch's closure is built."""
+        if self.budget <= 0.0:
+            return False
+        if self._rest:
+            self._rest -= 1
+            return False
+        return self._recent is None or self._recent <= self.budget
+
     def watch(self, mapping: Any, index: int, then: Callable[[], bool]) -> bool:
         """Spin until the shared word `mapping.words[index]` (a board counter, a doorbell) changes
         and `then()` holds, or the mapping is closed (its `words` emptied: the caller's wait ends it)."""
-        if self.budget <= 0.0:
-            return False
-        if self._rest:  # (as `spin` would, without building the watch)
-            self._rest -= 1
-            return False
-        if self._recent is not None and self._recent > self.budget:
+        if not self._will_spin():
             return False
         seen = int(mapping.words[index])
 
@@ -139,17 +144,11 @@ class Spinner:
 
         return self.spin(changed)
 
-
     def watch_words(self, words: memoryview, index: int, then: Callable[[], bool]) -> bool:
         """`watch` of a u32 memoryview's word `index` (the channel rings' doorbells: a memoryview's read
         is a fraction of a numpy scalar's); a released view (its segment closed) ends the spin as a change
         would, and the caller's wait ends it."""
-        if self.budget <= 0.0:
-            return False
-        if self._rest:
-            self._rest -= 1
-            return False
-        if self._recent is not None and self._recent > self.budget:
+        if not self._will_spin():
             return False
         try:
             seen = words[index]
