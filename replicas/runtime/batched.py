@@ -20,7 +20,8 @@ A run is speculative. The members meet (the last to arrive leads, as at a collec
 the leader runs the batched program and hands each member its result. When the members' control
 flow would diverge (a While condition or a conditional's branch that differs between members) or
 any kernel raises, the leader hands every member `FALLBACK` instead, and each runs the program on
-its own, from its own arguments, as without batching: nothing of the batched run is visible.
+its own, from its own arguments, as without batching: nothing of the batched run is visible
+(but in the members' live states while it ran: `batched_live.py`).
 Only programs that cannot wait or talk to anyone but the process's own members are batched: no
 channel, feed, custom call or stateful rng, and every collective group within the process, but for
 an all-reduce of one group of every replica (`batched_spanning.py`): the process's partial, then
@@ -42,12 +43,11 @@ from replicas.collectives.fingerprint import make_fingerprint
 from replicas.collectives.groups import intern, plan_groups, verified_pairs
 from replicas.collectives.kernels import computation_of
 from replicas.collectives.topology import RESULT, RESULT_LANES
-from replicas.diagnostics.recorder import clock_anchor
 from replicas.errors import ReplicasError
 from replicas.hlo.ir import Computation, Instruction, Module
 from replicas.ops.elementwise_util import SUB_BYTE_WIDE
 from replicas.records import BATCHED_OPCODE, BlockInfo
-from replicas.runtime import batched_channels, batched_spanning
+from replicas.runtime import batched_channels, batched_live, batched_spanning
 from replicas.runtime.alone_loops import loops_run_alone
 from replicas.runtime.batched_kernels import kernel_for
 from replicas.runtime.bound import GENERATED, BoundComputation
@@ -197,7 +197,8 @@ class BatchedContext:
         self.fabric: Any = None  # batched kernels talk to nobody (but a spanning all-reduce's leaders' step)
         self.fabrics: Sequence[Any] = ()  # the members' fabrics, while a run that spans processes runs
         self.spanned = 0  # spanning collectives run by the current run (it can no longer fall back)
-        self.live: Replayed | None = None  # the current run, on its members' recorders already (`go_live`)
+        # The current run, on its members' recorders already (`batched_live.go_live`).
+        self.live: batched_live.Replayed | None = None
         self.mailbox: Any = None  # the leading member's, while it runs (an abort stops the run)
         self.every_instruction_recorder = None
         self.current: Instruction | None = None
@@ -205,7 +206,7 @@ class BatchedContext:
         self._binding: Computation | None = None
         self._bound: dict[tuple[str, tuple], BatchedComputation] = {}
         # The collectives run, as (index in `collectives`, start ns, end ns): recorded in each member's
-        # flight recorder once the run succeeded (`replay`), as if each had run them.
+        # flight recorder once the run succeeded (`batched_live.replay`), as if each had run them.
         self.log: list[tuple[int, int, int]] = []
         self.collectives: list[tuple[Instruction, list[tuple[tuple[int, ...], Any]]]] = []
         # Send and Recv (batched_channels.py): the current run's by channel, the bound channel ops
@@ -256,48 +257,6 @@ class BatchedContext:
             self._member_groups[id(inst)] = found
         return found
 
-    def replay(self, fabrics: Sequence[Any]) -> None:
-        """Number and record the run's collectives on every member, in the order they ran: one
-        `Replayed` log the members' flight recorders share (recording stays O(1) per member and run)."""
-        log = list(self.log)  # the kernels append to this very list: emptied, never replaced
-        self.log.clear()
-        live, self.live = self.live, None
-        if not log:
-            if live is not None:
-                live.freeze([], 0)
-            return
-        recorders = [fabric.recorder for fabric in fabrics if fabric.recorder is not None]
-        keep = max((r.capacity for r in recorders), default=0)  # what a member's ring can show of it
-        kept = log[len(log) - keep:] if keep else []
-        if live is not None:  # already on the recorders (`go_live`): its final log, then the count
-            live.freeze(kept, len(log))
-        replayed = live or Replayed(self.collectives, kept, len(log))
-        for k, fabric in enumerate(fabrics):
-            first = fabric.next_collectives(len(log))
-            if fabric.recorder is not None:
-                if live is None:
-                    fabric.recorder.record_deferred(replayed, (k, first), len(log))
-                else:
-                    fabric.recorder.recorded += len(log)
-
-    def go_live(self, fabrics: Sequence[Any]) -> None:
-        """Put the run on its members' flight recorders now, its log read as it grows (a run that can
-        no longer fall back and waits for other processes: a report made meanwhile shows what it ran,
-        as the unbatched path records each collective when it runs). Once per run."""
-        if self.live is not None:
-            return
-        live = self.live = Replayed(self.collectives, self.log, 0, live=True)
-        for k, fabric in enumerate(fabrics):
-            if fabric.recorder is not None:
-                fabric.recorder.record_deferred(live, (k, fabric.collectives_started()), 0)
-
-    def end_live(self) -> None:
-        """A run that failed: its members' recorders keep what it ran, as it was."""
-        live, self.live = self.live, None
-        if live is not None:
-            log = list(self.log)
-            live.freeze(log, len(log))
-
     def batched(self, name: str, stacks: tuple) -> BatchedComputation:
         key = (name, stacks)
         bound = self._bound.get(key)
@@ -320,47 +279,6 @@ class BatchedContext:
     def operand_shapes(self, inst: Instruction) -> list[Shape]:
         comp = self._binding
         return [comp.instruction(name).shape for name in inst.operands]
-
-
-class Replayed:
-    """The collectives one batched run made, as each member's flight recorder shows them (expanded
-    when read: `FlightRecorder.record_deferred`): the last `log` entries (index in `collectives`,
-    start ns, end ns) of the `count` the run made; `live`: `log` is the running run's own, read as
-    it grows, until `freeze`."""
-
-    __slots__ = ("collectives", "log", "count", "anchor", "live")
-
-    def __init__(self, collectives: list[tuple[Instruction, list[tuple[tuple[int, ...], Any]]]],
-                 log: list[tuple[int, int, int]], count: int, live: bool = False) -> None:
-        self.collectives, self.log, self.count, self.live = collectives, log, count, live
-        self.anchor = clock_anchor()
-
-    def freeze(self, log: list[tuple[int, int, int]], count: int) -> None:
-        self.log, self.count, self.live = log, count, False
-
-    def events(self, member: tuple[int, int], replica: int) -> list[dict[str, Any]]:
-        """Member k's events, its collectives numbered from `first` (`member` = (k, first))."""
-        k, first = member
-        t0, epoch_us = self.anchor
-        log = list(self.log) if self.live else self.log
-        count = len(log) if self.live else self.count
-        seq = first + count - len(log)
-        templates: dict[int, dict[str, Any]] = {}
-        out = []
-        for j, (index, start, end) in enumerate(log):
-            template = templates.get(index)
-            if template is None:
-                inst, per_member = self.collectives[index]
-                group, fp = per_member[k]
-                template = templates[index] = {"kind": "collective", "instruction": inst.name, "opcode": inst.opcode,
-                                               "replica": replica, "start_us": None, "end_us": None, "seq": None,
-                                               "group": group, "fingerprint": fp.as_dict(), "algorithm": "batched"}
-            event = template.copy()
-            event["start_us"] = epoch_us + (start - t0) / 1000
-            event["end_us"] = epoch_us + (end - t0) / 1000
-            event["seq"] = seq + j
-            out.append(event)
-        return out
 
 
 class BatchedProgram:
@@ -394,16 +312,17 @@ class BatchedProgram:
         ctx.log.clear()
         ctx.channels.clear()
         ctx.channel_log.clear()
+        batched_live.mark(ctx, fabrics)  # the members' states show the run's count and instruction
         try:
             out = ctx.batched(self.entry.name, tuple(stacks))(*values)
             batched_channels.check_complete(ctx)
         except BaseException:
-            ctx.end_live()
+            batched_live.failed(ctx, fabrics)
             raise
         finally:
             ctx.mailbox = None
             ctx.fabrics = ctx.member_fabrics = ()
-        ctx.replay(fabrics)
+        batched_live.replay(ctx, fabrics)
         batched_channels.record(ctx, fabrics)
         root = ctx.analysis.root(self.entry.name, tuple(stacks))
         return [_member(out, root, k, inputs) for k in range(ctx.size)]

@@ -32,6 +32,7 @@ from replicas.collectives.reduction import reduce_into
 from replicas.collectives.topology import Topology, topology
 from replicas.hlo.ir import Module
 from replicas.records import BlockInfo
+from replicas.runtime import batched_live
 from replicas.runtime.stacks import COLLECTIVES, Analysis, any_stacked, conditional_branches
 
 
@@ -100,8 +101,8 @@ def all_reduce(ctx: Any, inst: Any, group: tuple[int, ...], partial: tuple[np.nd
     fabric = ctx.fabrics[0]
     # The run can no longer fall back: it goes on the members' flight recorders now (as the unbatched
     # path records each collective when it runs), for a report made while this one waits.
-    ctx.go_live(ctx.fabrics)
-    # Numbered as the replay will number it (`BatchedContext.replay`): after the run's earlier ones.
+    batched_live.go_live(ctx, ctx.fabrics)
+    # Numbered as the replay will number it (`batched_live.replay`): after the run's earlier ones.
     seq = fabric.collectives_started() + len(ctx.log)
     full = topology(group, _index(group, fabric.replica_id), fabric.placement, fabric.nodes)
     alone = Topology(full.layout, full.index, full.position, (full.index,), 0)  # nobody here to hand results to

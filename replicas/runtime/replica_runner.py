@@ -8,7 +8,7 @@ from typing import Any
 
 from replicas.diagnostics.recorder import FlightRecorder
 from replicas.records import ReplicaState
-from replicas.runtime import batched
+from replicas.runtime import batched, batched_live
 from replicas.runtime.compile import Executable
 from replicas.runtime.interpreter_pool import checkin, checkout
 from replicas.transport.fabric import MailboxFabric
@@ -161,9 +161,15 @@ class ReplicaRunner:
 
     def state(self) -> ReplicaState:
         s = self.mailbox.snapshot()
-        s.collectives_started = self.fabric.collectives_started()
-        if s.status == "running":
+        # While its process's batched run computes it, the run's count and instruction (its own
+        # interpreter runs nothing meanwhile, and the run numbers its collectives once it ended).
+        live = batched_live.during(self.fabric.kernel_state)
+        if live is None:
+            s.collectives_started = self.fabric.collectives_started()
             inst = self.interpreter.current
+        else:
+            s.collectives_started, inst = live
+        if s.status == "running":
             if inst is not self._named[0]:  # the monitor polls every replica many times per instruction
                 self._named = (inst, None if inst is None else f"%{inst.name} ({inst.opcode})")
             s.instruction = self._named[1]
