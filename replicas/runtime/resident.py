@@ -202,14 +202,15 @@ class Array:
         if replicas is None:
             replicas = self._gather = gather_replicas(self.index)
         held = self._shards
-        # (fetched shards are this array's own: no copy of them; shards held here are the replicas')
+        # (shards fetched, or that came back with the call's reply, are this array's own: no copy of
+        # them; shards held here without a key are the replicas' own, in this process)
         shards = [held[r] for r in replicas] if held is not None else self.home.fetch(self.key, list(replicas))
         first = shards[0]
         if len(replicas) == 1 and type(first) is np.ndarray and first.shape == self.shape:
             if first.dtype != self.dtype:
                 out = first.astype(self.dtype)
             else:
-                out = first.copy() if held is not None else first
+                out = first.copy() if held is not None and self.key is None else first
         elif len(replicas) == 1 and np.shape(first) == self.shape:
             out = np.array(first, dtype=self.dtype)
         else:

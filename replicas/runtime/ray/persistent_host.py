@@ -86,11 +86,13 @@ class PersistentCalls:
         for r, runner in self._runners.items():
             where.claim(runner.interpreter.where, token, r)
 
-    def call(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]], program: int = 0) -> None:
+    def call(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]], program: int = 0) -> bool:
         """Run the job's `program` again on each hosted replica's `args` (`Kept` names resolved
-        here), after dropping the outputs named in `forget`. Returns nothing: `settle` collects the
-        outcome."""
-        PersistentCalls._run_inline(PersistentCalls._start_call(self, token, args, forget, program))
+        here), after dropping the outputs named in `forget`; whether every replica ran in this thread
+        (then they have all returned). `settle` collects the outcome."""
+        inline = PersistentCalls._start_call(self, token, args, forget, program)
+        PersistentCalls._run_inline(inline)
+        return len(inline) == len(self._runners)
 
     def _start_call(self, token: str, args: dict[int, list[Any]], forget: list[tuple[int, int]],
                     program: int) -> list[Any]:
@@ -143,13 +145,16 @@ class PersistentCalls:
         the outputs of at most `fetch_max` bytes (None for the others, which stay here), `packed`
         for a doorbell's reply."""
         store = self._kept
+        runners = self._runners
+        shards: list[dict[int, Any]] = [{} for _ in range(count)]
+        for i, by_replica in enumerate(shards):
+            store[(seq, i)] = by_replica
         out: dict[int, list[Any]] = {}
-        for r, runner in self._runners.items():
+        for r, runner in runners.items():
             leaves = output_leaves(runner.result, count)
-            back = []
-            for i, value in enumerate(leaves):
-                store.setdefault((seq, i), {})[r] = value
-                back.append(value if getattr(value, "nbytes", 0) <= fetch_max else None)
+            for by_replica, value in zip(shards, leaves):
+                by_replica[r] = value
+            back = [value if getattr(value, "nbytes", 0) <= fetch_max else None for value in leaves]
             out[r] = pack(back) if packed else back
         return out
 
@@ -222,9 +227,9 @@ class PersistentCalls:
                 mine = {r: values for r in self._runners}
             else:
                 mine = {r: unpack(args[r]) for r in self._runners}
-            PersistentCalls.call(self, token, mine, forget, program)  # the first replica runs here
+            returned = PersistentCalls.call(self, token, mine, forget, program)  # the first replica runs here
             runners = self._runners.values()
-            for runner in runners:
+            for runner in () if returned else runners:
                 while not runner.join(0.05):
                     if self._faults or _failed(runners) or self._token != token:
                         return None, CALL_ROOM, False
