@@ -156,6 +156,19 @@ def test_errors_are_those_of_the_job_path(text: str, args: Any, kwargs: dict, er
     assert_same_error(fast, job)
 
 
+def test_options_made_once_are_still_checked_by_type_and_every_time_they_fail() -> None:
+    # Warm runs reuse the options they were given before: `strict=1` equals `strict=True` but is
+    # refused, and options that failed are refused again, never remembered as checked.
+    module = rp.parse_hlo(ADD)
+    rp.run(module, [X, X], backend="threads", strict=True)
+    for _ in range(2):
+        with pytest.raises(ProgramError, match="strict must be True or False"):
+            rp.run(module, [X, X], backend="threads", strict=1)
+        with pytest.raises(ProgramError, match="trace_events"):
+            rp.run(module, [X, X], backend="threads", trace_events=0)
+    assert rp.run(module, [X, X], backend="threads", strict=True)[0].tolist() == (2 * X).tolist()
+
+
 def test_what_a_replica_raises_becomes_the_same_error_on_both_paths() -> None:
     # run_alone and Job._failure share replica_error: an interrupt inside the replica's run is that
     # replica's failure, a ReplicasError (already naming its instruction) is raised as it is.

@@ -123,8 +123,15 @@ def check_arguments(entry: Computation, args: Sequence[Any], params: list[Instru
     if len(args) != len(params):
         raise ProgramError(f"entry computation {entry.name} takes {len(params)} arguments "
                            f"({', '.join(str(p.shape) for p in params)}), got {len(args)}")
-    return [_check_value(p.shape, a, f"argument {p.attrs['parameter_number']} (%{p.name})")
-            for p, a in zip(params, args)]
+    checked = []
+    for p, a in zip(params, args):
+        if type(a) is np.ndarray:  # the usual argument, checked without naming it first
+            static = _STATIC.get(p.shape)
+            if static is not None and a.shape == static[1] and a.dtype == static[0]:
+                checked.append(a)
+                continue
+        checked.append(_check_value(p.shape, a, f"argument {p.attrs['parameter_number']} (%{p.name})"))
+    return checked
 
 
 # id(shape) -> (shape, dtype, dimensions) of a static array shape: the check of an argument that

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from replicas.caching import Cache
 from replicas.diagnostics.recorder import DEFAULT_CAPACITY
 from replicas.errors import ProgramError
 from replicas.runtime.arguments import check_launch_options, check_timeout
@@ -39,6 +40,13 @@ class LaunchOptions:
     @staticmethod
     def of(**options: Any) -> LaunchOptions:
         """The options given by keyword (`rp.run`'s names); ProgramError for an unknown one."""
+        try:  # (by value and type: `strict=1` is not `strict=True`, which `checked` tells apart)
+            given: Any = (tuple(options.items()), tuple(map(type, options.values())))
+            made = _MADE.get(given)
+        except TypeError:  # an unhashable value (per-replica resource dicts): made every time
+            given = made = None
+        if made is not None:
+            return made
         unknown = sorted(set(options) - set(LaunchOptions.__dataclass_fields__))
         if unknown:
             raise ProgramError(f"unknown option(s) {', '.join(unknown)}; the options are "
@@ -46,7 +54,8 @@ class LaunchOptions:
         resources = options.get("resources")
         if resources is not None and not isinstance(resources, (str, bytes, Mapping)) and hasattr(resources, "__len__"):
             options["resources"] = tuple(resources)
-        return LaunchOptions(**options)
+        made = LaunchOptions(**options)
+        return made if given is None else _MADE.put(given, made)
 
     def deadline(self, begun: float | None = None) -> float | None:
         """The `time.monotonic()` by which a job begun at `begun` (default: now) must have ended:
@@ -59,6 +68,9 @@ class LaunchOptions:
 
     def checked(self, num_replicas: Any, infeed: Sequence[Sequence[Any]] | None = None) -> int:
         """Check every option for a job of `num_replicas` (and its `infeed`); the replica count."""
+        passed = _PASSED.get(self) if infeed is None else None
+        if passed is not None and (type(num_replicas), num_replicas) in passed:
+            return num_replicas
         n = check_launch_options(num_replicas=num_replicas, timeout=self.timeout, infeed=infeed, trace=self.trace,
                                  strict=self.strict, backend=self.backend,
                                  replicas_per_actor=self.replicas_per_actor, resources=self.resources,
@@ -72,4 +84,12 @@ class LaunchOptions:
             raise ProgramError(f"infeed must have one list per replica ({n}), got {len(infeed)}")
         if self.resources is not None and len(self.resources) != n:
             raise ProgramError(f"resources must have one dict per replica ({n}), got {len(self.resources)}")
+        if infeed is None and type(num_replicas) is int:
+            (passed if passed is not None else _PASSED.put(self, set())).add((int, n))
         return n
+
+
+# A warm `rp.run` gives the same options call after call: made once (`LaunchOptions.of`) and checked
+# once per replica count (`checked`; they are frozen).
+_MADE: Cache[LaunchOptions] = Cache("launch options", 64)
+_PASSED: Cache[set[tuple[type, int]]] = Cache("checked launch options", 64, by_identity=True)
