@@ -58,7 +58,6 @@ from __future__ import annotations
 import math
 import os
 import pickle
-import struct
 import threading
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -69,15 +68,28 @@ from replicas.caching import Cache
 from replicas.transport import futex, keys, shm
 from replicas.transport.mailbox import Mailbox
 from replicas.transport.message_bounds import MessageBounds
+from replicas.transport.ring_records import (
+    ACK,
+    ARRAY,
+    PICKLED,
+    SHARED,
+    WRAP,
+    Ring,
+    bell,
+    expected,
+    round8,
+    sent_layout,
+    take_first,
+    write_as_before,
+)
+from replicas.transport.ring_records import LINE as _LINE
+from replicas.transport.ring_records import RECORD as _RECORD
+from replicas.transport.ring_records import views as _views
 from replicas.transport.segment import Mapping
 from replicas.transport.spin import NEVER, Spinner
 from replicas.transport.wire import RefusedMessage, WireError, payload_bytes
 
 RING_BYTES = int(os.environ.get("REPLICAS_CHANNEL_RING_BYTES", str(1 << 20)))  # per ordered pair of actors
-_LINE = 64
-# length, destination, source, form, channel, sequence number, meta length, data length
-_RECORD = struct.Struct("<IIIIqqIQ")
-ACK, ARRAY, PICKLED, SHARED, WRAP = 0, 1, 2, 3, 4
 CHANNEL_KINDS = (keys.CHANNEL, keys.CHANNEL_ACK)
 ACK_WORDS_MOST = 4096  # acknowledgement words per ordered pair of actors; beyond it, acknowledgements are records
 _NONE = object()  # no record taken
@@ -91,55 +103,8 @@ def segment_name(token: str, first_replica: int) -> str:
     return f"{shm.PREFIX}{token}-c{first_replica}"
 
 
-def _round8(n: int) -> int:
-    return (n + 7) // 8 * 8
-
-
 def is_channel_key(key: Hashable) -> bool:
     return type(key) is tuple and len(key) == 3 and key[0] in CHANNEL_KINDS
-
-
-def _bell(words: memoryview, address: int, index: int, always: bool = False) -> None:
-    """Bump the doorbell word `index` of a segment (`words`: its u32 words, mapped at `address`), and
-    wake its replica if it sleeps there (the word after it says so: a wake-up is a system call, and
-    most messages find their receiver awake; the fence orders the bump before the flag's read, see
-    `futex.fence`). Memoryviews, not numpy: a numpy scalar read or store costs several times as
-    much, and a channel op makes a handful of them."""
-    words[index] = (words[index] + 1) & 0xFFFFFFFF
-    if not always:
-        futex.fence()
-    if always or words[index + 1]:
-        futex.wake(address + 4 * index)
-
-
-def _views(mapping: Mapping) -> tuple[memoryview, memoryview]:
-    """The segment's u32 words (doorbells) and u64 words (ring heads and tails) as memoryviews
-    (released by `ChannelRings.close` before the mapping is closed)."""
-    return memoryview(mapping.mm).cast("I"), memoryview(mapping.mm).cast("Q")
-
-
-class _Ring:
-    """One ring inside a mapped segment: where its words and records are."""
-
-    __slots__ = ("mapping", "mm", "words", "words64", "address", "head", "tail", "start", "capacity", "lock",
-                 "refused", "layout", "acks", "sent", "freed")
-
-    def __init__(self, mapping: Mapping, views: tuple[memoryview, memoryview], offset: int, capacity: int,
-                 acks: int) -> None:
-        self.mapping = mapping
-        self.mm = mapping.mm
-        self.words, self.words64 = views  # the segment's doorbells, and this ring's head and tail
-        self.address = mapping.address
-        self.head = offset // 8  # u64 index
-        self.tail = (offset + _LINE) // 8
-        self.start = offset + 2 * _LINE
-        self.capacity = capacity
-        self.lock = threading.Lock()
-        self.refused = False  # a record was refused: the ring is read no more (its actor's replicas fail)
-        self.layout: tuple[bytes, tuple] = (b"", ())  # the last array layout read (meta -> (dtype, shape))
-        self.acks = acks  # u64 index of its acknowledgement words (-1: none, acknowledgements are records)
-        self.sent: tuple[Any, Any, bytes] = (None, None, b"")  # the last array layout written: dtype, shape, meta
-        self.freed = 0  # its `tail` as the writer last read it (the reader's word: read again only when short)
 
 
 class ChannelRings:
@@ -170,7 +135,7 @@ class ChannelRings:
         self.actors = sorted({placement[r] for r in same_node} | {self.me})  # this node's actors
         # Channel -> its row of the acknowledgement tables (every actor of the job reads one program).
         self._ack_rows = {c: k for k, c in enumerate(sorted(bounds.acknowledged))}
-        self._ack_words: dict[tuple[int, int, int], tuple[_Ring, int] | None] = {}  # (acker, acked, channel) ->
+        self._ack_words: dict[tuple[int, int, int], tuple[Ring, int] | None] = {}  # (acker, acked, channel) ->
         # The replicas whose messages may come through a ring: the node's, in other actors.
         self.peers = frozenset(r for r in same_node if placement[r] != self.me)
         self._own = Mapping(os.path.join(shm.SHM_DIR, segment_name(token, first[self.me])),
@@ -179,7 +144,7 @@ class ChannelRings:
         self._inbound_from = {writer: self._ring(self._own, self._own_views, self.me, writer)
                               for writer in self.actors if writer != self.me}
         self._inbound = list(self._inbound_from.values())
-        self._outbound: dict[int, _Ring] = {}  # receiving actor -> my ring in its segment
+        self._outbound: dict[int, Ring] = {}  # receiving actor -> my ring in its segment
         self._peer_maps: list[Mapping] = []
         self._map_lock = threading.Lock()
         self._layouts: Cache[bytes] = Cache("ring layouts", 4096)  # (dtype, shape) -> its pickle
@@ -200,16 +165,16 @@ class ChannelRings:
     def _ack_table_bytes(self, reader: int, writer: int) -> int:
         return (8 * self._ack_table_words(reader, writer) + _LINE - 1) // _LINE * _LINE
 
-    def _ring(self, mapping: Mapping, views: tuple[memoryview, memoryview], reader: int, writer: int) -> _Ring:
+    def _ring(self, mapping: Mapping, views: tuple[memoryview, memoryview], reader: int, writer: int) -> Ring:
         writers = [a for a in self.actors if a != reader]
         k = writers.index(writer)
         tables = _LINE * self._count[reader] + len(writers) * (2 * _LINE + self.capacity)
         table = tables + sum(self._ack_table_bytes(reader, w) for w in writers[:k])
         acks = table // 8 if self._ack_table_words(reader, writer) else -1
-        return _Ring(mapping, views, _LINE * self._count[reader] + k * (2 * _LINE + self.capacity), self.capacity,
-                     acks)
+        return Ring(mapping, views, _LINE * self._count[reader] + k * (2 * _LINE + self.capacity), self.capacity,
+                    acks)
 
-    def _ack_word(self, acker: int, acked: int, channel: int) -> tuple[_Ring, int] | None:
+    def _ack_word(self, acker: int, acked: int, channel: int) -> tuple[Ring, int] | None:
         """The ring whose table holds the word `acker` acknowledges `acked`'s Sends on `channel` with, and
         the word's u64 index (None: those acknowledgements are records). The acker writes it through its
         outbound ring to acked's actor; acked reads it in its own segment."""
@@ -228,7 +193,7 @@ class ChannelRings:
                 self._ack_words[(acker, acked, channel)] = found
         return found
 
-    def _outbound_ring(self, actor: int) -> _Ring | None:
+    def _outbound_ring(self, actor: int) -> Ring | None:
         ring = self._outbound.get(actor)
         if ring is None:
             with self._map_lock:
@@ -250,7 +215,7 @@ class ChannelRings:
         """Wake `replica` (hosted here) if it sleeps on its doorbell: something was delivered to it."""
         if not self.closed:
             try:
-                _bell(self._own_views[0], self._own.address, _LINE // 4 * self._rank[replica], always)
+                bell(self._own_views[0], self._own.address, _LINE // 4 * self._rank[replica], always)
             except ValueError:  # closed meanwhile (its views released): nobody waits on it any more
                 pass
 
@@ -265,14 +230,18 @@ class ChannelRings:
             return False
         kind, channel, seq = key
         meta = None
-        if type(value) is np.ndarray and kind == keys.CHANNEL and value.nbytes < shm.MIN_BYTES:
+        if type(value) is np.ndarray and kind == keys.CHANNEL:
             sent = ring.sent  # a channel's records mostly repeat one layout
             if value.dtype is sent[0] and value.shape == sent[1]:
+                if value.flags.c_contiguous and sent[6] is not None:
+                    written = write_as_before(ring, dst, src, channel, seq, value, sent, _LINE // 4 * self._rank[dst])
+                    if written is not None:
+                        return written
                 meta = sent[2]
-            else:
+            elif value.nbytes < shm.MIN_BYTES:
                 meta = self._array_meta(value)
                 if meta is not None:
-                    ring.sent = (value.dtype, value.shape, meta)
+                    ring.sent = sent_layout(ring, value, meta)
         if meta is not None:
             raw, form = value, ARRAY
         elif kind == keys.CHANNEL_ACK and value is True:  # no bytes but the header
@@ -281,6 +250,11 @@ class ChannelRings:
             meta, raw, form = self._encode(kind, value, key, outbox)
             if form is None:
                 return False
+        return self._send_record(ring, dst, src, channel, seq, meta, raw, form)
+
+    def _send_record(self, ring: Ring, dst: int, src: int, channel: int, seq: int, meta: bytes,
+                     raw: np.ndarray | None, form: int) -> bool:
+        """Write one record (its header, `meta` and `raw`'s bytes) into `ring`; False when it is full."""
         meta_len = len(meta)
         data_at = (_RECORD.size + meta_len + 7) & ~7
         data_len = 0 if raw is None else raw.nbytes
@@ -315,7 +289,7 @@ class ChannelRings:
                 else:
                     np.copyto(np.ndarray(raw.shape, raw.dtype, buffer=mm, offset=base + data_at), raw, casting="no")
             words64[ring.head] = head + skip + length  # publishes the record (stores stay in order)
-            _bell(ring.words, ring.address, _LINE // 4 * self._rank[dst])
+            bell(ring.words, ring.address, _LINE // 4 * self._rank[dst])
         return True
 
     def post_ack(self, dst: int, src: int, key: tuple, value: Any) -> bool:
@@ -332,7 +306,7 @@ class ChannelRings:
             if self.closed:
                 return False
             ring.words64[word] = key[2] + 1  # this channel's Recvs from dst are posted in order
-            _bell(ring.words, ring.address, _LINE // 4 * self._rank[dst])
+            bell(ring.words, ring.address, _LINE // 4 * self._rank[dst])
         return True
 
     def _encode(self, kind: str, value: Any, key: tuple, outbox: shm.Outbox | None
@@ -385,7 +359,7 @@ class ChannelRings:
                 self._on_fault(RefusedMessage("a peer actor of this node (through a channel ring)", e))
         return taken
 
-    def _drain_ring(self, ring: _Ring, reader: int | None, wanted: tuple[int, tuple] | None) -> Any:
+    def _drain_ring(self, ring: Ring, reader: int | None, wanted: tuple[int, tuple] | None) -> Any:
         capacity, mm, words64 = ring.capacity, ring.mm, ring.words64
         tail = words64[ring.tail]
         head = words64[ring.head]
@@ -403,7 +377,7 @@ class ChannelRings:
                 tail += length
                 continue
             data_at = (_RECORD.size + meta_len + 7) & ~7
-            if length % 8 or length > capacity - at or length < _round8(data_at + data_len) or length > head - tail:
+            if length % 8 or length > capacity - at or length < round8(data_at + data_len) or length > head - tail:
                 raise WireError(f"a malformed channel ring record ({length} bytes, meta {meta_len}, data {data_len})")
             box = self._mailboxes.get(dst)
             if box is None:
@@ -428,7 +402,7 @@ class ChannelRings:
                 self.ring_doorbell(dst)
         return taken
 
-    def _decode(self, ring: _Ring, form: int, src: int, key: tuple, base: int, meta_len: int, data_at: int,
+    def _decode(self, ring: Ring, form: int, src: int, key: tuple, base: int, meta_len: int, data_at: int,
                 data_len: int) -> Any:
         """The value of a data record, judged by its key and size first (transport/message_bounds.py)."""
         bounds = self._bounds
@@ -444,8 +418,11 @@ class ChannelRings:
                 found = self._layout(meta)
                 ring.layout = (meta, found)
                 dtype, shape, count = found
+                ring.expect = None
             if count * dtype.itemsize != data_len:
                 raise WireError(f"a channel ring record of {data_len} bytes for {dtype}{list(shape)}")
+            if ring.expect is None:  # this layout's records, as `_take_first` expects them
+                ring.expect = expected(meta, dtype, shape, count, data_at, data_len)
             value = np.frombuffer(mm, dtype, count, base + data_at).copy()
             return value if len(shape) == 1 else value.reshape(shape)
         if form == PICKLED:
@@ -469,7 +446,13 @@ class ChannelRings:
             if not (type(layout) is tuple and len(layout) == 2 and isinstance(layout[0], np.dtype)
                     and not layout[0].hasobject and type(layout[1]) is tuple):
                 raise WireError(f"a channel ring record with the layout {layout!r}")
-            layout = self._layouts_read.put(meta, (layout[0], layout[1], math.prod(layout[1])))
+            dtype = layout[0]
+            if dtype.isbuiltin == 0 and dtype.fields is None and dtype.isnative:
+                # An unpickled dtype is a copy that numpy no longer knows as built in: its arrays, sent
+                # on, would be copied into a ring by numpy rather than by one memcpy. Numpy's own is equal.
+                canonical = np.dtype(dtype.str)
+                dtype = canonical if canonical == dtype else dtype
+            layout = self._layouts_read.put(meta, (dtype, layout[1], math.prod(layout[1])))
         return layout
 
     def take(self, replica: int, src: int, key: tuple, box: Mailbox, block: Any, spinner: Spinner = NEVER) -> Any:
@@ -485,14 +468,18 @@ class ChannelRings:
                         return box.take(src, key, block)
                 return True
         wanted = (src, key)
-        value = self.drain(replica, wanted)
+        ring = self._inbound_from.get(self._placement[src])
+        value = self._take_first(ring, replica, src, key, box) if ring is not None else _NONE
+        if value is _NONE:
+            value = self.drain(replica, wanted)
         if value is not _NONE:
             return value
         if not box.poll(src, key):
             got = [_NONE]
 
             def arrived() -> bool:
-                got[0] = self.drain(replica, wanted)
+                value = self._take_first(ring, replica, src, key, box) if ring is not None else _NONE
+                got[0] = value if value is not _NONE else self.drain(replica, wanted)
                 return got[0] is not _NONE or box.poll(src, key)
 
             if spinner.watch_words(self._own_views[0], _LINE // 4 * self._rank[replica], arrived) \
@@ -500,6 +487,18 @@ class ChannelRings:
                 return got[0]
             self.wait(replica, box, [wanted], block)  # what comes meanwhile is drained into the mailbox
         return box.take(src, key, block)
+
+    def _take_first(self, ring: Ring, replica: int, src: int, key: tuple, box: Mailbox) -> Any:
+        """`take_first`'s value (_NONE: `drain` reads the ring), counted received; what came after it is
+        drained as usual."""
+        taken = take_first(ring, replica, src, key, self._bounds.channels)
+        if taken is None:
+            return _NONE
+        value, more = taken
+        box.count_taken(src)  # delivered and taken at once: no mailbox hand-off
+        if more:
+            self.drain(replica)
+        return value
 
     def take_all(self, replica: int, wanted: list[tuple[int, tuple]], box: Mailbox, block: Any,
                  spinner: Spinner = NEVER) -> list[Any]:
