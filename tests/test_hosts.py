@@ -243,15 +243,23 @@ ENTRY main {
 # A job across both hosts runs until the test breaks host 1 (a line on stdin), then a job on host 0.
 BROKEN = textwrap.dedent("""
     import sys
+    import time
     import numpy as np
     import replicas as rp
 
     m = rp.parse_hlo(sys.argv[1])
     x = np.arange(4, dtype=np.float32)
+    per = int(sys.argv[3]) if len(sys.argv) > 3 else None  # 2: each host's replicas in one actor, batched
     job = rp.launch(m, [x], num_replicas=4, address="auto", timeout=600,
-                    resources=[{"host0": 1}, {"host1": 1}] * 2)
+                    resources=[{"host0": 1}, {"host1": 1}] * 2, replicas_per_actor=per)
+    bound = time.monotonic() + 180  # (not a measure: the test fails instead of waiting for ever)
     while min(s.collectives_started for s in job.states()) < 20:  # all running, messages moving
+        if time.monotonic() > bound:
+            print("NOT COUNTING", [s.to_dict() for s in job.states()], flush=True)
+            sys.exit(1)
         job._backend.wait(0.2)
+    if per == 2:  # replicas 2 and 3 wait in their actor's batched run (its first member runs it)
+        assert sorted(s.replica for s in job.states() if s.block and s.block.opcode == "batched") == [2, 3]
     print("RUNNING", flush=True)
     sys.stdin.readline()
     try:
@@ -277,10 +285,15 @@ ENTRY main {
 """
 
 
-@pytest.mark.parametrize("fault", ["cut", "freeze", "kill"])  # in this order: the kill leaves host 1 without Ray
-def test_a_broken_host_ends_the_job_naming_its_replicas(cluster: hosts.Cluster, fault: str) -> None:
-    proc = hosts.run_in(cluster, 0, [sys.executable, "-c", BROKEN, LONG, NEXT], stdin=subprocess.PIPE,
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+# In this order: the kill leaves host 1 without Ray. "packed": each host's replicas share one actor
+# (their loop a batched run whose all-reduce spans the hosts).
+@pytest.mark.parametrize(("fault", "packed"), [("cut", False), ("cut", True), ("freeze", False), ("freeze", True),
+                                               ("kill", False)], ids=["cut", "cut packed", "freeze", "freeze packed",
+                                                                     "kill"])
+def test_a_broken_host_ends_the_job_naming_its_replicas(cluster: hosts.Cluster, fault: str, packed: bool) -> None:
+    argv = [sys.executable, "-c", BROKEN, LONG, NEXT, *(["2"] if packed else [])]
+    proc = hosts.run_in(cluster, 0, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        text=True)
     assert proc.stdout is not None and proc.stdin is not None
     try:
         assert proc.stdout.readline() == "RUNNING\n", proc.stderr.read() if proc.stderr else ""
