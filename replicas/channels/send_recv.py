@@ -165,9 +165,16 @@ def make_send(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
                 recorder.ended(event)
             k = f.next_seq(context_counter)  # (after the post: the peer may be waiting for it)
             state[("send", channel, k)] = (target, seq)
-            return (data, np.asarray(k, dtype=ctx_dtype), TOKEN)
+            return (data, np.array(k, ctx_dtype), TOKEN)
 
         return send_one
+
+    if not targets:  # a replica that is no source: only the context's number
+        def send_none(data: Any, *token: Any) -> Any:
+            f = fabric.current if type(fabric) is FabricSlot else fabric
+            return (data, np.array(f.next_seq(context_counter), ctx_dtype), TOKEN)
+
+        return send_none
 
     def send(data: Any, *token: Any) -> Any:
         f = fabric.current if type(fabric) is FabricSlot else fabric
@@ -183,7 +190,7 @@ def make_send(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
             state[("send", channel, k)] = posted
             if event is not None:
                 recorder.end(event, peers=[t for t, _ in posted], seq=posted[0][1])
-        return (data, np.asarray(k, dtype=ctx_dtype), TOKEN)
+        return (data, np.array(k, ctx_dtype), TOKEN)
 
     return send
 
@@ -256,20 +263,26 @@ def make_recv(inst: Instruction, ctx: KernelContext) -> Callable[..., Any]:
     counter = ("chan-recv", channel, source)
     template = _event("recv", inst, me, channel_id=channel, peer=source, seq=None)
 
+    if source is None:  # a replica that is no target: only the context's number
+        def recv_none(*token: Any) -> Any:
+            f = fabric.current if type(fabric) is FabricSlot else fabric
+            return (zeros, np.array(f.next_seq(context_counter), ctx_dtype), TOKEN)
+
+        return recv_none
+
     def recv(*token: Any) -> Any:
         f = fabric.current if type(fabric) is FabricSlot else fabric
         k = f.next_seq(context_counter)
-        if source is not None:
-            seq = f.next_seq(counter)
-            recorder = f.recorder
-            if recorder is None:
-                f.send(source, (keys.CHANNEL_ACK, channel, seq), True)
-            else:
-                event = recorder.begin_collective(template, seq)
-                f.send(source, (keys.CHANNEL_ACK, channel, seq), True)
-                recorder.ended(event)
-            state[("recv", channel, k)] = (source, seq)
-        return (zeros, np.asarray(k, dtype=ctx_dtype), TOKEN)
+        seq = f.next_seq(counter)
+        recorder = f.recorder
+        if recorder is None:
+            f.send(source, (keys.CHANNEL_ACK, channel, seq), True)
+        else:
+            event = recorder.begin_collective(template, seq)
+            f.send(source, (keys.CHANNEL_ACK, channel, seq), True)
+            recorder.ended(event)
+        state[("recv", channel, k)] = (source, seq)
+        return (zeros, np.array(k, ctx_dtype), TOKEN)
 
     return recv
 

@@ -69,12 +69,17 @@ class RayFabric(MailboxFabric):
         """`MailboxFabric.send`, a channel message to another actor of this node written into its ring
         without the calls between (a ping-pong's every message), an acknowledgement as a word there."""
         rings = self.rings
-        if rings is not None and dst in rings.peers and channel_ring.is_channel_key(key):
+        if rings is not None and dst in rings.peers and type(key) is tuple and key[0] in channel_ring.CHANNEL_KINDS:
             if value is True and rings.post_ack(dst, self.replica_id, key, value):  # never in flight: not counted
                 self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
                 return
             self.mailbox.count_sent()  # before the post: the monitor never sees it received but not sent
-            self._post_to_ring(rings, dst, key, value)
+            shared = self.shared
+            if not rings.send(dst, self.replica_id, key, value, shared.outbox if shared is not None else None):
+                self.ring_declined[dst] = self.ring_declined.get(dst, 0) + 1
+                self._post_otherwise(dst, key, value, True)
+                return
+            self.shm_sent[dst] = self.shm_sent.get(dst, 0) + 1
             return
         self.mailbox.count_sent()
         if dst == self.replica_id:
@@ -84,7 +89,7 @@ class RayFabric(MailboxFabric):
 
     def recv(self, src: int, key: Hashable, block: Any) -> Any:
         rings = self.rings
-        if rings is not None and src in rings.peers and channel_ring.is_channel_key(key):
+        if rings is not None and src in rings.peers and type(key) is tuple and key[0] in channel_ring.CHANNEL_KINDS:
             return rings.take(self.replica_id, src, key, self.mailbox, block, self._spinner())
         return self.mailbox.take(src, key, block)
 
