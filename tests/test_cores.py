@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 import replicas as rp
-from replicas.tuning.cores import cores, current_limits, pool_threads
+from replicas.tuning.cores import (
+    cores,
+    current_limits,
+    narrow,
+    pool_threads,
+    release,
+    share_cores,
+    thread_local_setters,
+    widen,
+)
 
 CALL = """HloModule pools
 ENTRY main {
@@ -47,3 +58,33 @@ def test_replica_threads_run_with_shared_pools_and_the_process_gets_its_own_back
     monkeypatch.setenv("REPLICAS_BLAS_THREADS", "1")
     assert int(rp.run(rp.parse_hlo(CALL), [np.int32(0)], num_replicas=1, backend="threads")[0]) == 1
     assert current_limits() == before
+
+
+def test_a_batched_run_calls_blas_with_the_cores_its_replicas_had_and_overlapping_runs_restore_once(
+        monkeypatch):
+    monkeypatch.delenv("REPLICAS_BLAS_THREADS", raising=False)
+    if cores() < 2 or not thread_local_setters():
+        pytest.skip("one core, or no OpenBLAS whose pool can be resized from any thread")
+    shared = share_cores(2 * cores())  # a job of many replicas here: one thread per pool
+    seen: list[int] = []
+
+    def leader() -> None:  # the thread of a batched run of 4 replicas, the job's only process here
+        first = widen(4, 1)
+        seen.append(min(current_limits().values()))
+        second = widen(4, 1)  # another job's run, overlapping
+        narrow(first)
+        seen.append(min(current_limits().values()))
+        narrow(second)
+        seen.append(min(current_limits().values()))
+
+    try:
+        thread = threading.Thread(target=leader)
+        thread.start()
+        thread.join()
+        assert seen == [min(4, cores()), min(4, cores()), 1]
+        assert widen(1, 1) is None  # one replica's own thread had one core's share already
+        assert widen(4, cores()) is None  # a core per process: nothing to widen to
+        monkeypatch.setenv("REPLICAS_BLAS_THREADS", "1")
+        assert widen(4, 1) is None  # the setting decides
+    finally:
+        release(shared)

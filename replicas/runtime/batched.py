@@ -52,7 +52,7 @@ from replicas.runtime.alone_loops import loops_run_alone
 from replicas.runtime.batched_kernels import kernel_for
 from replicas.runtime.bound import GENERATED, BoundComputation
 from replicas.runtime.codegen import straight_line
-from replicas.runtime.compile import Executable, runs_bounded_alone
+from replicas.runtime.compile import Executable, largest_dot, runs_bounded_alone
 from replicas.runtime.stacks import (
     CHANNEL_OPS,
     COLLECTIVES,
@@ -65,6 +65,7 @@ from replicas.runtime.stacks import (
 )
 from replicas.shapes import Shape
 from replicas.transport import keys
+from replicas.tuning import cores
 
 CONTROL = frozenset({"fusion", "call", "while", "conditional"})
 # Side effects and hidden state: a program with any of these runs replica by replica.
@@ -84,6 +85,9 @@ RUNS = {"batched": 0, "fallback": 0}  # leaders' runs, for tests and benchmarks
 # copy the memory bound of the program does not count), and a replica's numpy work on large arrays
 # runs outside the GIL anyway, beside the others'.
 STACK_BYTES = 64 << 20
+# A batched run's BLAS pools widen (`tuning/cores.widen`) for programs with a dot of at least this
+# many multiply-adds per replica: smaller ones gain less than waking the pool's threads costs.
+WIDE_BLAS_MULTIPLY_ADDS = 1 << 23
 _CALLEES = {"fusion": ("calls",), "call": ("to_apply",), "while": ("condition", "body"),
             "conditional": ("true_computation", "false_computation", "branch_computations")}
 
@@ -288,6 +292,8 @@ class BatchedProgram:
     def __init__(self, executable: Executable, members: tuple[int, ...], num_replicas: int) -> None:
         self.ctx = BatchedContext(executable, members, num_replicas)
         self.entry = self.ctx.module.entry_computation
+        # Whether its BLAS calls gain from the cores the members' own threads would have had.
+        self.wide_blas = largest_dot(executable) >= WIDE_BLAS_MULTIPLY_ADDS
 
     def run(self, per_member: Sequence[Sequence[Any]], mailbox: Any, fabrics: Sequence[Any],
             spanning: bool = False) -> list[Any]:
@@ -451,7 +457,7 @@ def run(executable: Executable, members: tuple[int, ...], fabric: Any, args: Seq
         _hand_on(mailbox, first, seq, (results, leader, boxes), rank)
     else:
         deposits, boxes = got
-        results = _lead(executable, members, deposits, mailbox, fabric.num_replicas, across)
+        results = _lead(executable, members, deposits, mailbox, fabric.num_replicas, across, fabric.placement)
         lanes = _hand_on(mailbox, first, seq, (results, rank, boxes), -1)
         if results is FALLBACK:
             # Every other member goes first (the end of each lane says it was handed on), so the
@@ -485,7 +491,7 @@ def _hand_on(mailbox: Any, first: int, seq: int, message: tuple, rank: int) -> i
 
 
 def _lead(executable: Executable, members: tuple[int, ...], deposits: list[Any], mailbox: Any,
-          num_replicas: int, across: bool = False) -> Any:
+          num_replicas: int, across: bool, placement: Sequence[int]) -> Any:
     key = (executable.fingerprint, members, num_replicas)
     with _plans_lock:
         free = _programs.get(key)
@@ -495,7 +501,13 @@ def _lead(executable: Executable, members: tuple[int, ...], deposits: list[Any],
     try:
         if program is None:
             program = BatchedProgram(executable, members, num_replicas)
-        results: Any = program.run([d[0] for d in deposits], mailbox, [d[1] for d in deposits], across)
+        # This thread calls BLAS for every member, with the cores their own threads would have had.
+        wide = (cores.widen(len(members), len(_members_by_process(placement, num_replicas)))
+                if program.wide_blas else None)
+        try:
+            results: Any = program.run([d[0] for d in deposits], mailbox, [d[1] for d in deposits], across)
+        finally:
+            cores.narrow(wide)
     except BaseException as e:  # noqa: BLE001 - an abort propagates; anything else is each member's to meet
         if mailbox.aborted is not None and e is mailbox.aborted:
             raise

@@ -15,6 +15,7 @@ executable are pooled per process the same way (`replicas.runtime.interpreter_po
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -372,6 +373,18 @@ def _bytes(shape: Any) -> int:
 
 
 _BLAS_OPCODES = frozenset({"dot", "convolution", "cholesky", "triangular-solve", "custom-call", "fft"})
+
+
+def largest_dot(executable: Executable) -> int:
+    """The multiply-adds of the program's largest dot: what one BLAS call of it may spread over
+    threads (a small one gains less than the pool's wake-ups cost)."""
+    largest = 0
+    for comp, inst in executable.module.instructions():
+        if inst.opcode == "dot":
+            lhs = comp.instruction(inst.operands[0]).shape
+            contracted = math.prod(lhs.dimensions[int(d)] for d in inst.attrs.get("lhs_contracting_dims") or [])
+            largest = max(largest, math.prod(inst.shape.dimensions) * contracted)
+    return largest
 
 
 def has_custom_calls(executable: Executable) -> bool:

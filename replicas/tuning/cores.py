@@ -3,8 +3,13 @@ sized (with threadpoolctl) so that the replicas of one node never run more threa
 
 Every BLAS call of a replica may use the whole pool; N replicas calling at once use N pools. So a
 process hosting replicas of a job with N replicas on this node limits its pools to
-max(1, (cores - 1) // N) threads (the pools are per process, not per thread). `REPLICAS_BLAS_THREADS`
-overrides it: an integer (threads per pool), or "off" to leave the pools alone.
+max(1, (cores - 1) // N) threads (the pools are per process, not per thread). While one thread
+computes k replicas of its process at once (a batched run, `runtime/batched.py`: one BLAS caller
+where k threads would have called), that thread's calls may use as many threads as the k replica
+threads had cores between them: min(k, the process's share of the cores) (`widen`; the other k - 1
+threads wait for the run meanwhile).
+`REPLICAS_BLAS_THREADS` overrides both: an integer (threads per pool), or "off" to leave the pools
+alone.
 """
 
 from __future__ import annotations
@@ -123,6 +128,74 @@ def release(token: Any) -> None:
             token.restore_original_limits()
         elif token in _applied:
             _applied.remove(token)
+
+
+def widen(replicas: int, processes_on_node: int) -> Any:
+    """While the calling thread computes `replicas` replicas of its process at once (a batched run)
+    of a job with `processes_on_node` processes here: the pools get as many threads as those
+    replicas' own threads had cores, min(`replicas`, the process's share of the cores) (the other
+    replica threads wait for the run meanwhile). A token for `narrow`; None when nothing changed
+    (one core, the setting fixes the pools, or no pool can be resized from any thread). Runs that
+    overlap (jobs side by side) share one widening: the last to end restores the pools."""
+    if os.environ.get(ENV, "auto").strip().lower() not in ("", "auto"):
+        return None
+    threads = min(replicas, cores() // max(1, processes_on_node))
+    if threads < 2:
+        return None
+    setters = thread_local_setters()
+    if not setters:
+        return None
+    with _lock:
+        if _widened[0] == 0:
+            _widened[1] = [(setter, setter(threads)) for setter in setters]
+        _widened[0] += 1
+    return _widened
+
+
+def narrow(token: Any) -> None:
+    """Undo `widen` (the pools as they were once the last overlapping run ended)."""
+    if token is None:
+        return
+    with _lock:
+        _widened[0] -= 1
+        if _widened[0] == 0:
+            for setter, threads in _widened[1]:
+                setter(threads)
+            _widened[1] = None
+
+
+_widened: list[Any] = [0, None]  # batched runs widening the pools now, what the pools had before
+
+
+_setters: list[list[Any]] = []  # once per process: the pools' setters usable from any thread
+
+
+def thread_local_setters() -> list[Any]:
+    """`openblas_set_num_threads_local` of each OpenBLAS pool of this process that has it: it sets
+    the pool's threads from any thread and returns what they were (threadpoolctl's setter, from a
+    thread other than the main one, leaves OpenBLAS's pool as it is)."""
+    if _setters:
+        return _setters[0]
+    import ctypes
+
+    global _controller
+    from threadpoolctl import ThreadpoolController
+
+    found = []
+    with _lock:
+        if _controller is None:
+            _controller = ThreadpoolController()
+        for pool in _controller.lib_controllers:
+            if pool.internal_api != "openblas":
+                continue
+            try:
+                setter = ctypes.CDLL(pool.filepath).openblas_set_num_threads_local
+            except (OSError, AttributeError):  # an OpenBLAS older than the function
+                continue
+            setter.argtypes, setter.restype = [ctypes.c_int], ctypes.c_int
+            found.append(setter)
+        _setters.append(found)
+    return found
 
 
 def current_limits() -> dict[str, int]:
