@@ -297,7 +297,7 @@ def test_a_broken_host_ends_the_job_naming_its_replicas(cluster: hosts.Cluster, 
     assert proc.stdout is not None and proc.stdin is not None
     try:
         assert proc.stdout.readline() == "RUNNING\n", proc.stderr.read() if proc.stderr else ""
-        {"cut": hosts.cut, "freeze": hosts.freeze, "kill": hosts.kill_node}[fault](cluster, 1)
+        reapers = {"cut": hosts.cut, "freeze": hosts.freeze, "kill": hosts.kill_node}[fault](cluster, 1)
         proc.stdin.write("\n")
         proc.stdin.flush()
         error = proc.stdout.readline()
@@ -317,3 +317,6 @@ def test_a_broken_host_ends_the_job_naming_its_replicas(cluster: hosts.Cluster, 
         assert f"replicas [1, 3] on host {cluster.hosts[1].address} stopped answering" in error, error
     assert out.splitlines() == ["NEXT [0.0, 2.0, 4.0, 6.0]"], out + err[-3000:]  # nothing of Ray's
     assert hosts.shm_left(cluster.hosts[0]) == []
+    if fault == "kill":  # the killed node's actors' reapers remove what they left on their host
+        assert reapers and hosts.wait_gone(reapers, 30)
+        assert hosts.shm_left(cluster.hosts[1]) == []

@@ -365,9 +365,35 @@ def thaw(cluster: Cluster, which: int | str) -> None:
     signal_host(cluster, which, signal.SIGCONT)
 
 
-def kill_node(cluster: Cluster, which: int | str) -> None:
-    """The host's Ray node and everything it runs killed (the host itself stays)."""
-    signal_host(cluster, which, signal.SIGKILL)
+def kill_node(cluster: Cluster, which: int | str) -> list[int]:
+    """The host's Ray node and everything it runs killed (the host itself stays), but the replicas'
+    reapers: they leave Ray's process tree on purpose, to remove what the node's killed actors left
+    in the host's /dev/shm (runtime/ray/reaper.py). Their pids (`wait_gone` waits for their sweep)."""
+    host = cluster.host(which)
+    reapers = [p for p in pids_in(host) if _is_reaper(p)]
+    for pid in pids_in(host):
+        if pid not in reapers and pid not in (host.holder, host.delay_line):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return reapers
+
+
+def _is_reaper(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"replicas/runtime/ray/reaper.py" in f.read()
+    except OSError:
+        return False
+
+
+def wait_gone(pids: list[int], timeout: float) -> bool:
+    """Whether the processes `pids` all ended within `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def cut(cluster: Cluster, which: int | str, up: bool = False) -> None:
