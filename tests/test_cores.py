@@ -9,13 +9,13 @@ import pytest
 
 import replicas as rp
 from replicas.tuning.cores import (
+    any_thread_setters,
     cores,
     current_limits,
     narrow,
     pool_threads,
     release,
     share_cores,
-    thread_local_setters,
     widen,
 )
 
@@ -63,7 +63,7 @@ def test_replica_threads_run_with_shared_pools_and_the_process_gets_its_own_back
 def test_a_batched_run_calls_blas_with_the_cores_its_replicas_had_and_overlapping_runs_restore_once(
         monkeypatch):
     monkeypatch.delenv("REPLICAS_BLAS_THREADS", raising=False)
-    if cores() < 2 or not thread_local_setters():
+    if cores() < 2 or not any_thread_setters():
         pytest.skip("one core, or no OpenBLAS whose pool can be resized from any thread")
     shared = share_cores(2 * cores())  # a job of many replicas here: one thread per pool
     seen: list[int] = []

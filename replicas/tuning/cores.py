@@ -142,7 +142,7 @@ def widen(replicas: int, processes_on_node: int) -> Any:
     threads = min(replicas, cores() // max(1, processes_on_node))
     if threads < 2:
         return None
-    setters = thread_local_setters()
+    setters = any_thread_setters()
     if not setters:
         return None
     with _lock:
@@ -170,7 +170,7 @@ _widened: list[Any] = [0, None]  # batched runs widening the pools now, what the
 _setters: list[list[Any]] = []  # once per process: the pools' setters usable from any thread
 
 
-def thread_local_setters() -> list[Any]:
+def any_thread_setters() -> list[Any]:
     """`openblas_set_num_threads_local` of each OpenBLAS pool of this process that has it: it sets
     the pool's threads from any thread and returns what they were (threadpoolctl's setter, from a
     thread other than the main one, leaves OpenBLAS's pool as it is)."""
@@ -181,8 +181,10 @@ def thread_local_setters() -> list[Any]:
     global _controller
     from threadpoolctl import ThreadpoolController
 
-    found = []
+    found: list[Any] = []
     with _lock:
+        if _setters:  # (another thread found them meanwhile)
+            return _setters[0]
         if _controller is None:
             _controller = ThreadpoolController()
         for pool in _controller.lib_controllers:
