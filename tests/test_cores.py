@@ -88,3 +88,22 @@ def test_a_batched_run_calls_blas_with_the_cores_its_replicas_had_and_overlappin
         assert widen(4, 1) is None  # the setting decides
     finally:
         release(shared)
+
+
+@pytest.mark.usefixtures("pool_probe")
+def test_a_job_started_from_another_thread_shares_the_cores_too(monkeypatch):
+    # (threadpoolctl's setter, called from a thread other than the main one, leaves OpenBLAS's pool
+    # as it is: the replicas would each call BLAS on a pool of every core)
+    monkeypatch.delenv("REPLICAS_BLAS_THREADS", raising=False)
+    before = current_limits()
+    n = 2 * cores()
+    got: list[list[int]] = []
+
+    def job() -> None:
+        got.append([int(g) for g in rp.run(rp.parse_hlo(CALL), [np.int32(0)], num_replicas=n, backend="threads")])
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    thread.join()
+    assert got == [[1] * n]
+    assert current_limits() == before

@@ -74,13 +74,13 @@ class _Limit:
     def __init__(self, pools: list[Any], threads: int) -> None:
         self._original = [(pool, pool.get_num_threads()) for pool in pools]
         for pool in pools:
-            pool.set_num_threads(threads)
+            _set_threads(pool, threads)
 
     def restore_original_limits(self) -> None:
         for pool, threads in self._original:
             if threads is not None:
                 try:
-                    pool.set_num_threads(threads)
+                    _set_threads(pool, threads)
                 except KeyboardInterrupt:
                     # OpenBLAS answers a thread it cannot start (a process or thread limit) by raising
                     # SIGINT in this process: not the user's Ctrl-C, and the pools stay as they are.
@@ -114,7 +114,8 @@ def size_replica_process(replicas_on_node: int) -> None:
     with _lock:
         if _controller is None:
             _controller = ThreadpoolController()
-        _controller.limit(limits=threads)
+        for pool in _controller.lib_controllers:
+            _set_threads(pool, threads)
         _sized[0] = threads
 
 
@@ -167,37 +168,49 @@ def narrow(token: Any) -> None:
 _widened: list[Any] = [0, None]  # batched runs widening the pools now, what the pools had before
 
 
-_setters: list[list[Any]] = []  # once per process: the pools' setters usable from any thread
-
-
 def any_thread_setters() -> list[Any]:
-    """`openblas_set_num_threads_local` of each OpenBLAS pool of this process that has it: it sets
-    the pool's threads from any thread and returns what they were (threadpoolctl's setter, from a
-    thread other than the main one, leaves OpenBLAS's pool as it is)."""
-    if _setters:
-        return _setters[0]
-    import ctypes
-
+    """The any-thread setter (`_setter_of`) of each pool of this process that has one."""
     global _controller
-    from threadpoolctl import ThreadpoolController
+    if _controller is None:
+        from threadpoolctl import ThreadpoolController
 
-    found: list[Any] = []
-    with _lock:
-        if _setters:  # (another thread found them meanwhile)
-            return _setters[0]
-        if _controller is None:
-            _controller = ThreadpoolController()
-        for pool in _controller.lib_controllers:
-            if pool.internal_api != "openblas":
-                continue
-            try:
-                setter = ctypes.CDLL(pool.filepath).openblas_set_num_threads_local
-            except (OSError, AttributeError):  # an OpenBLAS older than the function
-                continue
+        with _lock:
+            if _controller is None:
+                _controller = ThreadpoolController()
+    return [setter for pool in _controller.lib_controllers if (setter := _setter_of(pool)) is not None]
+
+
+def _set_threads(pool: Any, threads: int) -> None:
+    """`pool.set_num_threads(threads)`, from whatever thread calls it (see `_setter_of`)."""
+    setter = _setter_of(pool)
+    if setter is not None:
+        setter(threads)
+    else:
+        pool.set_num_threads(threads)
+
+
+_SETTERS: dict[str, Any] = {}  # a pool's library file -> its any-thread setter (None: it has none)
+
+
+def _setter_of(pool: Any) -> Any:
+    """An OpenBLAS pool's `openblas_set_num_threads_local`: it sets the pool's threads from any thread
+    and returns what they were (threadpoolctl's setter, called from a thread other than the main one,
+    leaves an OpenBLAS pool as it is: a job started from such a thread would run its replicas on
+    pools of every core). None for other pools, and for an OpenBLAS older than the function."""
+    path = pool.filepath
+    if path in _SETTERS:
+        return _SETTERS[path]
+    setter = None
+    if pool.internal_api == "openblas":
+        import ctypes
+
+        try:
+            setter = ctypes.CDLL(path).openblas_set_num_threads_local
             setter.argtypes, setter.restype = [ctypes.c_int], ctypes.c_int
-            found.append(setter)
-        _setters.append(found)
-    return found
+        except (OSError, AttributeError):
+            setter = None
+    _SETTERS[path] = setter
+    return setter
 
 
 def current_limits() -> dict[str, int]:
