@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -346,10 +347,13 @@ def pids_in(host: Host) -> list[int]:
     return found
 
 
-def signal_host(cluster: Cluster, which: int | str, sig: int, *, keep_holder: bool = True) -> list[int]:
-    """`sig` to every process of the host but (`keep_holder`) its holder and its link's delay line."""
+def signal_host(cluster: Cluster, which: int | str, sig: int, *, keep_holder: bool = True,
+                spare: Sequence[int] = ()) -> list[int]:
+    """`sig` to every process of the host but (`keep_holder`) its holder and its link's delay line,
+    and those in `spare`."""
     host = cluster.host(which)
-    pids = [p for p in pids_in(host) if not (keep_holder and p in (host.holder, host.delay_line))]
+    pids = [p for p in pids_in(host)
+            if not (keep_holder and p in (host.holder, host.delay_line)) and p not in spare]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
@@ -369,12 +373,8 @@ def kill_node(cluster: Cluster, which: int | str) -> list[int]:
     """The host's Ray node and everything it runs killed (the host itself stays), but the replicas'
     reapers: they leave Ray's process tree on purpose, to remove what the node's killed actors left
     in the host's /dev/shm (runtime/ray/reaper.py). Their pids (`wait_gone` waits for their sweep)."""
-    host = cluster.host(which)
-    reapers = [p for p in pids_in(host) if _is_reaper(p)]
-    for pid in pids_in(host):
-        if pid not in reapers and pid not in (host.holder, host.delay_line):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    reapers = [p for p in pids_in(cluster.host(which)) if _is_reaper(p)]
+    signal_host(cluster, which, signal.SIGKILL, spare=reapers)
     return reapers
 
 

@@ -32,9 +32,13 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def _setting() -> str:
+    return os.environ.get(ENV, "auto").strip().lower()
+
+
 def pool_threads(replicas_on_node: int) -> int | None:
     """Threads each BLAS/OpenMP pool of a replica process may use; None: leave the pools alone."""
-    setting = os.environ.get(ENV, "auto").strip().lower()
+    setting = _setting()
     if setting == "off":
         return None
     if setting not in ("", "auto"):
@@ -55,13 +59,9 @@ def share_cores(replicas_on_node: int) -> Any:
     threads = pool_threads(replicas_on_node)
     if threads is None or (threads >= cores() and not _applied):
         return None
-    global _controller
-    from threadpoolctl import ThreadpoolController
-
+    pools = _pools()
     with _lock:
-        if _controller is None:
-            _controller = ThreadpoolController()
-        limiter = _Limit(_controller.lib_controllers, threads)
+        limiter = _Limit(pools, threads)
         _applied.append(limiter)
     return limiter
 
@@ -108,13 +108,9 @@ def size_replica_process(replicas_on_node: int) -> None:
     threads = pool_threads(replicas_on_node)
     if threads is None or threads == _sized[0]:
         return
-    global _controller
-    from threadpoolctl import ThreadpoolController
-
+    pools = _pools()
     with _lock:
-        if _controller is None:
-            _controller = ThreadpoolController()
-        for pool in _controller.lib_controllers:
+        for pool in pools:
             _set_threads(pool, threads)
         _sized[0] = threads
 
@@ -138,7 +134,7 @@ def widen(replicas: int, processes_on_node: int) -> Any:
     replica threads wait for the run meanwhile). A token for `narrow`; None when nothing changed
     (one core, the setting fixes the pools, or no pool can be resized from any thread). Runs that
     overlap (jobs side by side) share one widening: the last to end restores the pools."""
-    if os.environ.get(ENV, "auto").strip().lower() not in ("", "auto"):
+    if _setting() not in ("", "auto"):
         return None
     threads = min(replicas, cores() // max(1, processes_on_node))
     if threads < 2:
@@ -168,8 +164,8 @@ def narrow(token: Any) -> None:
 _widened: list[Any] = [0, None]  # batched runs widening the pools now, what the pools had before
 
 
-def any_thread_setters() -> list[Any]:
-    """The any-thread setter (`_setter_of`) of each pool of this process that has one."""
+def _pools() -> list[Any]:
+    """This process's BLAS/OpenMP pools (threadpoolctl's controllers of them, found once)."""
     global _controller
     if _controller is None:
         from threadpoolctl import ThreadpoolController
@@ -177,7 +173,12 @@ def any_thread_setters() -> list[Any]:
         with _lock:
             if _controller is None:
                 _controller = ThreadpoolController()
-    return [setter for pool in _controller.lib_controllers if (setter := _setter_of(pool)) is not None]
+    return _controller.lib_controllers
+
+
+def any_thread_setters() -> list[Any]:
+    """The any-thread setter (`_setter_of`) of each pool of this process that has one."""
+    return [setter for pool in _pools() if (setter := _setter_of(pool)) is not None]
 
 
 def _set_threads(pool: Any, threads: int) -> None:
